@@ -1,0 +1,41 @@
+"""The project's exception types.
+
+User mistakes (a bad config value, a bad file) raise a subclass of :class:`MegatronBridgeError`, which is a
+``ValueError``: the message names the config path, the bad value and the fix.
+"""
+
+
+class MegatronBridgeError(ValueError):
+    """Base class of every error this library raises for something a user can fix."""
+
+
+class ConfigValidationError(MegatronBridgeError):
+    """A config field or a combination of fields is invalid.
+
+    Attributes:
+        paths: the dotted config paths involved, e.g. ``("dist.use_megatron_fsdp", "checkpoint.ckpt_format")``.
+    """
+
+    def __init__(self, message: str, paths: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.paths = paths
+
+
+class ConfigOverrideError(MegatronBridgeError):
+    """A YAML file or a ``key=value`` override names an unknown key or has a value of the wrong type."""
+
+
+class MissingDependencyError(MegatronBridgeError, ImportError):
+    """A config asks for an optional package (transformer-engine, nvidia-modelopt, megatron-core) that is missing."""
+
+
+class CheckpointError(MegatronBridgeError):
+    """A checkpoint folder is missing, truncated, corrupt, or does not fit the model it is loaded into."""
+
+
+class DataError(MegatronBridgeError):
+    """A dataset file is missing or malformed, or a data config does not fit the files."""
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on, e.g. the loss became NaN or Inf."""

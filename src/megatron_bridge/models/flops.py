@@ -1,0 +1,69 @@
+"""Parameter and training-FLOP counts of the Llama-family decoder built by :class:`LlamaModel`."""
+
+from megatron_bridge.training.config.model import ModelConfig
+
+
+def num_parameters(config: ModelConfig, *, include_embedding: bool = True) -> int:
+    """Number of parameters of the model built from ``config`` (equals ``sum(p.numel())`` of the built model).
+
+    Args:
+        config: the model config (the vocabulary is the padded one, as built).
+        include_embedding: when False, leave out the input embedding and the output layer (``lm_head``), i.e. count
+            the decoder blocks and the final norm only.
+    """
+    h, f, d = config.hidden_size, config.ffn_hidden_size, config.head_dim
+    nq, nkv = config.num_attention_heads, config.num_kv_heads
+    norm = 2 * h if config.normalization == "LayerNorm" else h
+
+    attn = h * nq * d + 2 * h * nkv * d + nq * d * h
+    if config.add_qkv_bias:
+        attn += nq * d + 2 * nkv * d
+    if config.add_bias_linear:
+        attn += h
+    if config.qk_layernorm:
+        attn += 2 * d
+
+    n_fc1 = 2 if config.activation == "swiglu" else 1
+    mlp = n_fc1 * h * f + f * h
+    if config.add_bias_linear:
+        mlp += n_fc1 * f + h
+
+    total = config.num_layers * (2 * norm + attn + mlp) + norm
+    if include_embedding:
+        vocab = config.padded_vocab_size
+        total += vocab * h
+        if not config.share_embeddings_and_output_weights:
+            total += vocab * h
+    return total
+
+
+def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_length: int | None = None) -> float:
+    """Training FLOPs of one iteration over ``batch_size`` sequences: forward + backward = 3x forward matmul FLOPs.
+
+    Counted (``2*m*n*k`` per matmul, per token, times ``batch_size * seq_length`` tokens):
+
+    * q/k/v/o projections with grouped-query attention: ``2*h*d*(2*nq + 2*nkv)``;
+    * attention scores ``Q K^T`` and attention over values: ``2 * (2*s*d*nq)``. The full ``s x s`` matrix is
+      counted, not the causal half: that is what the kernels compute (the mask is applied to a full product in
+      the math path) and what Megatron's classic formula and ``torch.utils.flop_counter`` count;
+    * MLP: 3 matmuls ``h x f`` for SwiGLU, 2 for GELU;
+    * logits: ``2*h*padded_vocab``.
+
+    Not counted: norms, RoPE, softmax, activations, bias adds, the loss and the embedding lookup. Backward is twice
+    the forward (input- and weight-gradient matmuls), hence the factor 3.
+
+    Args:
+        config: the model config.
+        batch_size: sequences per iteration (global batch for the whole job, micro-batch for one step of one rank).
+        seq_length: tokens per sequence; None means ``config.seq_length``.
+    """
+    s = config.seq_length if seq_length is None else seq_length
+    h, f, d = config.hidden_size, config.ffn_hidden_size, config.head_dim
+    nq, nkv = config.num_attention_heads, config.num_kv_heads
+
+    projections = 2 * h * d * (2 * nq + 2 * nkv)
+    attention = 2 * 2 * s * d * nq
+    mlp = (3 if config.activation == "swiglu" else 2) * 2 * h * f
+    logits = 2 * h * config.padded_vocab_size
+    forward_per_token = config.num_layers * (projections + attention + mlp) + logits
+    return float(3 * forward_per_token * batch_size * s)

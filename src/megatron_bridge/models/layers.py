@@ -1,0 +1,155 @@
+"""Building blocks of the local decoder: RMSNorm, LayerNorm and rotary position embeddings (RoPE).
+
+Norms compute in float32 and cast back to the input dtype, so a model cast to bf16/fp16 stays numerically stable.
+RoPE keeps its ``inv_freq`` buffer in float32 and builds cos/sin in float32.
+"""
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from megatron_bridge.training.config.model import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Llama): ``x / sqrt(mean(x**2) + eps) * weight``, computed in float32."""
+
+    def __init__(
+        self,
+        dim: int,
+        eps: float = 1e-5,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def reset_parameters(self) -> None:
+        """Set the scale to ones."""
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize over the last dimension; the result has the dtype of ``x``."""
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        """Shape and epsilon, for ``print(model)``."""
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with weight and bias (GPT-2 style), computed in float32."""
+
+    def __init__(
+        self,
+        dim: int,
+        eps: float = 1e-5,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+
+    def reset_parameters(self) -> None:
+        """Set the scale to ones and the shift to zeros."""
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+            self.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize over the last dimension; the result has the dtype of ``x``."""
+        out = F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), self.bias.float(), self.eps)
+        return out.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        """Shape and epsilon, for ``print(model)``."""
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def build_norm(config: ModelConfig, dim: int, *, device: torch.device | str | None, dtype: torch.dtype) -> nn.Module:
+    """The normalization layer named by ``config.normalization`` over ``dim`` features."""
+    cls = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
+    return cls(dim, config.layernorm_epsilon, device=device, dtype=dtype)
+
+
+def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
+    """RoPE inverse frequencies ``base ** (-2i / head_dim)`` (float32, shape ``[head_dim // 2]``).
+
+    With ``config.rope_scaling`` the Llama 3.1 rule is applied: with ``L = rope_original_max_position_embeddings``,
+    frequencies whose wavelength ``2*pi/f`` is shorter than ``L / high_freq_factor`` are kept, those longer than
+    ``L / low_freq_factor`` are divided by ``rope_scaling_factor``, and the ones in between are interpolated with
+    ``smooth = (L / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``:
+    ``f' = (1 - smooth) * f / factor + smooth * f``. Values are computed in float64 and rounded once to float32.
+    """
+    dim = config.head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
+    inv_freq = 1.0 / (config.rotary_base**exponents)
+    if config.rope_scaling:
+        factor = config.rope_scaling_factor
+        low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+        old_len = config.rope_original_max_position_embeddings
+        low_freq_wavelen = old_len / low
+        high_freq_wavelen = old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+        inv_freq = torch.where(is_medium, smoothed, scaled)
+    return inv_freq.to(torch.float32)
+
+
+class RotaryEmbedding(nn.Module):
+    """Produces the RoPE cos/sin tables for given positions from a non-persistent float32 ``inv_freq`` buffer.
+
+    The buffer is not saved in checkpoints and is recomputed by :meth:`reset_parameters` (e.g. after
+    ``to_empty``). If the module was cast to a low-precision dtype (``model.to(torch.bfloat16)`` casts buffers
+    too), the frequencies are recomputed in float32 on the fly so positions stay exact.
+    """
+
+    def __init__(self, config: ModelConfig, *, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.register_buffer("inv_freq", rope_inv_freq(config, device=device), persistent=False)
+
+    def reset_parameters(self) -> None:
+        """Recompute ``inv_freq`` in place on its current device."""
+        with torch.no_grad():
+            fresh = rope_inv_freq(self.config, device=self.inv_freq.device)
+            if self.inv_freq.dtype == torch.float32:
+                self.inv_freq.copy_(fresh)
+            else:
+                self.inv_freq = fresh
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of shape ``[b, 1, s, head_dim]`` in float32 for ``position_ids`` of shape ``[b, s]``."""
+        inv_freq = self.inv_freq
+        if inv_freq.dtype != torch.float32:
+            inv_freq = rope_inv_freq(self.config, device=inv_freq.device)
+        freqs = position_ids.to(torch.float32)[..., None] * inv_freq.to(position_ids.device)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :, :]
+        return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary_pos_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (``[b, heads, s, head_dim]``) by the RoPE angles (non-interleaved halves, as Llama/Megatron).
+
+    Computed in float32; the result has the dtype of ``x``.
+    """
+    x32 = x.float()
+    return (x32 * cos + _rotate_half(x32) * sin).to(x.dtype)

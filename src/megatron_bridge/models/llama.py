@@ -1,0 +1,241 @@
+"""A Llama-family decoder-only transformer in plain PyTorch (the "local" engine).
+
+Module and parameter names follow Hugging Face's ``LlamaForCausalLM`` (``embed_tokens``, ``layers.N.self_attn.q_proj``,
+``mlp.gate_proj``, ``norm``, ``lm_head``) so checkpoints map one-to-one. The model runs unchanged on CPU and CUDA and
+in float32, bfloat16 and float16 (``model.to(dtype)``); norms, RoPE and the loss compute in float32.
+"""
+
+import math
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from megatron_bridge.errors import MegatronBridgeError
+from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, build_norm
+from megatron_bridge.models.validation import check_transformer_impl, validate_model_config
+from megatron_bridge.training.config.model import ModelConfig
+from megatron_bridge.utils.logging import get_logger, warn_once
+
+
+logger = get_logger(__name__)
+
+_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_OUTPUT_PROJECTION = "_megatron_bridge_output_projection"
+"""Attribute set on the Linear layers that write into the residual stream (o_proj, down_proj)."""
+
+
+def params_dtype_of(config: ModelConfig) -> torch.dtype:
+    """The torch dtype named by ``config.params_dtype``."""
+    return _DTYPES[config.params_dtype]
+
+
+def _linear(
+    in_features: int, out_features: int, bias: bool, *, dtype: torch.dtype, output_projection: bool = False
+) -> nn.Linear:
+    # Built on the meta device: no memory, no RNG draws; LlamaModel materializes and initializes everything at once.
+    layer = nn.Linear(in_features, out_features, bias=bias, device="meta", dtype=dtype)
+    if output_projection:
+        setattr(layer, _OUTPUT_PROJECTION, True)
+    return layer
+
+
+class LlamaAttention(nn.Module):
+    """Causal self-attention with grouped-query heads, optional per-head q/k RMSNorm and rotary embeddings."""
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        h, d = config.hidden_size, self.head_dim
+        self.q_proj = _linear(h, self.num_heads * d, config.add_qkv_bias, dtype=dtype)
+        self.k_proj = _linear(h, self.num_kv_heads * d, config.add_qkv_bias, dtype=dtype)
+        self.v_proj = _linear(h, self.num_kv_heads * d, config.add_qkv_bias, dtype=dtype)
+        self.o_proj = _linear(self.num_heads * d, h, config.add_bias_linear, dtype=dtype, output_projection=True)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_layernorm:
+            self.q_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype)
+            self.k_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[b, s, hidden]``; ``cos``/``sin``: ``[b, 1, s, head_dim]``. Returns ``[b, s, hidden]``."""
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    """Feed-forward block: SwiGLU ``down(silu(gate(x)) * up(x))`` or GELU ``down(gelu(up(x)))``."""
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        h, f, bias = config.hidden_size, config.ffn_hidden_size, config.add_bias_linear
+        self.gated = config.activation == "swiglu"
+        self.gate_proj: nn.Linear | None = _linear(h, f, bias, dtype=dtype) if self.gated else None
+        self.up_proj = _linear(h, f, bias, dtype=dtype)
+        self.down_proj = _linear(f, h, bias, dtype=dtype, output_projection=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[b, s, hidden] -> [b, s, hidden]``."""
+        if self.gate_proj is not None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """One pre-norm decoder block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.input_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
+        self.self_attn = LlamaAttention(config, dtype=dtype)
+        self.post_attention_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
+        self.mlp = LlamaMLP(config, dtype=dtype)
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``[b, s, hidden] -> [b, s, hidden]``."""
+        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class LlamaModel(nn.Module):
+    """Llama-family decoder-only language model built from a :class:`ModelConfig`.
+
+    Construction on a real device initializes the weights (:meth:`init_weights`, deterministic for a given torch
+    seed); construction on the meta device (``device="meta"`` or under ``with torch.device("meta")``) leaves them
+    uninitialized for a wrapper to materialize with ``to_empty(device=...)`` followed by :meth:`init_weights`.
+    Weights are stored in ``config.params_dtype`` (initialized in float32, then rounded).
+
+    CPU activation offloading (``config.cpu_offloading`` with ``cpu_offloading_activations``) runs the first
+    ``cpu_offloading_num_layers`` blocks under ``torch.autograd.graph.save_on_cpu``. Weight offloading
+    (``cpu_offloading_weights``) is not supported by the local engine and raises ``ConfigValidationError``.
+
+    Args:
+        config: the architecture; ``config.transformer_impl`` must be ``"local"``.
+        device: where to build; None means torch's current default device.
+
+    Raises:
+        ConfigValidationError: a field cannot form a model, or the engine is not wired in this version.
+        MissingDependencyError: a GPU engine was asked for and its package is missing.
+    """
+
+    _no_split_modules = ["LlamaDecoderLayer"]
+
+    def __init__(self, config: ModelConfig, *, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        check_transformer_impl(config)
+        validate_model_config(config)
+        self.config = config
+        dtype = params_dtype_of(config)
+        target = torch.device(device) if device is not None else torch.get_default_device()
+
+        self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.hidden_size, device="meta", dtype=dtype)
+        self.rotary_emb = RotaryEmbedding(config, device="meta")
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, dtype=dtype) for i in range(config.num_layers))
+        self.norm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
+        self.lm_head: nn.Linear | None = None
+        if not config.share_embeddings_and_output_weights:
+            self.lm_head = _linear(config.hidden_size, config.padded_vocab_size, False, dtype=dtype)
+
+        offload = config.cpu_offloading and config.cpu_offloading_activations
+        self.num_offloaded_layers = config.cpu_offloading_num_layers if offload else 0
+        if config.cpu_offloading and self.num_offloaded_layers == 0:
+            warn_once(
+                logger,
+                "cpu_offloading_noop",
+                "model.cpu_offloading=True offloads nothing "
+                "(cpu_offloading_activations=%s, cpu_offloading_num_layers=%d)",
+                config.cpu_offloading_activations,
+                config.cpu_offloading_num_layers,
+            )
+
+        if target.type != "meta":
+            self.to_empty(device=target)
+            self.init_weights()
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The ``[padded_vocab, hidden]`` matrix that produces the logits (the embedding when tied)."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialize every parameter and buffer in place, in a fixed order (deterministic per torch seed).
+
+        Weights of linear and embedding layers: ``normal(0, init_method_std)``; the output projections
+        (``o_proj``, ``down_proj``) use ``init_method_std / sqrt(2 * num_layers)`` as Megatron's
+        ``output_layer_init_method``; biases zero; norm scales one; RoPE frequencies recomputed.
+        Random values are drawn in float32 on the parameter's device and rounded to its dtype.
+        """
+        std = self.config.init_method_std
+        out_std = std / math.sqrt(2.0 * self.config.num_layers)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                _normal_(module.weight, out_std if getattr(module, _OUTPUT_PROJECTION, False) else std)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.Embedding):
+                _normal_(module.weight, std)
+            elif isinstance(module, (RMSNorm, LayerNorm, RotaryEmbedding)):
+                module.reset_parameters()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run the decoder.
+
+        Args:
+            input_ids: token ids ``[b, s]``.
+            position_ids: RoPE positions ``[b, s]`` (or ``[1, s]``); None means ``0..s-1``.
+            labels: target ids ``[b, s]``; positions with label ``-100`` get loss 0.
+
+        Returns:
+            Without labels, the logits ``[b, s, padded_vocab_size]`` in the model dtype. With labels, the per-token
+            cross-entropy ``[b, s]`` in float32 (computed in float32 from the logits, no reduction), as Megatron's
+            GPTModel.
+        """
+        if input_ids.dim() != 2:
+            raise MegatronBridgeError(f"input_ids must have shape [batch, seq]; got {tuple(input_ids.shape)}.")
+        b, s = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0)
+        if labels is not None and labels.shape != input_ids.shape:
+            raise MegatronBridgeError(
+                f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}."
+            )
+
+        hidden_states = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(position_ids)
+        for idx, layer in enumerate(self.layers):
+            offload = idx < self.num_offloaded_layers
+            ctx = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()) if offload else nullcontext()
+            with ctx:
+                hidden_states = layer(hidden_states, cos, sin)
+        hidden_states = self.norm(hidden_states)
+        logits = F.linear(hidden_states, self.output_weight)
+        if labels is None:
+            return logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
+        return loss.view(b, s)
+
+
+def _normal_(tensor: torch.Tensor, std: float) -> None:
+    """Fill ``tensor`` with ``normal(0, std)`` drawn in float32 (every params_dtype gets the same values, rounded)."""
+    if tensor.dtype == torch.float32:
+        tensor.normal_(0.0, std)
+    else:
+        tensor.copy_(torch.empty_like(tensor, dtype=torch.float32).normal_(0.0, std))

@@ -1,0 +1,85 @@
+"""Recipes: plain functions returning a validated-ready ``ConfigContainer``.
+
+``RECIPES`` maps each recipe name to its function and the world size it is laid out for (``validate()`` passes at that
+world size). Importing this package loads no torch, megatron-fsdp, megatron-core or tensorboard.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from megatron_bridge.recipes.llama import (
+    llama3_8b_pretrain_config,
+    llama3_70b_pretrain_config,
+    llama31_8b_pretrain_config,
+    llama31_70b_pretrain_config,
+    llama31_405b_pretrain_config,
+    llama32_1b_pretrain_config,
+    llama32_3b_pretrain_config,
+)
+from megatron_bridge.recipes.qwen import (
+    qwen3_1p7b_pretrain_config,
+    qwen3_4b_pretrain_config,
+    qwen3_8b_pretrain_config,
+    qwen3_14b_pretrain_config,
+    qwen3_32b_pretrain_config,
+    qwen3_600m_pretrain_config,
+)
+from megatron_bridge.recipes.tiny import tiny_llama_pretrain_config
+from megatron_bridge.training.config.container import ConfigContainer
+
+
+@dataclass(frozen=True)
+class RecipeInfo:
+    """A registered recipe and the world size its parallel layout is meant for."""
+
+    fn: Callable[..., ConfigContainer]
+    world_size: int
+
+
+RECIPES: dict[str, RecipeInfo] = {
+    "tiny_llama": RecipeInfo(tiny_llama_pretrain_config, 2),
+    "llama3_8b": RecipeInfo(llama3_8b_pretrain_config, 2),
+    "llama3_70b": RecipeInfo(llama3_70b_pretrain_config, 32),
+    "llama31_8b": RecipeInfo(llama31_8b_pretrain_config, 2),
+    "llama31_70b": RecipeInfo(llama31_70b_pretrain_config, 32),
+    "llama31_405b": RecipeInfo(llama31_405b_pretrain_config, 224),
+    "llama32_1b": RecipeInfo(llama32_1b_pretrain_config, 1),
+    "llama32_3b": RecipeInfo(llama32_3b_pretrain_config, 1),
+    "qwen3_600m": RecipeInfo(qwen3_600m_pretrain_config, 1),
+    "qwen3_1p7b": RecipeInfo(qwen3_1p7b_pretrain_config, 1),
+    "qwen3_4b": RecipeInfo(qwen3_4b_pretrain_config, 2),
+    "qwen3_8b": RecipeInfo(qwen3_8b_pretrain_config, 4),
+    "qwen3_14b": RecipeInfo(qwen3_14b_pretrain_config, 8),
+    "qwen3_32b": RecipeInfo(qwen3_32b_pretrain_config, 16),
+}
+
+
+def get_recipe(name: str) -> RecipeInfo:
+    """Look up a recipe by name (with or without the ``_pretrain_config`` suffix)."""
+    from megatron_bridge.errors import ConfigValidationError
+
+    key = name.removesuffix("_pretrain_config")
+    if key not in RECIPES:
+        raise ConfigValidationError(f"unknown recipe {name!r}; known: {sorted(RECIPES)}", ("recipe",))
+    return RECIPES[key]
+
+
+__all__ = [
+    "RECIPES",
+    "RecipeInfo",
+    "get_recipe",
+    "llama3_8b_pretrain_config",
+    "llama3_70b_pretrain_config",
+    "llama31_8b_pretrain_config",
+    "llama31_70b_pretrain_config",
+    "llama31_405b_pretrain_config",
+    "llama32_1b_pretrain_config",
+    "llama32_3b_pretrain_config",
+    "qwen3_600m_pretrain_config",
+    "qwen3_1p7b_pretrain_config",
+    "qwen3_4b_pretrain_config",
+    "qwen3_8b_pretrain_config",
+    "qwen3_14b_pretrain_config",
+    "qwen3_32b_pretrain_config",
+    "tiny_llama_pretrain_config",
+]

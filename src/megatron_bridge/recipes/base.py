@@ -1,0 +1,106 @@
+"""Shared pretraining defaults (one place) and the keyword overrides every recipe accepts.
+
+A recipe is a plain function returning a :class:`ConfigContainer`: it starts from :func:`pretrain_common`, states
+only what differs for its model, then applies :func:`apply_common_overrides` for the keyword arguments.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.training.config.checkpoint import CheckpointConfig
+from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.training.config.data import DatasetConfig, TokenizerConfig
+from megatron_bridge.training.config.distributed import DistributedDataParallelConfig
+from megatron_bridge.training.config.logger import LoggerConfig
+from megatron_bridge.training.config.model import ModelConfig
+from megatron_bridge.training.config.optimizer import OptimizerConfig, SchedulerConfig
+from megatron_bridge.training.config.train import RNGConfig, TrainingConfig, ValidationConfig
+
+
+def pretrain_common(model: ModelConfig) -> ConfigContainer:
+    """Megatron-Bridge's shared pretrain defaults (reference §4) around ``model``: mock data, bf16 mixed precision,
+    AdamW 3e-4 → 3e-5 cosine with 2000 warmup steps, distributed optimizer, DDP with overlapped communication."""
+    return ConfigContainer(
+        model=model,
+        train=TrainingConfig(train_iters=1_168_251, global_batch_size=512, micro_batch_size=1, manual_gc=True,
+                             manual_gc_interval=100),
+        validation=ValidationConfig(eval_interval=2000, eval_iters=32),
+        optimizer=OptimizerConfig(optimizer="adam", lr=3e-4, min_lr=3e-5, weight_decay=0.1, adam_beta1=0.9,
+                                  adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0, use_distributed_optimizer=True),
+        scheduler=SchedulerConfig(lr_warmup_iters=2000, lr_decay_style="cosine", start_weight_decay=0.033,
+                                  end_weight_decay=0.033, weight_decay_incr_style="constant",
+                                  override_opt_param_scheduler=True),
+        dataset=DatasetConfig(mock=True, seq_length=model.seq_length, split="9999,8,2", random_seed=1234),
+        tokenizer=TokenizerConfig(tokenizer_type="null", vocab_size=model.vocab_size),
+        logger=LoggerConfig(log_interval=10),
+        checkpoint=CheckpointConfig(save_interval=500, ckpt_format="torch_dist"),
+        ddp=DistributedDataParallelConfig(check_for_nan_in_grad=True, grad_reduce_in_fp32=True,
+                                          overlap_grad_reduce=True, overlap_param_gather=True,
+                                          average_in_collective=True, use_distributed_optimizer=True),
+        mixed_precision="bf16_mixed",
+        rng=RNGConfig(seed=1234),
+    )
+
+
+@dataclass(frozen=True)
+class _Knob:
+    path: str
+    doc: str
+
+
+COMMON_OVERRIDES: dict[str, _Knob] = {
+    "train_iters": _Knob("train.train_iters", "optimizer steps"),
+    "global_batch_size": _Knob("train.global_batch_size", "samples per step"),
+    "micro_batch_size": _Knob("train.micro_batch_size", "samples per forward pass"),
+    "lr": _Knob("optimizer.lr", "peak learning rate"),
+    "min_lr": _Knob("optimizer.min_lr", "final learning rate"),
+    "lr_warmup_iters": _Knob("scheduler.lr_warmup_iters", "warmup steps"),
+    "tensor_model_parallel_size": _Knob("model.tensor_model_parallel_size", "TP"),
+    "pipeline_model_parallel_size": _Knob("model.pipeline_model_parallel_size", "PP"),
+    "virtual_pipeline_model_parallel_size": _Knob("model.virtual_pipeline_model_parallel_size", "VP"),
+    "context_parallel_size": _Knob("model.context_parallel_size", "CP"),
+    "sequence_parallel": _Knob("model.sequence_parallel", "sequence parallelism"),
+    "mixed_precision": _Knob("mixed_precision", "preset name"),
+    "use_torch_fsdp2": _Knob("dist.use_torch_fsdp2", "PyTorch FSDP2 backend"),
+    "eval_interval": _Knob("validation.eval_interval", "steps between evaluations"),
+    "log_interval": _Knob("logger.log_interval", "steps between log lines"),
+}
+"""Keyword overrides every recipe accepts, besides ``dir``, ``seq_length``, ``data_path`` and
+``use_megatron_fsdp`` (handled by apply_common_overrides)."""
+
+
+def apply_common_overrides(cfg: ConfigContainer, **overrides: Any) -> ConfigContainer:
+    """Apply recipe keyword overrides (None values are ignored).
+
+    ``dir``: run folder (checkpoints in <dir>/checkpoints, TensorBoard in <dir>/tb_logs);
+    ``seq_length``: model and dataset sequence length; ``data_path``: indexed data prefixes (turns mock off);
+    ``use_megatron_fsdp``: the Megatron FSDP overrides of :func:`megatron_bridge.recipes.perf.megatron_fsdp_overrides`
+    (imported lazily); every key of ``COMMON_OVERRIDES``.
+    """
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "dir":
+            cfg.checkpoint.save = cfg.checkpoint.load = os.path.join(value, "checkpoints")
+            cfg.logger.tensorboard_dir = os.path.join(value, "tb_logs")
+        elif key == "seq_length":
+            cfg.model.seq_length = cfg.dataset.seq_length = value
+        elif key == "data_path":
+            cfg.dataset.mock, cfg.dataset.data_path = False, list(value)
+        elif key == "use_megatron_fsdp":
+            if value:
+                from megatron_bridge.recipes.perf import megatron_fsdp_overrides
+
+                megatron_fsdp_overrides(cfg)
+        elif key in COMMON_OVERRIDES:
+            *parents, leaf = COMMON_OVERRIDES[key].path.split(".")
+            target: Any = cfg
+            for p in parents:
+                target = getattr(target, p)
+            setattr(target, leaf, value)
+        else:
+            known = sorted([*COMMON_OVERRIDES, "dir", "seq_length", "data_path", "use_megatron_fsdp"])
+            raise ConfigValidationError(f"unknown recipe keyword {key!r}; known: {known}", (key,))
+    return cfg

@@ -1,0 +1,74 @@
+"""Llama 3 / 3.1 / 3.2 pretraining recipes (dimensions of the published models; no Hugging Face Hub access)."""
+
+from typing import Any
+
+from megatron_bridge.recipes.base import apply_common_overrides, pretrain_common
+from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.training.config.model import ModelConfig
+
+
+def _llama3(num_layers: int, hidden: int, ffn: int, heads: int, **extra: Any) -> ModelConfig:
+    """A Llama 3-family model: GQA with 8 KV heads, RoPE base 500000, vocab 128256, SwiGLU, RMSNorm."""
+    return ModelConfig(num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+                       num_query_groups=8, vocab_size=128256, seq_length=8192, rotary_base=500_000.0,
+                       normalization="RMSNorm", activation="swiglu", layernorm_epsilon=1e-5,
+                       init_method_std=0.02, **extra)
+
+
+_LLAMA31_ROPE = {"rope_scaling": True, "rope_scaling_factor": 8.0}
+_LLAMA32_ROPE = {"rope_scaling": True, "rope_scaling_factor": 32.0}
+
+
+def llama3_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3 8B (32 layers, hidden 4096, FFN 14336, 32 heads, 8 KV groups, seq 8192); TP1 PP1 CP1, DP over 2 GPUs.
+
+    Megatron-Bridge's 2-GPU H100 recipe uses CP=2; this library's local engine has no context parallelism yet, and
+    CP=1 lets the recipe validate in a single process. Pass ``context_parallel_size=2`` for the Megatron layout.
+    """
+    cfg = pretrain_common(_llama3(32, 4096, 14336, 32))
+    return apply_common_overrides(cfg, **overrides)
+
+
+def llama3_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3 70B (80 layers, hidden 8192, FFN 28672, 64 heads); TP4 PP4 VP5 CP2 with sequence parallel, 32 GPUs."""
+    model = _llama3(80, 8192, 28672, 64, tensor_model_parallel_size=4, pipeline_model_parallel_size=4,
+                    virtual_pipeline_model_parallel_size=5, context_parallel_size=2, sequence_parallel=True)
+    return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def llama31_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3.1 8B: Llama 3 8B with Llama 3.1 RoPE scaling (factor 8); TP1 PP1 CP1 (see llama3_8b on CP)."""
+    cfg = pretrain_common(_llama3(32, 4096, 14336, 32, **_LLAMA31_ROPE))
+    return apply_common_overrides(cfg, **overrides)
+
+
+def llama31_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3.1 70B: Llama 3 70B with RoPE scaling (factor 8); TP4 PP4 VP5 CP2 SP, 32 GPUs."""
+    model = _llama3(80, 8192, 28672, 64, tensor_model_parallel_size=4, pipeline_model_parallel_size=4,
+                    virtual_pipeline_model_parallel_size=5, context_parallel_size=2, sequence_parallel=True,
+                    **_LLAMA31_ROPE)
+    return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def llama31_405b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3.1 405B (126 layers, hidden 16384, FFN 53248, 128 heads); TP8 PP7 VP2 CP2 SP, 224 GPUs (DP 2).
+
+    PP=7 because 126 layers split evenly over 7 stages (Megatron-Bridge's PP=8 needs its embedding/loss-aware
+    uneven pipeline layout, which this library does not have).
+    """
+    model = _llama3(126, 16384, 53248, 128, tensor_model_parallel_size=8, pipeline_model_parallel_size=7,
+                    virtual_pipeline_model_parallel_size=2, context_parallel_size=2, sequence_parallel=True,
+                    **_LLAMA31_ROPE)
+    return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def llama32_1b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3.2 1B (16 layers, hidden 2048, FFN 8192, 32 heads, tied embeddings, RoPE scaling 32); 1 GPU."""
+    model = _llama3(16, 2048, 8192, 32, share_embeddings_and_output_weights=True, **_LLAMA32_ROPE)
+    return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def llama32_3b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3.2 3B (28 layers, hidden 3072, FFN 8192, 24 heads, tied embeddings, RoPE scaling 32); 1 GPU."""
+    model = _llama3(28, 3072, 8192, 24, share_embeddings_and_output_weights=True, **_LLAMA32_ROPE)
+    return apply_common_overrides(pretrain_common(model), **overrides)

@@ -1,0 +1,49 @@
+"""Qwen3 dense pretraining recipes, 0.6B to 32B (dimensions of the published models)."""
+
+from typing import Any
+
+from megatron_bridge.recipes.base import apply_common_overrides, pretrain_common
+from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.training.config.model import ModelConfig
+
+
+def _qwen3(num_layers: int, hidden: int, ffn: int, heads: int, *, tied: bool, tp: int = 1, pp: int = 1,
+           **overrides: Any) -> ConfigContainer:
+    """A Qwen3 dense model: head dim 128, 8 KV heads, QK-norm, RoPE base 1e6, vocab 151936, seq 4096."""
+    model = ModelConfig(num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+                        num_query_groups=8, kv_channels=128, vocab_size=151936, seq_length=4096,
+                        rotary_base=1_000_000.0, normalization="RMSNorm", layernorm_epsilon=1e-6,
+                        activation="swiglu", qk_layernorm=True, share_embeddings_and_output_weights=tied,
+                        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                        sequence_parallel=tp > 1)
+    return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def qwen3_600m_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3 0.6B (28 layers, hidden 1024, FFN 3072, 16 heads, tied embeddings); 1 GPU."""
+    return _qwen3(28, 1024, 3072, 16, tied=True, **overrides)
+
+
+def qwen3_1p7b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3 1.7B (28 layers, hidden 2048, FFN 6144, 16 heads, tied embeddings); 1 GPU."""
+    return _qwen3(28, 2048, 6144, 16, tied=True, **overrides)
+
+
+def qwen3_4b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3 4B (36 layers, hidden 2560, FFN 9728, 32 heads, tied embeddings); TP2 on 2 GPUs."""
+    return _qwen3(36, 2560, 9728, 32, tied=True, tp=2, **overrides)
+
+
+def qwen3_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3 8B (36 layers, hidden 4096, FFN 12288, 32 heads); TP4 on 4 GPUs."""
+    return _qwen3(36, 4096, 12288, 32, tied=False, tp=4, **overrides)
+
+
+def qwen3_14b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3 14B (40 layers, hidden 5120, FFN 17408, 40 heads); TP8 on 8 GPUs."""
+    return _qwen3(40, 5120, 17408, 40, tied=False, tp=8, **overrides)
+
+
+def qwen3_32b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3 32B (64 layers, hidden 5120, FFN 25600, 64 heads); TP8 PP2 on 16 GPUs."""
+    return _qwen3(64, 5120, 25600, 64, tied=False, tp=8, pp=2, **overrides)

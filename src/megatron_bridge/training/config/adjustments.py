@@ -1,0 +1,142 @@
+"""The few values ``finalize()`` adjusts, each one logged once (validation never rewrites silently).
+
+Every adjustment here is listed, with its reason, in docs/training/config-container.md; a test keeps the two in step.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from megatron_bridge.training.config.mixed_precision import MixedPrecisionConfig, get_mixed_precision_preset
+from megatron_bridge.utils.logging import get_logger, warn_once
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.training.config.container import ConfigContainer
+
+logger = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """One documented adjustment: its id, what it does, and the function applying it."""
+
+    id: str
+    summary: str
+    apply: Callable[["ConfigContainer"], None]
+
+
+ADJUSTMENTS: list[Adjustment] = []
+_LOGGED: set[str] = set()
+
+
+def _adjustment(id: str, summary: str) -> Callable[[Callable[["ConfigContainer"], None]], Callable]:
+    def wrap(fn: Callable[["ConfigContainer"], None]) -> Callable[["ConfigContainer"], None]:
+        ADJUSTMENTS.append(Adjustment(id, summary, fn))
+        return fn
+
+    return wrap
+
+
+def _set(cfg: "ConfigContainer", path: str, value: object, reason: str, level: int = logging.WARNING) -> None:
+    """Set ``cfg.<path>`` to ``value`` and log it (once per process and path/value) if it changes."""
+    *parents, leaf = path.split(".")
+    obj: object = cfg
+    for p in parents:
+        obj = getattr(obj, p)
+    old = getattr(obj, leaf)
+    if old == value:
+        return
+    setattr(obj, leaf, value)
+    key = f"adjust:{path}={value!r}"
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        logger.log(level, "config: set %s=%r (was %r): %s", path, value, old, reason)
+
+
+@_adjustment(
+    "mixed_precision_preset",
+    "A `mixed_precision` preset name is resolved to a MixedPrecisionConfig and its fields are copied to "
+    "model.params_dtype, optimizer.bf16/fp16/loss_scale/initial_loss_scale and ddp.grad_reduce_in_fp32.",
+)
+def _apply_mixed_precision(cfg: "ConfigContainer") -> None:
+    if cfg.mixed_precision is None:
+        return
+    if isinstance(cfg.mixed_precision, str):
+        cfg.mixed_precision = get_mixed_precision_preset(cfg.mixed_precision)
+    mp: MixedPrecisionConfig = cfg.mixed_precision
+    reason = "copied from the mixed_precision preset"
+    for path, value in (("model.params_dtype", mp.params_dtype), ("optimizer.bf16", mp.bf16),
+                        ("optimizer.fp16", mp.fp16), ("optimizer.loss_scale", mp.loss_scale),
+                        ("optimizer.initial_loss_scale", mp.initial_loss_scale),
+                        ("ddp.grad_reduce_in_fp32", mp.grad_reduce_in_fp32)):
+        _set(cfg, path, value, reason, level=logging.INFO)
+
+
+@_adjustment(
+    "megatron_fsdp_flags",
+    "dist.use_megatron_fsdp and ddp.use_megatron_fsdp are kept equal: setting either one turns both on "
+    "(as Megatron-Bridge does).",
+)
+def _sync_megatron_fsdp(cfg: "ConfigContainer") -> None:
+    if cfg.dist.use_megatron_fsdp or cfg.ddp.use_megatron_fsdp:
+        reason = "Megatron FSDP was asked for in the other section"
+        _set(cfg, "dist.use_megatron_fsdp", True, reason)
+        _set(cfg, "ddp.use_megatron_fsdp", True, reason)
+
+
+@_adjustment(
+    "megatron_fsdp_distributed_optimizer",
+    "Megatron FSDP shards optimizer state itself: ddp.use_distributed_optimizer and "
+    "optimizer.use_distributed_optimizer are set True.",
+)
+def _megatron_fsdp_dist_opt(cfg: "ConfigContainer") -> None:
+    if cfg.dist.use_megatron_fsdp:
+        reason = "Megatron FSDP always uses a distributed (sharded) optimizer"
+        _set(cfg, "ddp.use_distributed_optimizer", True, reason)
+        _set(cfg, "optimizer.use_distributed_optimizer", True, reason)
+
+
+@_adjustment(
+    "distributed_optimizer_flags",
+    "ddp.use_distributed_optimizer and optimizer.use_distributed_optimizer are kept equal: either one turns both on.",
+)
+def _sync_distributed_optimizer(cfg: "ConfigContainer") -> None:
+    if cfg.ddp.use_distributed_optimizer or cfg.optimizer.use_distributed_optimizer:
+        reason = "the distributed optimizer was asked for in the other section"
+        _set(cfg, "ddp.use_distributed_optimizer", True, reason)
+        _set(cfg, "optimizer.use_distributed_optimizer", True, reason)
+
+
+@_adjustment(
+    "async_tp_sequence_parallel",
+    "fsdp2.enable_async_tensor_parallel requires sequence parallelism: model.sequence_parallel is turned on with a "
+    "warning when it is off (as the seed option describes).",
+)
+def _async_tp_needs_sp(cfg: "ConfigContainer") -> None:
+    if cfg.fsdp2.enable_async_tensor_parallel and not cfg.model.sequence_parallel:
+        _set(cfg, "model.sequence_parallel", True, "fsdp2.enable_async_tensor_parallel requires sequence parallelism")
+
+
+@_adjustment(
+    "legacy_check_for_nan_in_grad",
+    "With Megatron FSDP, ddp.check_for_nan_in_grad=True is a legacy no-op (megatron-fsdp >= 0.5 removed the "
+    "buffer-level check): it is kept in the config, ignored, and warned about once per process, pointing to "
+    "ddp.report_nan_in_param_grad.",
+)
+def _legacy_nan_check(cfg: "ConfigContainer") -> None:
+    if cfg.dist.use_megatron_fsdp and cfg.ddp.check_for_nan_in_grad:
+        warn_once(
+            logger,
+            "legacy_check_for_nan_in_grad",
+            "ddp.check_for_nan_in_grad=True has no effect with Megatron FSDP (megatron-fsdp>=0.5 removed the "
+            "buffer-level gradient NaN check); gradient NaN checking is OFF. Set ddp.report_nan_in_param_grad=True "
+            "to enable the per-parameter check (it can reduce throughput).",
+        )
+
+
+def apply_adjustments(cfg: "ConfigContainer") -> None:
+    """Apply every adjustment in order."""
+    for adjustment in ADJUSTMENTS:
+        adjustment.apply(cfg)

@@ -1,0 +1,110 @@
+"""``cfg.model``: the GPT/Llama-family decoder to build, and how it is split over devices."""
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Architecture, parallel layout and memory options of a Llama-family decoder-only model.
+
+    The provider in :mod:`megatron_bridge.models.provider` turns this into model chunks.
+    """
+
+    num_layers: int = 2
+    """Number of decoder blocks."""
+    hidden_size: int = 64
+    """Width of the residual stream."""
+    ffn_hidden_size: int = 176
+    """Inner width of the MLP (per gate for SwiGLU)."""
+    num_attention_heads: int = 4
+    """Number of query heads."""
+    num_query_groups: int | None = None
+    """Number of key/value heads for grouped-query attention; None means one per query head (plain MHA)."""
+    kv_channels: int | None = None
+    """Width of one attention head; None means hidden_size // num_attention_heads."""
+    vocab_size: int = 256
+    """Tokenizer vocabulary size (before padding)."""
+    make_vocab_size_divisible_by: int = 128
+    """The embedding table is padded to a multiple of this (times the TP size), as in Megatron."""
+    seq_length: int = 128
+    """Maximum sequence length the model is trained on; must equal dataset.seq_length."""
+    rotary_base: float = 10000.0
+    """RoPE base frequency (theta). Llama 3 uses 500000."""
+    rope_scaling: bool = False
+    """Apply Llama 3.1-style RoPE frequency scaling (long-context extension)."""
+    rope_scaling_factor: float = 8.0
+    """Llama 3.1 RoPE scaling factor; used only when rope_scaling is True."""
+    rope_low_freq_factor: float = 1.0
+    """Llama 3.1 RoPE low-frequency factor; used only when rope_scaling is True."""
+    rope_high_freq_factor: float = 4.0
+    """Llama 3.1 RoPE high-frequency factor; used only when rope_scaling is True."""
+    rope_original_max_position_embeddings: int = 8192
+    """Context length the RoPE scaling was derived for; used only when rope_scaling is True."""
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    """Normalization layer type."""
+    layernorm_epsilon: float = 1e-5
+    """Epsilon of the normalization layers."""
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    """MLP activation: SwiGLU (gated, Llama) or GELU (ungated, GPT-2)."""
+    qk_layernorm: bool = False
+    """Apply an RMSNorm to queries and keys per head before RoPE (Qwen3)."""
+    add_bias_linear: bool = False
+    """Add biases to the attention output and MLP linear layers."""
+    add_qkv_bias: bool = False
+    """Add biases to the query/key/value projections (Qwen2)."""
+    share_embeddings_and_output_weights: bool = False
+    """Tie the output layer to the input embedding."""
+    init_method_std: float = 0.02
+    """Standard deviation of the normal initialization of weights."""
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel size (TP)."""
+    pipeline_model_parallel_size: int = 1
+    """Pipeline-parallel size (PP)."""
+    virtual_pipeline_model_parallel_size: int | None = None
+    """Virtual pipeline stages per PP rank (interleaved schedule); None disables it."""
+    context_parallel_size: int = 1
+    """Context-parallel size (CP): the sequence is split over this many ranks."""
+    expert_model_parallel_size: int = 1
+    """Expert-parallel size (EP), for mixture-of-experts models."""
+    sequence_parallel: bool = False
+    """Shard norms and dropout over the sequence dimension in the TP group; requires tensor_model_parallel_size > 1."""
+    recompute_granularity: Literal["full", "selective"] | None = None
+    """Activation recomputation: "full" recomputes whole blocks, "selective" only attention; None keeps activations."""
+    recompute_method: Literal["uniform", "block"] | None = None
+    """With full recompute: "uniform" recomputes every block, "block" only the first recompute_num_layers."""
+    recompute_num_layers: int | None = None
+    """With recompute_method="block": how many blocks (from the first) are recomputed."""
+    cpu_offloading: bool = False
+    """Offload activations (and optionally weights) of the first cpu_offloading_num_layers blocks to CPU memory."""
+    cpu_offloading_num_layers: int = 0
+    """How many blocks offload to CPU; must satisfy 0 <= n < num_layers."""
+    cpu_offloading_activations: bool = True
+    """With cpu_offloading: offload saved activations."""
+    cpu_offloading_weights: bool = False
+    """With cpu_offloading: offload weights too."""
+    init_model_with_meta_device: bool = False
+    """Build the model on the meta device and let the data-parallel wrapper materialize only its shards."""
+    transformer_impl: Literal["local", "transformer_engine", "megatron_core"] = "local"
+    """Engine of the decoder blocks: "local" (plain PyTorch, runs everywhere) or a GPU engine that must be installed."""
+    params_dtype: DType = "float32"
+    """Storage dtype of the master weights. Mixed-precision presets keep float32 and compute in bf16/fp16."""
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Number of key/value heads."""
+        return self.num_query_groups if self.num_query_groups is not None else self.num_attention_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocabulary size padded to a multiple of make_vocab_size_divisible_by × TP (Megatron's rule)."""
+        multiple = self.make_vocab_size_divisible_by * self.tensor_model_parallel_size
+        return ((self.vocab_size + multiple - 1) // multiple) * multiple

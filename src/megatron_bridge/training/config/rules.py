@@ -1,0 +1,367 @@
+"""Cross-field validation rules: one small function each, registered with an id and a one-line summary.
+
+``check_rules`` runs them all and raises one ConfigValidationError listing every violation. The table of rules in
+docs/training/config-container.md is checked against ``RULES`` by a test, so the docs cannot drift.
+Rules about the data-parallel backends and checkpoint formats live in :mod:`.rules_distributed`.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from megatron_bridge.errors import ConfigValidationError
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.training.config.container import ConfigContainer
+
+
+class RuleViolation(Exception):
+    """Raised inside a rule; collected by ``check_rules``."""
+
+    def __init__(self, message: str, *paths: str) -> None:
+        super().__init__(message)
+        self.paths = paths
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A validation rule: its id, the config paths it reads, a one-line summary, and its check."""
+
+    id: str
+    paths: tuple[str, ...]
+    summary: str
+    check: Callable[["ConfigContainer", int], None]
+
+
+RULES: list[Rule] = []
+
+
+def rule(id: str, paths: tuple[str, ...], summary: str) -> Callable:
+    """Register a rule function ``check(cfg, world_size)`` that raises RuleViolation when violated."""
+
+    def wrap(fn: Callable[["ConfigContainer", int], None]) -> Callable[["ConfigContainer", int], None]:
+        RULES.append(Rule(id, paths, summary, fn))
+        return fn
+
+    return wrap
+
+
+def fail(message: str, *paths: str) -> None:
+    """Report a violation of the running rule."""
+    raise RuleViolation(message, *paths)
+
+
+def check_rules(cfg: "ConfigContainer", world_size: int) -> None:
+    """Run every rule; raise one ConfigValidationError listing all violations."""
+    import megatron_bridge.training.config.rules_distributed  # noqa: F401  (registers its rules)
+
+    problems: list[tuple[str, RuleViolation]] = []
+    for r in RULES:
+        try:
+            r.check(cfg, world_size)
+        except RuleViolation as v:
+            problems.append((r.id, v))
+    if not problems:
+        return
+    paths = tuple(dict.fromkeys(p for _, v in problems for p in v.paths))
+    if len(problems) == 1:
+        rule_id, v = problems[0]
+        raise ConfigValidationError(f"{v} [rule {rule_id}]", paths)
+    lines = "\n".join(f"  - {v} [rule {rule_id}]" for rule_id, v in problems)
+    raise ConfigValidationError(f"{len(problems)} config problems:\n{lines}", paths)
+
+
+# ------------------------------------------------------------------------------------------------ basic ranges
+_POSITIVE_FIELDS = (
+    "train.micro_batch_size",
+    "train.global_batch_size",
+    "model.num_layers",
+    "model.hidden_size",
+    "model.ffn_hidden_size",
+    "model.num_attention_heads",
+    "model.vocab_size",
+    "model.seq_length",
+    "model.tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size",
+    "model.context_parallel_size",
+    "model.expert_model_parallel_size",
+    "dataset.seq_length",
+    "logger.log_interval",
+    "logger.tensorboard_log_interval",
+    "dist.distributed_timeout_minutes",
+)
+_POSITIVE_OR_NONE_FIELDS = (
+    "train.train_iters",
+    "train.train_samples",
+    "train.exit_interval",
+    "train.exit_duration_in_mins",
+    "validation.eval_interval",
+    "checkpoint.save_interval",
+    "model.num_query_groups",
+    "model.kv_channels",
+    "model.virtual_pipeline_model_parallel_size",
+    "scheduler.lr_decay_iters",
+)
+
+
+def _get(cfg: "ConfigContainer", path: str) -> object:
+    obj: object = cfg
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@rule("positive_sizes", _POSITIVE_FIELDS + _POSITIVE_OR_NONE_FIELDS, "Sizes, counts and intervals are > 0.")
+def _positive(cfg: "ConfigContainer", world_size: int) -> None:
+    for path in _POSITIVE_FIELDS + _POSITIVE_OR_NONE_FIELDS:
+        value = _get(cfg, path)
+        if value is None and path in _POSITIVE_OR_NONE_FIELDS:
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            fail(f"{path} must be > 0 (got {value!r})", path)
+
+
+@rule("nonnegative_values", ("optimizer.weight_decay", "validation.eval_iters", "optimizer.clip_grad"),
+      "Weight decay, clip_grad, eval_iters, warmup and learning rates are >= 0, and min_lr <= lr.")
+def _nonnegative(cfg: "ConfigContainer", world_size: int) -> None:
+    for path in ("optimizer.weight_decay", "optimizer.clip_grad", "optimizer.lr", "optimizer.min_lr",
+                 "validation.eval_iters", "scheduler.lr_warmup_iters", "scheduler.lr_warmup_init",
+                 "model.init_method_std"):
+        value = _get(cfg, path)
+        if value < 0:  # type: ignore[operator]
+            fail(f"{path} must be >= 0 (got {value!r})", path)
+    if cfg.optimizer.min_lr > cfg.optimizer.lr:
+        fail(f"optimizer.min_lr ({cfg.optimizer.min_lr}) must be <= optimizer.lr ({cfg.optimizer.lr})",
+             "optimizer.min_lr", "optimizer.lr")
+
+
+# ------------------------------------------------------------------------------------------- parallel layout
+@rule("world_size_divisible", ("model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+                               "model.context_parallel_size"),
+      "The world size is divisible by TP × PP × CP.")
+def _world_size(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    model_size = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    if world_size % model_size:
+        fail(f"world size {world_size} is not divisible by TP×PP×CP = {m.tensor_model_parallel_size}×"
+             f"{m.pipeline_model_parallel_size}×{m.context_parallel_size} = {model_size}: change "
+             "model.tensor_model_parallel_size/pipeline_model_parallel_size/context_parallel_size or the number of "
+             "processes", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+             "model.context_parallel_size")
+
+
+@rule("global_batch_divisible", ("train.global_batch_size", "train.micro_batch_size"),
+      "train.global_batch_size is divisible by train.micro_batch_size × data-parallel size.")
+def _global_batch(cfg: "ConfigContainer", world_size: int) -> None:
+    dp = cfg.data_parallel_size(world_size)
+    mbs, gbs = cfg.train.micro_batch_size, cfg.train.global_batch_size
+    if mbs > 0 and gbs % (mbs * dp):
+        fail(f"train.global_batch_size={gbs} is not divisible by train.micro_batch_size × data-parallel size = "
+             f"{mbs}×{dp} = {mbs * dp}: use a multiple of {mbs * dp}", "train.global_batch_size",
+             "train.micro_batch_size")
+
+
+@rule("context_parallel_seq_length", ("model.context_parallel_size", "model.seq_length"),
+      "With context parallelism (CP > 1), model.seq_length is divisible by 2 × CP.")
+def _cp_seq(cfg: "ConfigContainer", world_size: int) -> None:
+    cp, seq = cfg.model.context_parallel_size, cfg.model.seq_length
+    if cp > 1 and seq % (2 * cp):
+        fail(f"model.seq_length={seq} must be divisible by 2×model.context_parallel_size = {2 * cp}",
+             "model.seq_length", "model.context_parallel_size")
+
+
+@rule("pipeline_layers", ("model.num_layers", "model.pipeline_model_parallel_size",
+                          "model.virtual_pipeline_model_parallel_size"),
+      "model.num_layers is divisible by PP, virtual pipelining needs PP > 1, and (num_layers / PP) is divisible by VP.")
+def _pipeline_layers(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    pp, vp = m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size
+    if pp > 0 and m.num_layers % pp:
+        fail(f"model.num_layers={m.num_layers} is not divisible by model.pipeline_model_parallel_size={pp}",
+             "model.num_layers", "model.pipeline_model_parallel_size")
+    if vp is not None:
+        if pp <= 1:
+            fail(f"model.virtual_pipeline_model_parallel_size={vp} needs model.pipeline_model_parallel_size > 1 "
+                 f"(got {pp}); set it to None", "model.virtual_pipeline_model_parallel_size")
+        elif (m.num_layers // pp) % vp:
+            fail(f"layers per pipeline stage ({m.num_layers}//{pp} = {m.num_layers // pp}) must be divisible by "
+                 f"model.virtual_pipeline_model_parallel_size={vp}", "model.num_layers",
+                 "model.virtual_pipeline_model_parallel_size")
+
+
+@rule("tensor_parallel_heads", ("model.num_attention_heads", "model.num_query_groups",
+                                "model.tensor_model_parallel_size"),
+      "Attention heads and query groups are divisible by TP; heads are divisible by query groups.")
+def _tp_heads(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    tp = m.tensor_model_parallel_size
+    if m.num_attention_heads % m.num_kv_heads:
+        fail(f"model.num_attention_heads={m.num_attention_heads} must be divisible by model.num_query_groups="
+             f"{m.num_kv_heads}", "model.num_attention_heads", "model.num_query_groups")
+    for path, value in (("model.num_attention_heads", m.num_attention_heads),
+                        ("model.num_query_groups", m.num_kv_heads)):
+        if tp > 1 and value % tp:
+            fail(f"{path}={value} must be divisible by model.tensor_model_parallel_size={tp}", path,
+                 "model.tensor_model_parallel_size")
+
+
+@rule("sequence_parallel_needs_tp", ("model.sequence_parallel", "model.tensor_model_parallel_size"),
+      "model.sequence_parallel=True requires model.tensor_model_parallel_size > 1.")
+def _sp_tp(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.sequence_parallel and cfg.model.tensor_model_parallel_size <= 1:
+        fail("model.sequence_parallel=True requires model.tensor_model_parallel_size > 1 (got "
+             f"{cfg.model.tensor_model_parallel_size}): set model.sequence_parallel=False or raise TP",
+             "model.sequence_parallel", "model.tensor_model_parallel_size")
+
+
+# ------------------------------------------------------------------------------------------ memory options
+@rule("cpu_offloading_pipeline", ("model.cpu_offloading", "model.pipeline_model_parallel_size"),
+      "model.cpu_offloading requires model.pipeline_model_parallel_size == 1.")
+def _offload_pp(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.cpu_offloading and cfg.model.pipeline_model_parallel_size != 1:
+        fail("model.cpu_offloading=True is not supported with pipeline parallelism (model.pipeline_model_parallel_"
+             f"size={cfg.model.pipeline_model_parallel_size}): set PP=1 or cpu_offloading=False",
+             "model.cpu_offloading", "model.pipeline_model_parallel_size")
+
+
+@rule("cpu_offloading_recompute", ("model.cpu_offloading", "model.recompute_granularity",
+                                   "ddp.activation_checkpointing", "fsdp2.activation_checkpointing"),
+      "model.cpu_offloading does not work with activation recomputation/checkpointing.")
+def _offload_recompute(cfg: "ConfigContainer", world_size: int) -> None:
+    if not cfg.model.cpu_offloading:
+        return
+    for path, value in (("model.recompute_granularity", cfg.model.recompute_granularity),
+                        ("ddp.activation_checkpointing", cfg.ddp.activation_checkpointing),
+                        ("fsdp2.activation_checkpointing", cfg.fsdp2.activation_checkpointing)):
+        if value not in (None, False):
+            fail(f"model.cpu_offloading=True does not work with activation recomputation ({path}={value!r}): "
+                 "disable one of them", "model.cpu_offloading", path)
+
+
+@rule("cpu_offloading_num_layers", ("model.cpu_offloading_num_layers", "model.num_layers"),
+      "With model.cpu_offloading, 0 <= cpu_offloading_num_layers < num_layers.")
+def _offload_layers(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.cpu_offloading and not 0 <= m.cpu_offloading_num_layers < m.num_layers:
+        fail(f"model.cpu_offloading_num_layers={m.cpu_offloading_num_layers} must satisfy 0 <= n < "
+             f"model.num_layers={m.num_layers}", "model.cpu_offloading_num_layers")
+
+
+@rule("recompute_settings", ("model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"),
+      "model.recompute_method 'block' needs 0 < recompute_num_layers <= num_layers; method needs granularity 'full'.")
+def _recompute(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.recompute_method is not None and m.recompute_granularity != "full":
+        fail(f"model.recompute_method={m.recompute_method!r} only applies to model.recompute_granularity='full' "
+             f"(got {m.recompute_granularity!r})", "model.recompute_method", "model.recompute_granularity")
+    if m.recompute_method == "block":
+        n = m.recompute_num_layers
+        if n is None or not 0 < n <= m.num_layers:
+            fail(f"model.recompute_num_layers={n!r} must be in 1..model.num_layers={m.num_layers} with "
+                 "recompute_method='block'", "model.recompute_num_layers")
+
+
+# --------------------------------------------------------------------------------------- training schedule
+@rule("train_length", ("train.train_iters", "train.train_samples"),
+      "Exactly one of train.train_iters and train.train_samples is set, and it gives at least one step.")
+def _train_length(cfg: "ConfigContainer", world_size: int) -> None:
+    iters, samples = cfg.train.train_iters, cfg.train.train_samples
+    if (iters is None) == (samples is None):
+        fail(f"set exactly one of train.train_iters and train.train_samples (got train_iters={iters!r}, "
+             f"train_samples={samples!r})", "train.train_iters", "train.train_samples")
+    elif samples is not None and samples < cfg.train.global_batch_size:
+        fail(f"train.train_samples={samples} is less than one global batch ({cfg.train.global_batch_size})",
+             "train.train_samples")
+
+
+@rule("model_dataset_seq_length", ("model.seq_length", "dataset.seq_length"),
+      "model.seq_length equals dataset.seq_length.")
+def _seq_length(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.seq_length != cfg.dataset.seq_length:
+        fail(f"model.seq_length={cfg.model.seq_length} differs from dataset.seq_length={cfg.dataset.seq_length}: "
+             "set both to the same value", "model.seq_length", "dataset.seq_length")
+
+
+@rule("dataset_source", ("dataset.mock", "dataset.data_path"),
+      "Exactly one data source: dataset.mock=True, or dataset.mock=False with dataset.data_path.")
+def _dataset_source(cfg: "ConfigContainer", world_size: int) -> None:
+    d = cfg.dataset
+    if d.mock and d.data_path:
+        fail("dataset.mock=True and dataset.data_path are both set: set dataset.mock=False to train on data_path",
+             "dataset.mock", "dataset.data_path")
+    if not d.mock and not d.data_path:
+        fail("dataset.mock=False needs dataset.data_path (indexed .bin/.idx prefixes)", "dataset.data_path")
+
+
+@rule("tokenizer_file", ("tokenizer.tokenizer_type", "tokenizer.tokenizer_file", "tokenizer.vocab_size"),
+      "tokenizer_type 'huggingface' needs tokenizer.tokenizer_file; 'null' needs tokenizer.vocab_size.")
+def _tokenizer(cfg: "ConfigContainer", world_size: int) -> None:
+    t = cfg.tokenizer
+    if t.tokenizer_type == "huggingface" and not t.tokenizer_file:
+        fail("tokenizer.tokenizer_type='huggingface' needs tokenizer.tokenizer_file (a tokenizer.json path)",
+             "tokenizer.tokenizer_file")
+    if t.tokenizer_type == "null" and not t.vocab_size:
+        fail("tokenizer.tokenizer_type='null' needs tokenizer.vocab_size", "tokenizer.vocab_size")
+
+
+@rule("scheduler_warmup_exclusive", ("scheduler.lr_warmup_fraction", "scheduler.lr_warmup_iters"),
+      "scheduler.lr_warmup_fraction and scheduler.lr_warmup_iters are not both set; the fraction is in [0, 1).")
+def _warmup_exclusive(cfg: "ConfigContainer", world_size: int) -> None:
+    s = cfg.scheduler
+    if s.lr_warmup_fraction is not None:
+        if s.lr_warmup_iters:
+            fail(f"set only one of scheduler.lr_warmup_fraction={s.lr_warmup_fraction} and "
+                 f"scheduler.lr_warmup_iters={s.lr_warmup_iters}", "scheduler.lr_warmup_fraction",
+                 "scheduler.lr_warmup_iters")
+        if not 0 <= s.lr_warmup_fraction < 1:
+            fail(f"scheduler.lr_warmup_fraction={s.lr_warmup_fraction} must be in [0, 1)",
+                 "scheduler.lr_warmup_fraction")
+
+
+@rule("scheduler_warmup_lt_decay", ("scheduler.lr_warmup_iters", "scheduler.lr_decay_iters"),
+      "Warmup steps are fewer than decay steps (lr_decay_iters, default train_iters), and WSD decay fits in them.")
+def _warmup_lt_decay(cfg: "ConfigContainer", world_size: int) -> None:
+    warmup, decay = cfg.lr_warmup_iters, cfg.lr_decay_iters
+    if decay > 0 and warmup >= decay:
+        fail(f"scheduler warmup ({warmup} steps) must be shorter than the decay ({decay} steps, "
+             "scheduler.lr_decay_iters or the run length): lower scheduler.lr_warmup_iters",
+             "scheduler.lr_warmup_iters", "scheduler.lr_decay_iters")
+    s = cfg.scheduler
+    if s.lr_decay_style == "WSD" and (s.lr_wsd_decay_iters is None or s.lr_wsd_decay_iters > decay - warmup):
+        fail(f"scheduler.lr_decay_style='WSD' needs scheduler.lr_wsd_decay_iters in 0..{decay - warmup} "
+             f"(decay minus warmup; got {s.lr_wsd_decay_iters!r})", "scheduler.lr_wsd_decay_iters")
+
+
+@rule("weight_decay_schedule", ("scheduler.start_weight_decay", "scheduler.end_weight_decay",
+                                "scheduler.weight_decay_incr_style"),
+      "With a non-constant weight-decay schedule, 0 <= start_weight_decay <= end_weight_decay, both set.")
+def _wd_schedule(cfg: "ConfigContainer", world_size: int) -> None:
+    s = cfg.scheduler
+    for path, value in (("scheduler.start_weight_decay", s.start_weight_decay),
+                        ("scheduler.end_weight_decay", s.end_weight_decay)):
+        if value is not None and value < 0:
+            fail(f"{path} must be >= 0 (got {value})", path)
+    if s.weight_decay_incr_style != "constant":
+        if s.start_weight_decay is None or s.end_weight_decay is None:
+            fail(f"scheduler.weight_decay_incr_style={s.weight_decay_incr_style!r} needs start_weight_decay and "
+                 "end_weight_decay", "scheduler.start_weight_decay", "scheduler.end_weight_decay")
+        elif s.end_weight_decay < s.start_weight_decay:
+            fail(f"scheduler.end_weight_decay={s.end_weight_decay} must be >= start_weight_decay="
+                 f"{s.start_weight_decay}", "scheduler.end_weight_decay")
+
+
+@rule("scheduler_resume_exclusive", ("scheduler.override_opt_param_scheduler",
+                                     "scheduler.use_checkpoint_opt_param_scheduler"),
+      "override_opt_param_scheduler and use_checkpoint_opt_param_scheduler are not both True.")
+def _sched_resume(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.scheduler.override_opt_param_scheduler and cfg.scheduler.use_checkpoint_opt_param_scheduler:
+        fail("scheduler.override_opt_param_scheduler and scheduler.use_checkpoint_opt_param_scheduler are both True: "
+             "choose one", "scheduler.override_opt_param_scheduler", "scheduler.use_checkpoint_opt_param_scheduler")
+
+
+@rule("precision_exclusive", ("optimizer.bf16", "optimizer.fp16"), "bf16 and fp16 are not both on.")
+def _precision(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.optimizer.bf16 and cfg.optimizer.fp16:
+        fail("optimizer.bf16 and optimizer.fp16 are both True: choose one (or a mixed_precision preset)",
+             "optimizer.bf16", "optimizer.fp16")

@@ -1,0 +1,210 @@
+"""YAML round trip and ``a.b=c`` overrides of config dataclasses, with strict key and type checking.
+
+Files and overrides are untrusted input: YAML is read with ``yaml.safe_load``, nothing is instantiated from a string
+except the allow-listed ``_target_`` names below (the seed's FSDP2 ``mp_policy`` form), and an unknown key or a value
+of the wrong type is a :class:`~megatron_bridge.errors.ConfigOverrideError` naming the dotted key.
+"""
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+import yaml
+
+from megatron_bridge.errors import ConfigOverrideError
+
+
+T = TypeVar("T")
+
+# `_target_` values accepted in YAML, and the config dataclass each one maps to (by field, see _ALLOWED_TARGETS use).
+ALLOWED_TARGETS: dict[str, str] = {
+    "torch.distributed.fsdp.MixedPrecisionPolicy": "FSDP2MixedPrecisionPolicy",
+    "torch.distributed.fsdp.CPUOffloadPolicy": "FSDP2OffloadPolicy",
+    "megatron_bridge.training.config.distributed.FSDP2MixedPrecisionPolicy": "FSDP2MixedPrecisionPolicy",
+    "megatron_bridge.training.config.distributed.FSDP2OffloadPolicy": "FSDP2OffloadPolicy",
+}
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclasses → plain dicts (recursively), keeping only YAML-safe values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def to_yaml(obj: Any, path: str | Path | None = None) -> str:
+    """YAML text of a config dataclass; written to ``path`` when given."""
+    text = yaml.safe_dump(to_dict(obj), sort_keys=False, default_flow_style=False)
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    return text
+
+
+def from_yaml(cls: type[T], path: str | Path) -> T:
+    """Build ``cls`` from a YAML file (safe loader)."""
+    return from_dict(cls, _load_yaml_mapping(path))
+
+
+def _load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigOverrideError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigOverrideError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigOverrideError(
+            f"config file {str(path)!r} must hold a mapping at the top (got {type(data).__name__})"
+        )
+    return data
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``; missing keys keep their defaults, unknown keys and bad types raise."""
+    if not isinstance(data, dict):
+        raise ConfigOverrideError(f"{prefix or 'config'} must be a mapping (got {data!r})")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key == "_target_":
+            _check_target(value, cls, path)
+            continue
+        if key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1)
+            suggestion = f" (did you mean '{prefix}{hint[0]}'?)" if hint else ""
+            raise ConfigOverrideError(f"unknown config key '{path}'{suggestion}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    return cls(**kwargs)
+
+
+def _check_target(value: Any, cls: type, path: str) -> None:
+    if ALLOWED_TARGETS.get(str(value)) != cls.__name__:
+        allowed = sorted(k for k, v in ALLOWED_TARGETS.items() if v == cls.__name__)
+        raise ConfigOverrideError(
+            f"'{path}': {value!r} is not an allowed target here; allowed: {allowed or 'none'} "
+            "(config files never instantiate arbitrary classes)"
+        )
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check ``value`` against annotation ``tp`` (converting ints to floats and dicts to dataclasses)."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        mapping_error: ConfigOverrideError | None = None
+        # Try exact kinds first so that `bool | Literal[...]` keeps a bool and `X | str` keeps a str.
+        for option in sorted(options, key=lambda o: 0 if o is type(None) or o is bool else 1):
+            try:
+                return _coerce(value, option, path)
+            except ConfigOverrideError as exc:
+                if isinstance(value, dict) and dataclasses.is_dataclass(option):
+                    mapping_error = exc
+        if mapping_error is not None:  # a mapping meant for a sub-config: its own error names the bad key
+            raise mapping_error
+        raise ConfigOverrideError(
+            f"'{path}' must be {' or '.join(_type_name(o) for o in options)} (got {value!r})"
+        )
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigOverrideError(f"'{path}' must be null (got {value!r})")
+    if value is None:
+        raise ConfigOverrideError(f"'{path}' must not be null (expected {_type_name(tp)})")
+    if origin is Literal:
+        if value in typing.get_args(tp) and type(value) in {type(a) for a in typing.get_args(tp)}:
+            return value
+        raise ConfigOverrideError(f"'{path}' must be one of {list(typing.get_args(tp))} (got {value!r})")
+    if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(value):
+            return value
+        return from_dict(tp, value, prefix=f"{path}.")
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigOverrideError(f"'{path}' must be a list (got {value!r})")
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigOverrideError(f"'{path}' must be a mapping (got {value!r})")
+        key_tp, val_tp = typing.get_args(tp) or (Any, Any)
+        return {_coerce(k, key_tp, f"{path}.{k}"): _coerce(v, val_tp, f"{path}.{k}") for k, v in value.items()}
+    return _coerce_scalar(value, tp, path)
+
+
+def _coerce_scalar(value: Any, tp: Any, path: str) -> Any:
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise ConfigOverrideError(f"'{path}' has an unsupported config type {tp!r}")
+    raise ConfigOverrideError(f"'{path}' must be {_type_name(tp)} (got {value!r})")
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Parse Hydra-style ``a.b=c`` strings with OmegaConf (YAML scalars: ``true``, ``10``, ``null``, ``[a,b]``)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigOverrideError(f"override {item!r} must look like 'section.key=value'")
+        if item.startswith(("+", "~")):
+            raise ConfigOverrideError(f"override {item!r}: adding or deleting keys is not supported; set existing keys")
+    try:
+        parsed = OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigOverrideError(f"could not parse overrides {overrides}: {exc}") from exc
+    return typing.cast(dict[str, Any], parsed)
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursive merge: mappings merge key by key, anything else replaces."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_overrides(cfg: T, yaml_path: str | Path | None, overrides: list[str]) -> T:
+    """A new config built from ``cfg`` < the YAML file < the ``key=value`` overrides."""
+    data = to_dict(cfg)
+    if yaml_path is not None:
+        data = merge(data, _load_yaml_mapping(yaml_path))
+    if overrides:
+        data = merge(data, parse_overrides(overrides))
+    return from_dict(type(cfg), data)

@@ -1,0 +1,1 @@
+"""Small shared helpers (rank-aware logging, distributed queries that work before init)."""

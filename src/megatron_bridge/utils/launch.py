@@ -1,0 +1,38 @@
+"""Re-launching a script under ``torch.distributed.run`` when more than one process is asked for."""
+
+import os
+import socket
+import subprocess
+import sys
+
+
+def running_under_torchrun() -> bool:
+    """True inside a process started by torch.distributed.run."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_WORLD_SIZE" in os.environ
+
+
+def free_port() -> int:
+    """A free TCP port on localhost."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def relaunch_with_torchrun(nproc: int, argv: list[str] | None = None, threads_per_rank: int | None = None) -> int:
+    """Run this script again on ``nproc`` local ranks; returns torchrun's exit code.
+
+    Each launch uses its own free port (two jobs on one machine do not collide). On machines without CUDA,
+    ``OMP_NUM_THREADS`` defaults to cores // nproc (at least 1) so ranks do not oversubscribe the CPU.
+    """
+    import torch
+
+    args = argv if argv is not None else sys.argv
+    env = dict(os.environ)
+    if threads_per_rank is None and not torch.cuda.is_available():
+        threads_per_rank = max(1, (os.cpu_count() or 1) // nproc)
+    if threads_per_rank is not None:
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
+    return subprocess.call(cmd, env=env)

@@ -1,0 +1,84 @@
+"""Recipe dimensions, world sizes, keyword overrides and the import-time budget of config + recipes."""
+
+import subprocess
+import sys
+
+import pytest
+
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.recipes import (
+    RECIPES,
+    get_recipe,
+    llama3_8b_pretrain_config,
+    llama3_70b_pretrain_config,
+    llama31_405b_pretrain_config,
+    llama32_1b_pretrain_config,
+    qwen3_8b_pretrain_config,
+    tiny_llama_pretrain_config,
+)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_validates_at_its_world_size(name: str) -> None:
+    info = RECIPES[name]
+    info.fn().validate(world_size=info.world_size)
+
+
+def test_llama3_8b_dimensions() -> None:
+    m = llama3_8b_pretrain_config().model
+    assert (m.num_layers, m.hidden_size, m.ffn_hidden_size) == (32, 4096, 14336)
+    assert (m.num_attention_heads, m.num_query_groups, m.rotary_base) == (32, 8, 500_000.0)
+    assert (m.vocab_size, m.seq_length, m.rope_scaling) == (128256, 8192, False)
+    cfg = llama3_8b_pretrain_config()
+    assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (512, 1)
+    assert (cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.scheduler.lr_warmup_iters) == (3e-4, 3e-5, 2000)
+
+
+def test_large_recipe_layouts() -> None:
+    m = llama3_70b_pretrain_config().model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads) == (80, 8192, 64)
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+            m.virtual_pipeline_model_parallel_size, m.context_parallel_size, m.sequence_parallel) == (4, 4, 5, 2, True)
+    assert llama31_405b_pretrain_config().model.num_layers == 126
+    assert llama32_1b_pretrain_config().model.share_embeddings_and_output_weights
+    q = qwen3_8b_pretrain_config().model
+    assert (q.kv_channels, q.qk_layernorm, q.vocab_size, q.rotary_base) == (128, True, 151936, 1_000_000.0)
+
+
+def test_recipe_keyword_overrides(tmp_path) -> None:
+    cfg = tiny_llama_pretrain_config(train_iters=5, seq_length=64, dir=str(tmp_path), lr=2e-3,
+                                     data_path=["0.5", "a", "0.5", "b"])
+    assert cfg.train.train_iters == 5 and cfg.model.seq_length == cfg.dataset.seq_length == 64
+    assert cfg.checkpoint.save == cfg.checkpoint.load == str(tmp_path / "checkpoints")
+    assert cfg.logger.tensorboard_dir == str(tmp_path / "tb_logs")
+    assert cfg.optimizer.lr == 2e-3 and cfg.dataset.mock is False
+    with pytest.raises(ConfigValidationError, match="unknown recipe keyword 'trian_iters'"):
+        tiny_llama_pretrain_config(trian_iters=5)
+
+
+def test_megatron_fsdp_keyword_applies_perf_overrides() -> None:
+    cfg = llama3_8b_pretrain_config(use_megatron_fsdp=True)
+    assert cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params"
+    assert cfg.checkpoint.ckpt_format == "fsdp_dtensor" and cfg.checkpoint.load is None
+    cfg.validate(world_size=2)
+    assert cfg.dist.use_megatron_fsdp and cfg.ddp.use_megatron_fsdp
+
+
+def test_get_recipe() -> None:
+    assert get_recipe("llama3_8b_pretrain_config").fn is llama3_8b_pretrain_config
+    with pytest.raises(ConfigValidationError, match="unknown recipe"):
+        get_recipe("llama9")
+
+
+def test_config_and_recipes_import_light_and_fast() -> None:
+    code = (
+        "import sys, time; t = time.perf_counter();"
+        "from megatron_bridge.recipes import llama3_8b_pretrain_config as f; f().validate();"
+        "dt = time.perf_counter() - t;"
+        "heavy = [m for m in ('torch', 'megatron_fsdp', 'megatron', 'tensorboard', 'transformer_engine') "
+        "if m in sys.modules];"
+        "print(dt, heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 1)
+    assert out[1].strip() == "[]", f"heavy modules imported: {out[1]}"
+    assert float(out[0]) < 0.5

@@ -1,0 +1,162 @@
+"""Every validation rule: one config that violates it (the error names the rule and the config path) and one that
+passes. A test also checks that every registered rule has a case here."""
+
+from collections.abc import Callable
+
+import pytest
+
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.recipes import tiny_llama_pretrain_config
+from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.training.config.rules import RULES, check_rules
+
+
+Mutator = Callable[[ConfigContainer], None]
+
+
+def _set(**paths: object) -> Mutator:
+    def mutate(cfg: ConfigContainer) -> None:
+        for path, value in paths.items():
+            *parents, leaf = path.split("__")
+            obj: object = cfg
+            for p in parents:
+                obj = getattr(obj, p)
+            setattr(obj, leaf, value)
+
+    return mutate
+
+
+# rule id -> (violating mutation, world size, a path the message must name, passing mutation)
+CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
+    "positive_sizes": (_set(train__micro_batch_size=0), 1, "train.micro_batch_size", _set(train__micro_batch_size=2)),
+    "nonnegative_values": (_set(optimizer__min_lr=1.0), 1, "optimizer.min_lr", _set(optimizer__min_lr=1e-5)),
+    "world_size_divisible": (_set(model__tensor_model_parallel_size=2), 3, "model.tensor_model_parallel_size",
+                             _set(model__tensor_model_parallel_size=2)),
+    "global_batch_divisible": (_set(train__global_batch_size=12), 2, "train.global_batch_size",
+                               _set(train__global_batch_size=24)),
+    "context_parallel_seq_length": (_set(model__context_parallel_size=3), 3, "model.seq_length",
+                                    _set(model__context_parallel_size=2)),
+    "pipeline_layers": (_set(model__pipeline_model_parallel_size=2, model__virtual_pipeline_model_parallel_size=4), 2,
+                        "model.virtual_pipeline_model_parallel_size",
+                        _set(model__pipeline_model_parallel_size=2, model__virtual_pipeline_model_parallel_size=2)),
+    "tensor_parallel_heads": (_set(model__num_query_groups=3), 1, "model.num_query_groups",
+                              _set(model__num_query_groups=4)),
+    "sequence_parallel_needs_tp": (_set(model__sequence_parallel=True), 1, "model.sequence_parallel",
+                                   _set(model__sequence_parallel=True, model__tensor_model_parallel_size=2)),
+    "cpu_offloading_pipeline": (_set(model__cpu_offloading=True, model__cpu_offloading_num_layers=1,
+                                     model__pipeline_model_parallel_size=2), 2, "model.cpu_offloading",
+                                _set(model__cpu_offloading=True, model__cpu_offloading_num_layers=1)),
+    "cpu_offloading_recompute": (_set(model__cpu_offloading=True, model__recompute_granularity="full"), 1,
+                                 "model.recompute_granularity", _set(model__cpu_offloading=True)),
+    "cpu_offloading_num_layers": (_set(model__cpu_offloading=True, model__cpu_offloading_num_layers=4), 1,
+                                  "model.cpu_offloading_num_layers",
+                                  _set(model__cpu_offloading=True, model__cpu_offloading_num_layers=3)),
+    "recompute_settings": (_set(model__recompute_granularity="full", model__recompute_method="block"), 1,
+                           "model.recompute_num_layers",
+                           _set(model__recompute_granularity="full", model__recompute_method="block",
+                                model__recompute_num_layers=2)),
+    "train_length": (_set(train__train_samples=1600), 1, "train.train_samples",
+                     _set(train__train_iters=None, train__train_samples=1600)),
+    "model_dataset_seq_length": (_set(dataset__seq_length=64), 1, "dataset.seq_length",
+                                 _set(dataset__seq_length=64, model__seq_length=64)),
+    "dataset_source": (_set(dataset__data_path=["x"]), 1, "dataset.data_path",
+                       _set(dataset__data_path=["x"], dataset__mock=False)),
+    "tokenizer_file": (_set(tokenizer__tokenizer_type="huggingface"), 1, "tokenizer.tokenizer_file",
+                       _set(tokenizer__tokenizer_type="huggingface", tokenizer__tokenizer_file="t.json")),
+    "scheduler_warmup_exclusive": (_set(scheduler__lr_warmup_fraction=0.1), 1, "scheduler.lr_warmup_fraction",
+                                   _set(scheduler__lr_warmup_fraction=0.1, scheduler__lr_warmup_iters=0)),
+    "scheduler_warmup_lt_decay": (_set(scheduler__lr_warmup_iters=300), 1, "scheduler.lr_warmup_iters",
+                                  _set(scheduler__lr_warmup_iters=299)),
+    "weight_decay_schedule": (_set(scheduler__weight_decay_incr_style="linear", scheduler__start_weight_decay=0.1,
+                                   scheduler__end_weight_decay=0.01), 1, "scheduler.end_weight_decay",
+                              _set(scheduler__weight_decay_incr_style="linear", scheduler__start_weight_decay=0.01,
+                                   scheduler__end_weight_decay=0.1)),
+    "scheduler_resume_exclusive": (_set(scheduler__override_opt_param_scheduler=True,
+                                        scheduler__use_checkpoint_opt_param_scheduler=True), 1,
+                                   "scheduler.use_checkpoint_opt_param_scheduler",
+                                   _set(scheduler__use_checkpoint_opt_param_scheduler=True)),
+    "precision_exclusive": (_set(mixed_precision=None, optimizer__bf16=True, optimizer__fp16=True), 1,
+                            "optimizer.fp16", _set(mixed_precision=None, optimizer__bf16=True)),
+    "fsdp_backends_exclusive": (_set(dist__use_megatron_fsdp=True, dist__use_torch_fsdp2=True), 1,
+                                "dist.use_torch_fsdp2", _set(dist__use_torch_fsdp2=True)),
+    "megatron_fsdp_ckpt_format": (_set(dist__use_megatron_fsdp=True, checkpoint__save="/tmp/x"), 1,
+                                  "checkpoint.ckpt_format",
+                                  _set(dist__use_megatron_fsdp=True, checkpoint__save="/tmp/x",
+                                       checkpoint__ckpt_format="fsdp_dtensor")),
+    "megatron_fsdp_rank_mapping": (_set(ddp__use_megatron_fsdp=True, dist__use_tp_pp_dp_mapping=True), 1,
+                                   "dist.use_tp_pp_dp_mapping", _set(dist__use_tp_pp_dp_mapping=True)),
+    "megatron_fsdp_device_connections": (_set(dist__use_megatron_fsdp=True), 1, "dist.use_megatron_fsdp",
+                                         _set(dist__use_megatron_fsdp=True)),
+    "fsdp_dtensor_needs_fsdp": (_set(checkpoint__ckpt_format="fsdp_dtensor", checkpoint__save="/tmp/x"), 1,
+                                "checkpoint.ckpt_format",
+                                _set(checkpoint__ckpt_format="fsdp_dtensor", checkpoint__save="/tmp/x",
+                                     dist__use_torch_fsdp2=True)),
+    "async_save_format": (_set(checkpoint__async_save=True, checkpoint__save="/tmp/x", checkpoint__ckpt_format="torch"),
+                          1, "checkpoint.ckpt_format", _set(checkpoint__async_save=True, checkpoint__save="/tmp/x")),
+    "checkpoint_options": (_set(checkpoint__most_recent_k=0), 1, "checkpoint.most_recent_k",
+                           _set(checkpoint__most_recent_k=1)),
+    "fsdp2_pipeline": (_set(dist__use_torch_fsdp2=True, model__pipeline_model_parallel_size=2), 2,
+                       "model.pipeline_model_parallel_size", _set(model__pipeline_model_parallel_size=2)),
+    "fsdp2_prefetch_depths": (_set(fsdp2__fsdp2_backward_prefetch_depth=-1), 1, "fsdp2.fsdp2_backward_prefetch_depth",
+                              _set(fsdp2__fsdp2_backward_prefetch_depth=0)),
+    "async_tp_needs_compile": (_set(fsdp2__enable_async_tensor_parallel=True, model__tensor_model_parallel_size=2), 2,
+                               "fsdp2.enable_async_tensor_parallel",
+                               _set(fsdp2__enable_async_tensor_parallel=True, model__tensor_model_parallel_size=2,
+                                    fsdp2__enable_compile=True)),
+    "activation_checkpointing_scope": (_set(fsdp2__activation_checkpointing_scope=["all", "vision"]), 1,
+                                       "fsdp2.activation_checkpointing_scope",
+                                       _set(fsdp2__activation_checkpointing_scope=["language", "vision"])),
+    "activation_checkpointing_single_knob": (_set(model__recompute_granularity="full",
+                                                  ddp__activation_checkpointing="selective"), 1,
+                                             "ddp.activation_checkpointing",
+                                             _set(ddp__activation_checkpointing="selective")),
+}
+
+
+def test_every_rule_has_a_case() -> None:
+    check_rules(tiny_llama_pretrain_config().finalize(), 1)  # registers the distributed rules too
+    assert sorted(CASES) == sorted(r.id for r in RULES)
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_violation_is_named(rule_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    mutate, world_size, path, _ = CASES[rule_id]
+    if rule_id == "megatron_fsdp_device_connections":
+        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    cfg = tiny_llama_pretrain_config()
+    mutate(cfg)
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=world_size)
+    assert f"[rule {rule_id}]" in str(info.value)
+    assert path in str(info.value)
+    assert path in info.value.paths
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_passing_case(rule_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, _, ok = CASES[rule_id]
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    cfg = tiny_llama_pretrain_config()
+    ok(cfg)
+    m = cfg.model
+    cfg.validate(world_size=m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size)
+
+
+def test_all_violations_reported_together() -> None:
+    cfg = tiny_llama_pretrain_config()
+    cfg.train.micro_batch_size = 0
+    cfg.dataset.seq_length = 64
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=1)
+    assert "2 config problems" in str(info.value)
+    assert {"train.micro_batch_size", "dataset.seq_length"} <= set(info.value.paths)
+
+
+def test_world_size_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tiny_llama_pretrain_config(global_batch_size=12)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    cfg.validate()
+    monkeypatch.setenv("WORLD_SIZE", "8")  # 12 is not divisible by micro-batch 4 x DP 8
+    with pytest.raises(ConfigValidationError, match="global_batch_divisible"):
+        cfg.validate()
