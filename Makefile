@@ -17,7 +17,7 @@ $(STAMP): requirements/cpu.txt pyproject.toml
 venv: $(STAMP)
 
 pretrain: $(STAMP)
-	$(PY) scripts/training/pretrain_tiny.py
+	$(PY) scripts/training/run_recipe.py --recipe tiny_llama --nproc 2 --corpus --dir runs/tiny_llama
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests scripts

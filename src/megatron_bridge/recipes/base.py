@@ -87,6 +87,8 @@ def apply_common_overrides(cfg: ConfigContainer, **overrides: Any) -> ConfigCont
             cfg.logger.tensorboard_dir = os.path.join(value, "tb_logs")
         elif key == "seq_length":
             cfg.model.seq_length = cfg.dataset.seq_length = value
+        elif key == "lr_warmup_iters":
+            cfg.scheduler.lr_warmup_iters, cfg.scheduler.lr_warmup_fraction = value, None
         elif key == "data_path":
             cfg.dataset.mock, cfg.dataset.data_path = False, list(value)
         elif key == "use_megatron_fsdp":

@@ -17,7 +17,7 @@ BYTE_TOKENIZER_VOCAB = 258
 
 
 def tiny_llama_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """4 layers, hidden 128, 4 heads / 2 KV groups, seq 128, byte-level vocab; fp32, AdamW 1e-3 cosine, 300 steps
+    """4 layers, hidden 128, 4 heads / 2 KV groups, seq 128, byte-level vocab; fp32, AdamW 1e-3 cosine with 5% warmup, 300 steps
     of 16 samples. Mock data by default; pass ``data_path=[prefix]`` to train on indexed text."""
     model = ModelConfig(num_layers=4, hidden_size=128, ffn_hidden_size=352, num_attention_heads=4,
                         num_query_groups=2, vocab_size=BYTE_TOKENIZER_VOCAB, seq_length=128, rotary_base=10000.0)
@@ -27,7 +27,7 @@ def tiny_llama_pretrain_config(**overrides: Any) -> ConfigContainer:
         validation=ValidationConfig(eval_interval=100, eval_iters=4),
         optimizer=OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-4, weight_decay=0.1, adam_beta2=0.95,
                                   clip_grad=1.0),
-        scheduler=SchedulerConfig(lr_warmup_iters=20, lr_decay_style="cosine"),
+        scheduler=SchedulerConfig(lr_warmup_fraction=0.05, lr_decay_style="cosine"),
         dataset=DatasetConfig(mock=True, seq_length=model.seq_length, split="95,5,0"),
         tokenizer=TokenizerConfig(tokenizer_type="byte"),
         logger=LoggerConfig(log_interval=10),

@@ -1,0 +1,59 @@
+"""The default GPT forward step: masked next-token loss.
+
+A forward step has Megatron's shape: ``forward_step(data_iterator, model)`` (or ``forward_step(state,
+data_iterator, model)``) returns ``(output_tensor, loss_func)``, and ``loss_func(output_tensor)`` returns
+``(loss_sum, num_tokens, {"lm loss": ...})``. The loop sums ``loss_sum`` and ``num_tokens`` over micro-batches and
+data-parallel ranks, so the reported loss and the gradients are token-weighted over the whole global batch.
+"""
+
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+
+Batch = dict[str, torch.Tensor]
+LossFunc = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def get_batch(data_iterator: Iterator[Batch], device: torch.device) -> Batch:
+    """Next micro-batch moved to ``device`` (tokens, labels, loss_mask, position_ids)."""
+    batch = next(data_iterator)
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def masked_next_token_loss(
+    loss_mask: torch.Tensor, output_tensor: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Sum of per-token losses where ``loss_mask`` is 1, the number of such tokens, and the report for logging."""
+    mask = loss_mask.to(torch.float32).reshape(-1)
+    loss_sum = torch.sum(output_tensor.to(torch.float32).reshape(-1) * mask)
+    num_tokens = mask.sum()
+    return loss_sum, num_tokens, {"lm loss": torch.stack([loss_sum.detach(), num_tokens.detach()])}
+
+
+def forward_step(data_iterator: Iterator[Batch], model: nn.Module) -> tuple[torch.Tensor, LossFunc]:
+    """Run the model on the next micro-batch; return per-token losses and the masked loss function."""
+    device = _module_device(model)
+    batch = get_batch(data_iterator, device)
+    output = model(batch["tokens"], position_ids=batch.get("position_ids"), labels=batch["labels"])
+    return output, partial(masked_next_token_loss, batch["loss_mask"])
+
+
+def _module_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return torch.device("cpu")
+
+
+def call_forward_step(step: Callable[..., Any], state: Any, data_iterator: Iterator[Batch], model: nn.Module) -> Any:
+    """Call a 2-argument ``(data_iterator, model)`` or 3-argument ``(state, data_iterator, model)`` forward step."""
+    import inspect
+
+    n_params = len(inspect.signature(step).parameters)
+    if n_params >= 3:
+        return step(state, data_iterator, model)
+    return step(data_iterator, model)

@@ -1,0 +1,201 @@
+"""The training step, the evaluation pass and the loop around them.
+
+Loss and gradient normalisation: every micro-batch's ``loss_func`` returns the *sum* of its masked token losses and
+its token count. Before the forward passes of a step, the step's token count over all micro-batches and
+data-parallel ranks (``global_tokens``) is known from the batches' ``loss_mask``; each micro-batch back-propagates
+``loss_sum * dp_size / global_tokens``. The backends average gradients over the ``dp_size`` ranks, so the gradient is
+exactly that of the token-weighted mean loss of the whole global batch — the same as one process running the whole
+batch (the functional tests check this).
+"""
+
+import gc
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron_bridge.errors import TrainingError
+from megatron_bridge.training.callbacks import fire
+from megatron_bridge.training.gpt_step import call_forward_step
+from megatron_bridge.training.metrics import StepMetrics, Timer, peak_memory_bytes
+from megatron_bridge.utils.logging import get_logger, log_rank_0
+
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a ``pretrain`` call did (returned on every rank)."""
+
+    losses: list[float] = field(default_factory=list)
+    """Global token-weighted training loss of each step run by this call."""
+    steps: list[int] = field(default_factory=list)
+    """Step number of each entry of ``losses``."""
+    step_times: list[float] = field(default_factory=list)
+    """Wall-clock seconds of each step."""
+    grad_norms: list[float] = field(default_factory=list)
+    """Gradient norm (before clipping) of each step."""
+    learning_rates: list[float] = field(default_factory=list)
+    """Learning rate used by each step."""
+    eval_losses: dict[int, float] = field(default_factory=dict)
+    """Validation loss by step."""
+    exit_reason: str = ""
+    """Why the loop stopped: train_iters, exit_interval, duration or signal."""
+    final_step: int = 0
+    """Step count at exit (including steps restored from a checkpoint)."""
+    tokens_per_step: int = 0
+    """Tokens in one global batch."""
+    flops_per_step: float = 0.0
+    """Model FLOPs of one step (forward + backward)."""
+    world_size: int = 1
+    """Number of processes."""
+    backend: str = ""
+    """Data-parallel backend name."""
+    peak_memory_bytes: int = 0
+    """Peak memory of this rank (CUDA allocator peak, or peak RSS on CPU)."""
+
+    @property
+    def final_loss(self) -> float:
+        """Loss of the last step run (NaN if none ran)."""
+        return self.losses[-1] if self.losses else math.nan
+
+
+def _global_sum(values: list[float], device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def _count_tokens(batches: list[dict[str, torch.Tensor]]) -> float | None:
+    if not all("loss_mask" in b for b in batches):
+        return None
+    return float(sum(b["loss_mask"].sum().item() for b in batches))
+
+
+def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, float]:
+    """One optimizer step over ``num_microbatches`` micro-batches; returns (global loss, grad norm)."""
+    backend, cfg = ctx.backend, ctx.cfg
+    n_micro = cfg.num_microbatches(ctx.env.world_size)
+    batches = [next(ctx.train_iter) for _ in range(n_micro)]
+    local_tokens = _count_tokens(batches)
+    model_copies = ctx.env.world_size / ctx.dp_size  # ranks holding the same batch (TP)
+    global_tokens = _global_sum([local_tokens or 0.0], ctx.device)[0] / model_copies if local_tokens else None
+    backend.zero_grad(ctx.optimizer)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    token_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    for i, batch in enumerate(batches):
+        with backend.grad_sync_context(is_last_microbatch=i == n_micro - 1):
+            with backend.forward_context():
+                output, loss_func = call_forward_step(forward_step_func, ctx, iter([batch]), ctx.model)
+                micro_loss, micro_tokens, _ = loss_func(output)
+            if global_tokens:
+                scaled = micro_loss * (ctx.dp_size / global_tokens)
+            else:  # no loss_mask in the batch: mean per micro-batch, averaged over micro-batches
+                scaled = micro_loss / micro_tokens.clamp(min=1) / n_micro
+            if ctx.grad_scaler is not None:
+                scaled = ctx.grad_scaler.scale(scaled)
+            scaled.backward()
+        loss_sum += micro_loss.detach().to(torch.float64)
+        token_sum += micro_tokens.detach().to(torch.float64)
+    backend.finish_grad_sync()
+    total_loss, total_tokens = _global_sum([loss_sum.item(), token_sum.item()], ctx.device)
+    loss = total_loss / max(total_tokens, 1.0)
+    if not math.isfinite(loss):
+        raise TrainingError(
+            f"the training loss is {loss} at iteration {ctx.train_state.step + 1}: lower optimizer.lr, check the data, "
+            "or use mixed_precision='fp32' / 'bf16_mixed' instead of fp16"
+        )
+    if ctx.grad_scaler:
+        ctx.grad_scaler.unscale_(ctx.optimizer)
+    grad_norm = float(backend.clip_grad_norm(cfg.optimizer.clip_grad))
+    if ctx.grad_scaler:
+        ctx.grad_scaler.step(ctx.optimizer)
+        ctx.grad_scaler.update()
+    else:
+        ctx.optimizer.step()
+    ctx.scheduler.step()
+    return loss, grad_norm
+
+
+@torch.no_grad()
+def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dict[str, torch.Tensor]]) -> float:
+    """Token-weighted loss over ``validation.eval_iters`` global batches."""
+    for chunk in ctx.backend.chunks:
+        chunk.eval()
+    loss_sum, token_sum = 0.0, 0.0
+    n_micro = ctx.cfg.num_microbatches(ctx.env.world_size)
+    for _ in range(ctx.cfg.validation.eval_iters * n_micro):
+        with ctx.backend.forward_context():
+            output, loss_func = call_forward_step(forward_step_func, ctx, data, ctx.model)
+            micro_loss, micro_tokens, _ = loss_func(output)
+        loss_sum += float(micro_loss)
+        token_sum += float(micro_tokens)
+    for chunk in ctx.backend.chunks:
+        chunk.train()
+    total_loss, total_tokens = _global_sum([loss_sum, token_sum], ctx.device)
+    return total_loss / max(total_tokens, 1.0)
+
+
+def _eval_due(ctx: Any, step: int, stopping: bool) -> bool:
+    v = ctx.cfg.validation
+    if v.eval_interval is None or v.eval_iters == 0 or ctx.loaders.valid is None:
+        return False
+    return step % v.eval_interval == 0 or stopping
+
+
+def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult:
+    """Train until an exit condition fires; save checkpoints on schedule and at exit."""
+    cfg, state = ctx.cfg, ctx.train_state
+    result = ctx.result
+    timer = Timer(ctx.device)
+    if cfg.train.manual_gc:
+        gc.disable()
+        gc.collect()
+    last_saved = state.step if ctx.loaded_checkpoint else -1
+    reason = ctx.exits.check(state.step) if state.step >= cfg.train_iters else None
+    fire(ctx.callbacks, "on_train_start", ctx)
+    while reason is None:
+        timer.reset()
+        lr = ctx.optimizer.param_groups[0]["lr"]
+        loss, grad_norm = train_step(ctx, forward_step_func)
+        step_time = timer.elapsed()
+        state.step += 1
+        state.consumed_train_samples += cfg.train.global_batch_size
+        state.floating_point_operations_so_far += result.flops_per_step
+        _record(result, state.step, loss, grad_norm, lr, step_time)
+        metrics = StepMetrics(state.step, loss, grad_norm, lr, step_time, result.tokens_per_step,
+                              result.flops_per_step, state.consumed_train_samples)
+        ctx.metrics.log_step(metrics)
+        fire(ctx.callbacks, "on_step_end", ctx, metrics)
+        reason = ctx.exits.check(state.step)
+        if _eval_due(ctx, state.step, reason is not None):
+            result.eval_losses[state.step] = evaluate(ctx, forward_step_func, ctx.valid_iter)
+            ctx.metrics.log_eval(state.step, result.eval_losses[state.step])
+        if ctx.checkpoint is not None:
+            ctx.checkpoint.poll()
+            if ctx.checkpoint.should_save(state.step) or (reason is not None and last_saved != state.step):
+                ctx.checkpoint.save()
+                last_saved = state.step
+        if cfg.train.manual_gc and cfg.train.manual_gc_interval and state.step % cfg.train.manual_gc_interval == 0:
+            gc.collect()
+    if cfg.train.manual_gc:
+        gc.enable()
+    result.exit_reason = reason
+    result.final_step = state.step
+    result.peak_memory_bytes = peak_memory_bytes(ctx.device)
+    fire(ctx.callbacks, "on_train_end", ctx)
+    log_rank_0(logger, "training stopped at step %d (%s)", state.step, reason)
+    return result
+
+
+def _record(result: TrainResult, step: int, loss: float, grad_norm: float, lr: float, step_time: float) -> None:
+    result.steps.append(step)
+    result.losses.append(loss)
+    result.grad_norms.append(grad_norm)
+    result.learning_rates.append(lr)
+    result.step_times.append(step_time)

@@ -1,0 +1,156 @@
+"""Training metrics: the stdout log line (last rank), a progress bar on terminals, and TensorBoard scalars."""
+
+import math
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.utils.dist_env import is_last_rank
+from megatron_bridge.utils.logging import get_logger
+
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class StepMetrics:
+    """What one optimizer step measured."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    step_time: float
+    tokens: int
+    flops: float
+    consumed_samples: int
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory: CUDA allocator peak on GPU, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss * (1 if sys.platform == "darwin" else 1024))
+
+
+class TrainingLogger:
+    """Prints a Megatron-style line every ``logger.log_interval`` steps and writes TensorBoard scalars."""
+
+    def __init__(self, cfg: ConfigContainer, device: torch.device, world_size: int) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.world_size = world_size
+        self.enabled = is_last_rank()
+        self._window: list[StepMetrics] = []
+        self._writer: Any = None
+        self._progress = self.enabled and cfg.logger.log_progress and sys.stderr.isatty()
+        if self.enabled and cfg.logger.tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=cfg.logger.tensorboard_dir, max_queue=1000)
+
+    def log_step(self, m: StepMetrics) -> None:
+        """Record a step; print and write scalars when their intervals are due."""
+        if not self.enabled:
+            return
+        self._window.append(m)
+        if self._writer is not None and m.step % self.cfg.logger.tensorboard_log_interval == 0:
+            self._write_scalars(m)
+        if m.step % self.cfg.logger.log_interval == 0 or m.step == self.cfg.train_iters:
+            self._print_window()
+        elif self._progress:
+            self._print_progress(m.step)
+
+    def _rates(self, m: StepMetrics) -> tuple[float, float]:
+        tokens_per_s = m.tokens / m.step_time if m.step_time > 0 else 0.0
+        tflops = m.flops / m.step_time / self.world_size / 1e12 if m.step_time > 0 else 0.0
+        return tokens_per_s, tflops
+
+    def _write_scalars(self, m: StepMetrics) -> None:
+        w = self._writer
+        w.add_scalar("lm loss", m.loss, m.step)
+        w.add_scalar("lm loss vs samples", m.loss, m.consumed_samples)
+        w.add_scalar("learning-rate", m.lr, m.step)
+        w.add_scalar("grad-norm", m.grad_norm, m.step)
+        w.add_scalar("iteration-time", m.step_time, m.step)
+        if self.cfg.logger.log_throughput:
+            tokens_per_s, tflops = self._rates(m)
+            w.add_scalar("throughput/tokens_per_sec", tokens_per_s, m.step)
+            w.add_scalar("throughput/tflops_per_device", tflops, m.step)
+        if self.cfg.logger.log_memory:
+            w.add_scalar("memory/peak_gigabytes", peak_memory_bytes(self.device) / 2**30, m.step)
+
+    def _print_window(self) -> None:
+        window, self._window = self._window, []
+        last = window[-1]
+        step_time = sum(m.step_time for m in window) / len(window)
+        loss = sum(m.loss for m in window) / len(window)
+        parts = [
+            f"iteration {last.step:>6d}/{self.cfg.train_iters}",
+            f"consumed samples {last.consumed_samples}",
+            f"elapsed time per iteration (ms) {step_time * 1000:.1f}",
+            f"learning rate {last.lr:.4e}",
+            f"global batch size {self.cfg.train.global_batch_size}",
+            f"lm loss {loss:.6e}",
+            f"grad norm {last.grad_norm:.4f}",
+        ]
+        if self.cfg.logger.log_throughput:
+            avg = StepMetrics(last.step, loss, last.grad_norm, last.lr, step_time, last.tokens, last.flops, 0)
+            tokens_per_s, tflops = self._rates(avg)
+            parts += [f"tokens/s {tokens_per_s:.0f}", f"TFLOP/s/device {tflops:.4f}"]
+        if self.cfg.logger.log_memory:
+            parts.append(f"peak memory (GB) {peak_memory_bytes(self.device) / 2**30:.2f}")
+        if self._progress:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+        logger.info(" | ".join(parts))
+
+    def _print_progress(self, step: int) -> None:
+        total = max(self.cfg.train_iters, 1)
+        filled = int(30 * step / total)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {step}/{total}")
+        sys.stderr.flush()
+
+    def log_eval(self, step: int, loss: float, split: str = "validation") -> None:
+        """Print and record an evaluation result."""
+        if not self.enabled:
+            return
+        ppl = math.exp(min(loss, 20.0))
+        logger.info(f"{split} loss at iteration {step} | lm loss value: {loss:.6e} | lm loss PPL: {ppl:.6e}")
+        if self._writer is not None:
+            self._writer.add_scalar(f"lm loss {split}", loss, step)
+            self._writer.add_scalar(f"lm loss {split} ppl", ppl, step)
+
+    def close(self) -> None:
+        """Flush and close TensorBoard."""
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+
+
+class Timer:
+    """Wall-clock timer that synchronizes CUDA before reading, so step times are real."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.start = 0.0
+
+    def reset(self) -> None:
+        """Start timing now."""
+        self._sync()
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds since ``reset``."""
+        self._sync()
+        return time.perf_counter() - self.start
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

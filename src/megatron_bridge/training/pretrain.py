@@ -1,0 +1,181 @@
+"""``pretrain(cfg, forward_step_func)``: validate → set up → train → tear down.
+
+Set-up order: process groups → seeds → model chunks (meta device when asked) → ``ddp_wrap`` → optimizer (sharded by
+the backend when it does that) → LR schedule → checkpoint load → data loaders (resumed at the loaded position).
+"""
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.training.callbacks import Callback
+from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.training.exits import ExitConditions
+from megatron_bridge.training.gpt_step import forward_step as default_forward_step
+from megatron_bridge.training.loop import TrainResult, run_training
+from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
+from megatron_bridge.training.metrics import TrainingLogger
+from megatron_bridge.training.optim import build_optimizer
+from megatron_bridge.training.state import TrainState
+from megatron_bridge.utils.logging import get_logger, log_rank_0, setup_logging
+
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class TrainingContext:
+    """Everything the loop needs; also the ``state`` argument of 3-argument forward steps."""
+
+    cfg: ConfigContainer
+    env: Any
+    backend: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: OptimizerParamScheduler
+    train_state: TrainState
+    checkpoint: Any
+    loaded_checkpoint: bool
+    loaders: Any
+    train_iter: Iterator[dict[str, torch.Tensor]]
+    valid_iter: Iterator[dict[str, torch.Tensor]] | None
+    metrics: TrainingLogger
+    exits: ExitConditions
+    grad_scaler: torch.amp.GradScaler | None
+    result: TrainResult
+    dp_size: int
+    callbacks: list[Callback]
+
+    @property
+    def device(self) -> torch.device:
+        """The device this rank computes on."""
+        return self.env.device
+
+    @property
+    def model(self) -> nn.Module | list[nn.Module]:
+        """The wrapped model (a list when there are several chunks)."""
+        chunks = self.backend.chunks
+        return chunks[0] if len(chunks) == 1 else chunks
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _build_tokenizer_and_check_vocab(cfg: ConfigContainer) -> Any:
+    from megatron_bridge.data.tokenizers import build_tokenizer
+
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        raise ConfigValidationError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but model.vocab_size={cfg.model.vocab_size}: set "
+            f"model.vocab_size={tokenizer.vocab_size} (or larger)", ("model.vocab_size", "tokenizer.tokenizer_type")
+        )
+    return tokenizer
+
+
+def _build_data(cfg: ConfigContainer, tokenizer: Any, state: TrainState, dp_rank: int, dp_size: int) -> Any:
+    from megatron_bridge.data.loaders import build_pretraining_data_loaders
+
+    gbs = cfg.train.global_batch_size
+    v = cfg.validation
+    n_evals = (cfg.train_iters // v.eval_interval + 1) if v.eval_interval else 0
+    return build_pretraining_data_loaders(
+        cfg.dataset, tokenizer, micro_batch_size=cfg.train.micro_batch_size,
+        train_samples=cfg.train_iters * gbs, valid_samples=n_evals * v.eval_iters * gbs, test_samples=0,
+        data_parallel_rank=dp_rank, data_parallel_size=dp_size,
+        consumed_train_samples=state.consumed_train_samples, consumed_valid_samples=state.consumed_valid_samples,
+    )
+
+
+def _grad_scaler(cfg: ConfigContainer, device: torch.device) -> torch.amp.GradScaler | None:
+    o = cfg.optimizer
+    if not o.fp16:
+        return None
+    static = o.loss_scale is not None
+    return torch.amp.GradScaler(device.type, init_scale=o.loss_scale if static else o.initial_loss_scale,
+                                growth_factor=1.0 if static else 2.0, backoff_factor=1.0 if static else 0.5)
+
+
+def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, scheduler: Any, state: TrainState) -> Any:
+    c = cfg.checkpoint
+    if not (c.save or c.load or c.pretrained_checkpoint):
+        return None
+    from megatron_bridge.checkpoint import CheckpointManager
+
+    return CheckpointManager(cfg, backend, optimizer, scheduler, state)
+
+
+def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = None) -> TrainingContext:
+    """Build model, backend, optimizer, schedule, checkpoint manager and data for a validated config."""
+    from megatron_bridge.distributed.ddp_wrap import ddp_wrap
+    from megatron_bridge.models.flops import num_floating_point_operations
+    from megatron_bridge.models.provider import build_model_chunks
+
+    set_seed(cfg.rng.seed)
+    tokenizer = _build_tokenizer_and_check_vocab(cfg)
+    chunks = build_model_chunks(cfg.model, device=env.device)
+    backend = ddp_wrap(chunks, cfg, env.device)
+    optimizer = backend.prepare_optimizer(build_optimizer(cfg, backend.chunks, env.device))
+    scheduler = OptimizerParamScheduler(optimizer, cfg)
+    state = TrainState()
+    checkpoint = _checkpoint_manager(cfg, backend, optimizer, scheduler, state)
+    loaded = checkpoint.load() if checkpoint is not None else False
+    dp_size = cfg.data_parallel_size(env.world_size)
+    dp_rank = env.rank % dp_size if dp_size > 1 else 0
+    loaders = _build_data(cfg, tokenizer, state, dp_rank, dp_size)
+    seq = cfg.model.seq_length
+    result = TrainResult(tokens_per_step=cfg.train.global_batch_size * seq, world_size=env.world_size,
+                         backend=backend.name,
+                         flops_per_step=num_floating_point_operations(cfg.model, cfg.train.global_batch_size, seq))
+    from megatron_bridge.data.loaders import cyclic_iter
+
+    return TrainingContext(
+        cfg=cfg, env=env, backend=backend, optimizer=optimizer, scheduler=scheduler, train_state=state,
+        checkpoint=checkpoint, loaded_checkpoint=loaded, loaders=loaders, train_iter=iter(loaders.train),
+        valid_iter=cyclic_iter(loaders.valid) if loaders.valid is not None else None,
+        metrics=TrainingLogger(cfg, env.device, env.world_size), exits=ExitConditions(cfg, env.device),
+        grad_scaler=_grad_scaler(cfg, env.device), result=result, dp_size=dp_size, callbacks=list(callbacks or []),
+    )
+
+
+def pretrain(
+    cfg: ConfigContainer,
+    forward_step_func: Callable[..., Any] = default_forward_step,
+    callbacks: list[Callback] | None = None,
+) -> TrainResult:
+    """Validate ``cfg`` and train; returns a :class:`TrainResult` on every rank.
+
+    Works in a plain process (a 1-rank group is created) and under ``torchrun`` (gloo on CPU, nccl on CUDA unless
+    ``dist.distributed_backend`` says otherwise). Process groups this call created are destroyed on return.
+    """
+    from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
+
+    setup_logging(cfg.logger.logging_level)
+    cfg.validate()
+    env = initialize_distributed(cfg)
+    ctx: TrainingContext | None = None
+    try:
+        if cfg.logger.save_config_filepath and env.rank == 0:
+            cfg.to_yaml(cfg.logger.save_config_filepath)
+        ctx = setup(cfg, env, callbacks)
+        n_params = sum(p.numel() for chunk in ctx.backend.chunks for p in chunk.parameters())
+        log_rank_0(logger, "training %.2fM parameters for %d steps on %d rank(s) with %s (%d micro-batches/step)",
+                   n_params / 1e6, cfg.train_iters, env.world_size, ctx.backend.name,
+                   cfg.num_microbatches(env.world_size))
+        return run_training(ctx, forward_step_func)
+    finally:
+        if ctx is not None:
+            if ctx.checkpoint is not None:
+                ctx.checkpoint.close()
+            ctx.metrics.close()
+            ctx.exits.close()
+        destroy_distributed()

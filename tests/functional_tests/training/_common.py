@@ -1,0 +1,57 @@
+"""Shared pieces of the pretrain functional tests: a small config, a callback collecting full weights, references."""
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_bridge.recipes import tiny_llama_pretrain_config
+from megatron_bridge.training.callbacks import Callback
+from megatron_bridge.training.config.container import ConfigContainer
+
+
+def small_config(**overrides: Any) -> ConfigContainer:
+    """The tiny Llama at seq 64, 8 steps of 8 samples (2 per micro-batch), no eval, no checkpoints."""
+    base = {"train_iters": 8, "global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
+            "eval_interval": None, "lr_warmup_iters": 2, "log_interval": 4}
+    cfg = tiny_llama_pretrain_config(**{**base, **overrides})
+    cfg.checkpoint.save = cfg.checkpoint.load = None
+    return cfg
+
+
+class FullWeights(Callback):
+    """Gathers the full (unsharded) model weights to CPU at the end of training (rank 0 keeps them)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def on_train_end(self, ctx: Any) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(ctx.backend.chunks[0], options=options)
+        self.weights = {k: v.detach().clone() for k, v in state.items()}
+
+
+def assert_finite_decreasing(losses: list[float], min_drop: float = 0.05) -> None:
+    """Every loss is finite and the last is clearly below the first."""
+    assert losses and all(math.isfinite(x) for x in losses), losses
+    assert losses[-1] < losses[0] - min_drop, f"loss did not fall: {losses}"
+
+
+def save_reference(path: Path, losses: list[float], weights: dict[str, torch.Tensor]) -> None:
+    """Write a reference run for workers to compare against."""
+    torch.save({"losses": torch.tensor(losses, dtype=torch.float64), "weights": weights}, path)
+
+
+def load_reference() -> dict[str, Any]:
+    """The reference written by the launching process (path in $MB_REFERENCE)."""
+    return torch.load(os.environ["MB_REFERENCE"], weights_only=True)
+
+
+def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest absolute difference over all tensors (the key sets must match)."""
+    assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)

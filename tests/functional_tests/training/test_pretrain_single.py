@@ -1,0 +1,61 @@
+"""pretrain() in one process: gradient accumulation equals the large batch, exits, NaN detection, logging."""
+
+import math
+
+import pytest
+import torch
+
+from megatron_bridge.errors import TrainingError
+from megatron_bridge.training.pretrain import pretrain
+from tests.functional_tests.training._common import FullWeights, max_weight_diff, small_config
+
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_gradient_accumulation_equals_large_batch() -> None:
+    small, large = FullWeights(), FullWeights()
+    accumulated = pretrain(small_config(micro_batch_size=2), callbacks=[small])  # 4 micro-batches per step
+    single = pretrain(small_config(micro_batch_size=8), callbacks=[large])  # 1 micro-batch per step
+    assert accumulated.losses == pytest.approx(single.losses, rel=1e-5)
+    assert max_weight_diff(small.weights, large.weights) <= 2e-5
+
+
+def test_exit_interval_and_tensorboard(tmp_path) -> None:
+    cfg = small_config(train_iters=8)
+    cfg.train.exit_interval = 3
+    cfg.logger.tensorboard_dir = str(tmp_path / "tb")
+    result = pretrain(cfg)
+    assert result.final_step == 3 and result.exit_reason == "exit_interval"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"lm loss", "learning-rate", "grad-norm", "throughput/tokens_per_sec",
+            "throughput/tflops_per_device"} <= tags
+    assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3]
+    assert all(math.isfinite(e.value) for e in events.Scalars("lm loss"))
+
+
+def test_eval_runs_on_schedule() -> None:
+    result = pretrain(small_config(train_iters=4, eval_interval=2))
+    assert sorted(result.eval_losses) == [2, 4]
+    assert all(math.isfinite(v) for v in result.eval_losses.values())
+
+
+def test_nan_loss_stops_with_named_error() -> None:
+    def nan_step(data_iterator, model):  # noqa: ANN001, ANN202
+        batch = next(data_iterator)
+        out = model(batch["tokens"], labels=batch["labels"]) * float("nan")
+        return out, lambda o: (o.sum(), torch.tensor(float(o.numel())), {})
+
+    with pytest.raises(TrainingError, match="training loss is nan at iteration 1"):
+        pretrain(small_config(train_iters=3), nan_step)
+
+
+def test_learning_rate_schedule_is_applied() -> None:
+    result = pretrain(small_config(train_iters=6, lr_warmup_iters=2))
+    lrs = result.learning_rates
+    assert lrs[0] == pytest.approx(0.0) and lrs[2] == pytest.approx(1e-3)  # warmup 0 -> peak at step 2
+    assert lrs[-1] < lrs[2]  # cosine decay afterwards
