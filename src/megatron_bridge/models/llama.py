@@ -230,7 +230,9 @@ class LlamaModel(nn.Module):
         if labels is None:
             return logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
-        return loss.view(b, s)
+        # A fresh tensor, not a view: FSDP2 registers its pre-backward hook on the output, and an in-place op on a
+        # view would silently drop it (FSDP2 warns about views).
+        return loss.view(b, s).clone()
 
 
 def _normal_(tensor: torch.Tensor, std: float) -> None:

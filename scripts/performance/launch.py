@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Performance runs in the style of Megatron-Bridge's launcher.
+
+    python scripts/performance/launch.py --model llama3 --size 8b -ng 8 --use_megatron_fsdp true
+    python scripts/performance/launch.py --recipe tiny_llama -ng 2 -ms 20          # on a CPU, gloo
+    python scripts/performance/launch.py --use_megatron_fsdp true --dryrun          # print the final YAML
+    python scripts/performance/launch.py --compare runA/results.json runB/results.json
+
+Precedence: recipe < perf overrides < flags < trailing key=value overrides. See docs/performance.md.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse, build the config, dry-run / compare / launch / train."""
+    from megatron_bridge.perf.args import build_config, build_parser, recipe_name
+    from megatron_bridge.perf.results import compare
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    if args.compare:
+        a, b = (json.loads(Path(p).read_text()) for p in args.compare)
+        print(compare(a, b))
+        return 0
+    cfg = build_config(args)
+    if args.dryrun:
+        cfg.validate(world_size=args.num_gpus)
+        print(cfg.to_yaml(), end="")
+        return 0
+    from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun
+
+    output_dir = args.output_dir or f"runs/perf/{recipe_name(args)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.num_gpus > 1 and not running_under_torchrun():
+        return relaunch_with_torchrun(args.num_gpus, [os.path.abspath(__file__), *argv, "--output_dir", output_dir])
+    return run(cfg, output_dir)
+
+
+def run(cfg, output_dir: str) -> int:  # noqa: ANN001
+    """Train and write results (rank 0)."""
+    import torch
+
+    from megatron_bridge.perf.results import build_results, summary_line, write_results
+    from megatron_bridge.training.pretrain import pretrain
+
+    result = pretrain(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        results = build_results(cfg, result, device_name=device)
+        json_path, plot_path = write_results(results, output_dir)
+        print(f"results: {json_path}" + (f", plot: {plot_path}" if plot_path else ""))
+        print(summary_line(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

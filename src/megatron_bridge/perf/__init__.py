@@ -1,0 +1,1 @@
+"""The performance harness behind ``scripts/performance/launch.py``: arguments → config, results, comparisons."""
