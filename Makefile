@@ -17,7 +17,8 @@ $(STAMP): requirements/cpu.txt pyproject.toml
 venv: $(STAMP)
 
 pretrain: $(STAMP)
-	$(PY) scripts/training/run_recipe.py --recipe tiny_llama --nproc 2 --corpus --dir runs/tiny_llama
+	$(PY) scripts/training/run_recipe.py --recipe tiny_llama --nproc 2 --corpus --dir runs/tiny_llama \
+		train.train_iters=600 train.exit_interval=300
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests scripts

@@ -158,6 +158,9 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
         gc.collect()
     last_saved = state.step if ctx.loaded_checkpoint else -1
     reason = ctx.exits.check(state.step) if state.step >= cfg.train_iters else None
+    if reason is not None:
+        log_rank_0(logger, "nothing to train: the run is at step %d and train.train_iters=%d; raise train.train_iters "
+                   "to train further", state.step, cfg.train_iters)
     fire(ctx.callbacks, "on_train_start", ctx)
     while reason is None:
         timer.reset()

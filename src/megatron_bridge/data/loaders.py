@@ -1,0 +1,285 @@
+"""Build the train/valid/test datasets and DataLoaders of GPT pretraining from ``cfg.dataset``."""
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from megatron_bridge.data.blended import (
+    MID_LEVEL_DATASET_SURPLUS,
+    BlendedDataset,
+    normalize_weights,
+    samples_per_dataset,
+)
+from megatron_bridge.data.gpt_dataset import SPLIT_NAMES, GPTDataset, split_ranges
+from megatron_bridge.data.indexed import IndexedDataset, bin_path_of, idx_path_of, indexed_dataset_exists
+from megatron_bridge.data.mock import MockGPTDataset
+from megatron_bridge.data.samplers import PretrainingSampler
+from megatron_bridge.data.tokenizers import Tokenizer
+from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.training.config.data import DatasetConfig
+from megatron_bridge.utils.logging import get_logger, log_rank_0
+
+
+logger = get_logger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class PretrainingDataLoaders:
+    """The three DataLoaders of a pretraining run (None for a split with 0 samples).
+
+    Every loader yields dicts of ``[micro_batch_size, seq_length]`` tensors (``tokens``, ``labels``, ``loss_mask``,
+    ``position_ids``) for this data-parallel rank. ``train`` starts at ``consumed_train_samples``.
+
+    ``valid`` and ``test`` are plain, re-iterable DataLoaders: every ``iter(valid)`` starts again at
+    ``consumed_valid_samples``, so evaluations that each take ``eval_iters`` batches from a fresh iterator score the
+    same samples (comparable losses). For Megatron's behaviour (each evaluation continues where the previous one
+    stopped and wraps around at the end) keep one ``cyclic_iter(valid)`` for the whole run.
+    """
+
+    train: DataLoader | None
+    valid: DataLoader | None
+    test: DataLoader | None
+
+
+def cyclic_iter(iterable: Iterable[T]) -> Iterator[T]:
+    """Iterate ``iterable`` forever, starting it again each time it is exhausted (Megatron's ``cyclic_iter``)."""
+    while True:
+        empty = True
+        for item in iterable:
+            empty = False
+            yield item
+        if empty:
+            raise DataError("cyclic_iter: the iterable yields nothing")
+
+
+def parse_data_path(data_path: list[str]) -> tuple[list[str], list[float] | None]:
+    """Prefixes and (normalized) weights of ``dataset.data_path``: ``["a", "b"]`` or ``["0.7", "a", "0.3", "b"]``."""
+    items = [str(x).strip() for x in data_path]
+    if not items or any(not x for x in items):
+        raise ConfigValidationError(f"dataset.data_path={data_path!r} has an empty entry.", ("dataset.data_path",))
+
+    def as_float(s: str) -> float | None:
+        try:
+            return float(s)
+        except ValueError:
+            return None
+
+    if len(items) % 2 == 0 and all(as_float(w) is not None for w in items[0::2]):
+        weights = [float(w) for w in items[0::2]]
+        return items[1::2], normalize_weights(weights)
+    if len(items) % 2 == 0 and any(as_float(w) is not None for w in items[0::2]):
+        raise ConfigValidationError(
+            f"dataset.data_path={data_path!r} mixes weights and prefixes; give either only prefixes or "
+            "alternating weight, prefix pairs such as ['0.7', 'a', '0.3', 'b'].",
+            ("dataset.data_path",),
+        )
+    return items, None
+
+
+def _validate(cfg: DatasetConfig) -> None:
+    if cfg.mock and cfg.data_path:
+        raise ConfigValidationError(
+            f"dataset.mock=True but dataset.data_path={cfg.data_path!r} is set; set dataset.mock=False to train on "
+            "the files, or dataset.data_path=None for mock data.",
+            ("dataset.mock", "dataset.data_path"),
+        )
+    if not cfg.mock and not cfg.data_path:
+        raise ConfigValidationError(
+            "dataset.mock=False needs dataset.data_path (indexed dataset prefixes without .bin/.idx); set "
+            "dataset.mock=True to train on mock data.",
+            ("dataset.mock", "dataset.data_path"),
+        )
+    if cfg.seq_length < 1:
+        raise ConfigValidationError(f"dataset.seq_length={cfg.seq_length} must be >= 1.", ("dataset.seq_length",))
+    if cfg.num_workers < 0:
+        raise ConfigValidationError(f"dataset.num_workers={cfg.num_workers} must be >= 0.", ("dataset.num_workers",))
+
+
+def _open_indexed(prefix: str) -> IndexedDataset:
+    if not indexed_dataset_exists(prefix):
+        missing = [p for p in (bin_path_of(prefix), idx_path_of(prefix)) if not os.path.isfile(p)]
+        raise DataError(
+            f"dataset.data_path entry {prefix!r}: missing file {missing[0]!r}; data_path entries are prefixes of "
+            ".bin/.idx pairs (e.g. out/corpus_text_document), written by scripts/data/preprocess_data.py."
+        )
+    return IndexedDataset(prefix)
+
+
+def _gpt_split(cfg: DatasetConfig, indexed: IndexedDataset, split: int, num_samples: int, eod: int) -> GPTDataset:
+    rng = split_ranges(cfg.split, len(indexed))[split]
+    name = SPLIT_NAMES[split]
+    if rng is None or rng[1] <= rng[0]:
+        raise DataError(
+            f"{num_samples} {name} samples are requested but dataset.split={cfg.split!r} leaves the {name} split of "
+            f"{indexed.path_prefix!r} ({len(indexed)} sequences) empty; give it a share in dataset.split or request "
+            f"0 {name} samples."
+        )
+    return GPTDataset(
+        indexed,
+        np.arange(rng[0], rng[1], dtype=np.int32),
+        num_samples,
+        seq_length=cfg.seq_length,
+        random_seed=cfg.random_seed,
+        eod=eod,
+        split_name=name,
+        reset_position_ids=cfg.reset_position_ids,
+        eod_mask_loss=cfg.eod_mask_loss,
+        cache_dir=cfg.cache_dir,
+    )
+
+
+def build_pretraining_datasets(
+    dataset_cfg: DatasetConfig, tokenizer: Tokenizer, sizes: tuple[int, int, int]
+) -> tuple[Dataset | None, Dataset | None, Dataset | None]:
+    """The train, valid and test datasets for ``sizes`` samples each (None where the size is 0).
+
+    Mock data when ``dataset_cfg.mock``; else the indexed files of ``dataset_cfg.data_path``, blended by their
+    weights (by their token counts when no weights are given).
+    """
+    _validate(dataset_cfg)
+    for name, n in zip(SPLIT_NAMES, sizes):
+        if n < 0:
+            raise ConfigValidationError(f"{name}_samples={n} must be >= 0.")
+    if dataset_cfg.mock:
+        return tuple(  # type: ignore[return-value]
+            MockGPTDataset(
+                n,
+                dataset_cfg.seq_length,
+                tokenizer.vocab_size,
+                tokenizer.eod,
+                random_seed=dataset_cfg.random_seed,
+                split_name=name,
+                num_distinct=dataset_cfg.mock_num_samples,
+                reserved_ids=(tokenizer.pad,),
+                reset_position_ids=dataset_cfg.reset_position_ids,
+                eod_mask_loss=dataset_cfg.eod_mask_loss,
+            )
+            if n > 0
+            else None
+            for name, n in zip(SPLIT_NAMES, sizes)
+        )
+    prefixes, weights = parse_data_path(dataset_cfg.data_path or [])
+    indexed = [_open_indexed(p) for p in prefixes]
+    for ds in indexed:
+        _check_vocab(ds, tokenizer.vocab_size)
+    out: list[Dataset | None] = []
+    for split, n in enumerate(sizes):
+        if n == 0:
+            out.append(None)
+            continue
+        if len(indexed) == 1:
+            out.append(_gpt_split(dataset_cfg, indexed[0], split, n, tokenizer.eod))
+            continue
+        w = weights
+        if w is None:
+            token_counts = []
+            for ds in indexed:
+                rng = split_ranges(dataset_cfg.split, len(ds))[split]
+                token_counts.append(int(ds.sequence_lengths[rng[0] : rng[1]].sum()) if rng else 0)
+            w = normalize_weights(token_counts)
+        per_ds = samples_per_dataset(w, n, surplus=MID_LEVEL_DATASET_SURPLUS)
+        members = [_gpt_split(dataset_cfg, ds, split, k, tokenizer.eod) for ds, k in zip(indexed, per_ds)]
+        blend_size = sum(samples_per_dataset(w, n))
+        out.append(BlendedDataset(members, w, blend_size))
+    return out[0], out[1], out[2]
+
+
+#: Files up to this many tokens are scanned for ids outside the tokenizer's vocabulary when they are opened.
+VOCAB_CHECK_MAX_TOKENS = 1 << 24
+
+
+def _check_vocab(ds: IndexedDataset, vocab_size: int) -> None:
+    if ds.num_tokens == 0 or ds.num_tokens > VOCAB_CHECK_MAX_TOKENS:
+        return
+    top = int(ds.tokens.max())
+    if top >= vocab_size:
+        raise DataError(
+            f"dataset.data_path entry {ds.path_prefix!r} holds token id {top} >= the tokenizer's vocab_size "
+            f"{vocab_size}; was it preprocessed with another tokenizer?"
+        )
+
+
+def _loader(
+    dataset: Dataset | None, cfg: DatasetConfig, consumed: int, micro_batch_size: int, rank: int, size: int
+) -> DataLoader | None:
+    if dataset is None:
+        return None
+    sampler = PretrainingSampler(
+        total_samples=len(dataset),  # type: ignore[arg-type]
+        consumed_samples=consumed,
+        micro_batch_size=micro_batch_size,
+        data_parallel_rank=rank,
+        data_parallel_size=size,
+        drop_last=True,
+    )
+    if len(sampler) == 0 and consumed == 0:
+        raise DataError(
+            f"the dataset has {len(dataset)} samples, fewer than one global step of micro_batch_size * "  # type: ignore[arg-type]
+            f"data_parallel_size = {micro_batch_size * size}"
+        )
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=cfg.num_workers,
+        pin_memory=cfg.pin_memory and torch.cuda.is_available(),
+        persistent_workers=cfg.num_workers > 0,
+    )
+
+
+def build_pretraining_data_loaders(
+    dataset_cfg: DatasetConfig,
+    tokenizer: Tokenizer,
+    *,
+    micro_batch_size: int,
+    train_samples: int,
+    valid_samples: int,
+    test_samples: int,
+    data_parallel_rank: int,
+    data_parallel_size: int,
+    consumed_train_samples: int = 0,
+    consumed_valid_samples: int = 0,
+) -> PretrainingDataLoaders:
+    """The train/valid/test DataLoaders of this data-parallel rank (see :class:`PretrainingDataLoaders`).
+
+    Args:
+        dataset_cfg: ``cfg.dataset``.
+        tokenizer: gives the vocabulary size and the eod id.
+        micro_batch_size: samples per rank per step.
+        train_samples, valid_samples, test_samples: samples each split must provide, all ranks together
+            (e.g. ``train_iters * global_batch_size``); 0 gives no loader for that split.
+        data_parallel_rank, data_parallel_size: this rank's place among the data-parallel ranks.
+        consumed_train_samples: samples of the train split already consumed (from a checkpoint).
+        consumed_valid_samples: samples of the valid split already consumed (taken modulo the split's size).
+
+    Raises:
+        ConfigValidationError: contradicting ``dataset`` fields (mock with data_path, no data_path without mock).
+        DataError: missing or corrupt files, splits too small for the requested samples.
+    """
+    if micro_batch_size < 1:
+        raise ConfigValidationError(f"micro_batch_size={micro_batch_size} must be >= 1.")
+    if data_parallel_size < 1 or not 0 <= data_parallel_rank < data_parallel_size:
+        raise ConfigValidationError(
+            f"data_parallel_rank={data_parallel_rank} must be in [0, data_parallel_size={data_parallel_size})."
+        )
+    sizes = (train_samples, valid_samples, test_samples)
+    train, valid, test = build_pretraining_datasets(dataset_cfg, tokenizer, sizes)
+    source = "mock data" if dataset_cfg.mock else f"{dataset_cfg.data_path}"
+    log_rank_0(
+        logger,
+        "datasets from %s: train %s, valid %s, test %s samples",
+        source,
+        *(len(d) if d is not None else 0 for d in (train, valid, test)),  # type: ignore[arg-type]
+    )
+    valid_consumed = consumed_valid_samples % len(valid) if valid is not None else 0  # type: ignore[arg-type]
+    args = (micro_batch_size, data_parallel_rank, data_parallel_size)
+    return PretrainingDataLoaders(
+        train=_loader(train, dataset_cfg, consumed_train_samples, *args),
+        valid=_loader(valid, dataset_cfg, valid_consumed, *args),
+        test=_loader(test, dataset_cfg, 0, *args),
+    )

@@ -1,0 +1,302 @@
+"""Tokenizers: text ↔ token ids, built from ``cfg.tokenizer`` (:class:`TokenizerConfig`).
+
+Three kinds:
+
+* ``"byte"``: the 256 UTF-8 byte values, then ``<eod>``, ``<pad>`` and ``extra_special_tokens``; needs no file.
+* ``"huggingface"``: a ``tokenizer.json`` loaded with the ``tokenizers`` package (no ``transformers``, no download).
+* ``"null"``: ids only (pre-tokenized data); knows its vocabulary size and end-of-document id but cannot tokenize.
+"""
+
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.training.config.data import TokenizerConfig
+from megatron_bridge.utils.logging import get_logger, warn_once
+
+
+logger = get_logger(__name__)
+
+#: Names of end-of-document tokens looked up (in this order) in a Hugging Face tokenizer.json.
+HF_EOD_CANDIDATES: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "</s>",
+    "<eos>",
+    "<|eos|>",
+    "<eod>",
+    "[EOS]",
+    "<|im_end|>",
+    "[SEP]",
+)
+#: Names of padding tokens looked up in a Hugging Face tokenizer.json (the eod id is used when none is found).
+HF_PAD_CANDIDATES: tuple[str, ...] = ("<pad>", "[PAD]", "<|padding|>", "<|pad|>", "<|finetune_right_pad_id|>")
+
+
+class Tokenizer(ABC):
+    """What the data pipeline needs from a tokenizer: ids of text, text of ids, and the special ids."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of token ids (every id is in ``[0, vocab_size)``)."""
+
+    @property
+    @abstractmethod
+    def eod(self) -> int:
+        """Id of the end-of-document token appended after every document."""
+
+    @property
+    @abstractmethod
+    def pad(self) -> int:
+        """Id of the padding token."""
+
+    @abstractmethod
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no end-of-document token is added)."""
+
+    @abstractmethod
+    def detokenize(self, ids: list[int]) -> str:
+        """Text of token ids."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, eod={self.eod}, pad={self.pad})"
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as ids 0..255, then ``<eod>`` (256), ``<pad>`` (257) and the extra special tokens.
+
+    ``tokenize`` encodes the text's bytes only: special-token names inside the text are *not* turned into special
+    ids (a corpus that contains the string ``"<eod>"`` stays intact). ``detokenize`` writes special ids as their
+    names and replaces invalid UTF-8 with U+FFFD.
+    """
+
+    NUM_BYTES = 256
+
+    def __init__(self, extra_special_tokens: list[str] | None = None) -> None:
+        extras = list(extra_special_tokens or [])
+        specials = ["<eod>", "<pad>", *extras]
+        if len(set(specials)) != len(specials):
+            raise ConfigValidationError(
+                f"tokenizer.extra_special_tokens={extras!r} repeats a token or reuses <eod>/<pad>; "
+                "list each extra special token once.",
+                ("tokenizer.extra_special_tokens",),
+            )
+        self._specials = specials
+        self._special_to_id = {tok: self.NUM_BYTES + i for i, tok in enumerate(specials)}
+
+    @property
+    def vocab_size(self) -> int:
+        """256 byte ids plus the special tokens."""
+        return self.NUM_BYTES + len(self._specials)
+
+    @property
+    def eod(self) -> int:
+        """Id of ``<eod>`` (256)."""
+        return self._special_to_id["<eod>"]
+
+    @property
+    def pad(self) -> int:
+        """Id of ``<pad>`` (257)."""
+        return self._special_to_id["<pad>"]
+
+    def special_token_id(self, token: str) -> int:
+        """Id of a special token (``<eod>``, ``<pad>`` or one of ``extra_special_tokens``)."""
+        if token not in self._special_to_id:
+            raise DataError(f"{token!r} is not a special token of the byte tokenizer; known: {self._specials}")
+        return self._special_to_id[token]
+
+    def tokenize(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text`` as ids."""
+        return list(text.encode("utf-8"))
+
+    def detokenize(self, ids: list[int]) -> str:
+        """Decode byte ids as UTF-8 (invalid sequences become U+FFFD); special ids become their names."""
+        parts: list[str] = []
+        buf = bytearray()
+        for i in ids:
+            i = int(i)
+            if 0 <= i < self.NUM_BYTES:
+                buf.append(i)
+                continue
+            if not 0 <= i - self.NUM_BYTES < len(self._specials):
+                raise DataError(f"token id {i} is outside the byte tokenizer's vocabulary [0, {self.vocab_size})")
+            parts.append(buf.decode("utf-8", errors="replace"))
+            buf = bytearray()
+            parts.append(self._specials[i - self.NUM_BYTES])
+        parts.append(buf.decode("utf-8", errors="replace"))
+        return "".join(parts)
+
+
+class HuggingFaceTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizer.json`` read with ``tokenizers.Tokenizer.from_file``.
+
+    The end-of-document id is ``eod_token`` when given, else the ``eos_token`` of a ``tokenizer_config.json``
+    next to the file, else the first of :data:`HF_EOD_CANDIDATES` in the vocabulary.
+    """
+
+    def __init__(self, tokenizer_file: str, eod_token: str | None = None) -> None:
+        from tokenizers import Tokenizer as _HFTokenizer
+
+        path = Path(tokenizer_file)
+        if not path.is_file():
+            raise DataError(
+                f"tokenizer.tokenizer_file={tokenizer_file!r} does not exist; give the path of a Hugging Face "
+                "tokenizer.json."
+            )
+        try:
+            self._tok = _HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust library raises plain Exception subclasses
+            raise DataError(f"cannot read the Hugging Face tokenizer file {str(path)!r}: {e}") from e
+        self.path = str(path)
+        self._vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self._eod = self._find_eod(path, eod_token)
+        self._pad = self._find_pad()
+
+    def _find_eod(self, path: Path, eod_token: str | None) -> int:
+        if eod_token is not None:
+            tid = self._tok.token_to_id(eod_token)
+            if tid is None:
+                raise DataError(
+                    f"tokenizer.eod_token={eod_token!r} is not in the vocabulary of {str(path)!r}; "
+                    "set it to the file's end-of-text token."
+                )
+            return int(tid)
+        config_path = path.with_name("tokenizer_config.json")
+        if config_path.is_file():
+            try:
+                eos = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token")
+            except (OSError, ValueError):
+                eos = None
+            if isinstance(eos, dict):
+                eos = eos.get("content")
+            if isinstance(eos, str) and self._tok.token_to_id(eos) is not None:
+                return int(self._tok.token_to_id(eos))
+        for name in HF_EOD_CANDIDATES:
+            tid = self._tok.token_to_id(name)
+            if tid is not None:
+                return int(tid)
+        raise DataError(
+            f"the Hugging Face tokenizer {str(path)!r} has no end-of-document token with a known name "
+            f"({', '.join(HF_EOD_CANDIDATES)}); set tokenizer.eod_token to the token that ends a document."
+        )
+
+    def _find_pad(self) -> int:
+        padding = self._tok.padding
+        if padding is not None and padding.get("pad_id") is not None and padding.get("pad_token"):
+            if self._tok.token_to_id(padding["pad_token"]) is not None:
+                return int(padding["pad_id"])
+        for name in HF_PAD_CANDIDATES:
+            tid = self._tok.token_to_id(name)
+            if tid is not None:
+                return int(tid)
+        return self._eod
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary size including added tokens."""
+        return self._vocab_size
+
+    @property
+    def eod(self) -> int:
+        """Id of the end-of-document token."""
+        return self._eod
+
+    @property
+    def pad(self) -> int:
+        """Id of the padding token (the eod id when the file has none)."""
+        return self._pad
+
+    def tokenize(self, text: str) -> list[int]:
+        """Ids of ``text`` without the tokenizer's post-processing (no BOS/EOS added)."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def detokenize(self, ids: list[int]) -> str:
+        """Text of ids, special tokens kept."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+class NullTokenizer(Tokenizer):
+    """Ids only, for data that is already tokenized: ``eod = vocab_size - 1``; cannot turn text into ids."""
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size < 2:
+            raise ConfigValidationError(
+                f"tokenizer.vocab_size={vocab_size} is too small; the null tokenizer needs at least 2 ids.",
+                ("tokenizer.vocab_size",),
+            )
+        self._vocab_size = int(vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        """``tokenizer.vocab_size``."""
+        return self._vocab_size
+
+    @property
+    def eod(self) -> int:
+        """The last id, ``vocab_size - 1``."""
+        return self._vocab_size - 1
+
+    @property
+    def pad(self) -> int:
+        """Same as :attr:`eod`."""
+        return self._vocab_size - 1
+
+    def tokenize(self, text: str) -> list[int]:
+        """Always raises: the null tokenizer has no text vocabulary."""
+        raise DataError(
+            "the null tokenizer (tokenizer.tokenizer_type='null') cannot tokenize text; use tokenizer_type='byte' "
+            "or 'huggingface' to prepare data from text."
+        )
+
+    def detokenize(self, ids: list[int]) -> str:
+        """The ids as space-separated numbers."""
+        return " ".join(str(int(i)) for i in ids)
+
+
+def build_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
+    """Build the tokenizer that ``cfg`` describes.
+
+    Raises:
+        ConfigValidationError: a required field is missing or an unknown tokenizer_type is given.
+        DataError: the tokenizer file is missing or unreadable, or has no end-of-document token.
+    """
+    kind = cfg.tokenizer_type
+    if kind == "byte":
+        tok: Tokenizer = ByteTokenizer(cfg.extra_special_tokens)
+    elif kind == "huggingface":
+        if not cfg.tokenizer_file:
+            raise ConfigValidationError(
+                "tokenizer.tokenizer_type='huggingface' needs tokenizer.tokenizer_file (the path of a tokenizer.json)",
+                ("tokenizer.tokenizer_file",),
+            )
+        if cfg.extra_special_tokens:
+            raise ConfigValidationError(
+                "tokenizer.extra_special_tokens applies to the byte tokenizer only; add special tokens to the "
+                "tokenizer.json instead.",
+                ("tokenizer.extra_special_tokens",),
+            )
+        tok = HuggingFaceTokenizer(cfg.tokenizer_file, eod_token=cfg.eod_token)
+    elif kind == "null":
+        if cfg.vocab_size is None:
+            raise ConfigValidationError(
+                "tokenizer.tokenizer_type='null' needs tokenizer.vocab_size.", ("tokenizer.vocab_size",)
+            )
+        tok = NullTokenizer(cfg.vocab_size)
+    else:
+        raise ConfigValidationError(
+            f"tokenizer.tokenizer_type={kind!r} is unknown; use 'byte', 'huggingface' or 'null'.",
+            ("tokenizer.tokenizer_type",),
+        )
+    if cfg.vocab_size is not None and kind != "null" and cfg.vocab_size != tok.vocab_size:
+        warn_once(
+            logger,
+            f"tokenizer.vocab_size:{cfg.vocab_size}:{tok.vocab_size}",
+            "tokenizer.vocab_size=%d is ignored: the %s tokenizer has %d ids (the field is for tokenizer_type='null')",
+            cfg.vocab_size,
+            kind,
+            tok.vocab_size,
+        )
+    logger.debug("built tokenizer %r", tok)
+    return tok
