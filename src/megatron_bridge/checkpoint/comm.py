@@ -1,0 +1,80 @@
+"""The few collectives checkpointing needs, over its own gloo process group; no-ops in a single process.
+
+Checkpoint I/O runs on a dedicated gloo group: DCP's async save coordinates ranks from a background thread, which
+must not interleave with the training loop's collectives on the default group, and DCP needs a CPU backend for
+staging even when training uses NCCL.
+"""
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from megatron_bridge.errors import CheckpointError
+
+
+T = TypeVar("T")
+
+
+def is_distributed() -> bool:
+    """True when a process group is initialized."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def new_checkpoint_group() -> dist.ProcessGroup | None:
+    """A gloo group over all ranks (collective: every rank must call it at the same point); None without one."""
+    if not is_distributed():
+        return None
+    return dist.new_group(backend="gloo")
+
+
+def rank() -> int:
+    """Global rank (0 without a process group)."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    """Global world size (1 without a process group)."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def barrier(group: dist.ProcessGroup | None) -> None:
+    """Barrier over ``group`` (no-op in a single process)."""
+    if is_distributed():
+        dist.barrier(group=group)
+
+
+def broadcast_from_rank0(value: T, group: dist.ProcessGroup | None) -> T:
+    """Rank 0's ``value`` on every rank."""
+    if not is_distributed():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def run_on_rank0(fn: Callable[[], T], group: dist.ProcessGroup | None) -> T:
+    """Run ``fn`` on rank 0 and give its result to every rank; a CheckpointError or OSError it raises is raised on
+    every rank as a CheckpointError (so no rank waits forever for a failed rank 0)."""
+    result: Any = None
+    error: str | None = None
+    if rank() == 0:
+        try:
+            result = fn()
+        except CheckpointError as exc:
+            error = str(exc)
+        except OSError as exc:
+            error = f"checkpoint file operation failed: {exc}"
+    result, error = broadcast_from_rank0((result, error), group)
+    if error is not None:
+        raise CheckpointError(error)
+    return result
+
+
+def all_ok(ok: bool, group: dist.ProcessGroup | None) -> bool:
+    """True when ``ok`` is True on every rank."""
+    if not is_distributed():
+        return ok
+    flags: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(ok), group=group)
+    return all(flags)

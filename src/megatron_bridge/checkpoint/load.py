@@ -1,0 +1,259 @@
+"""Finding, verifying and loading a checkpoint into a (possibly differently sharded) model.
+
+Resolution (rank 0 decides, every rank follows): ``checkpoint.load`` with ``ckpt_step`` or its trackers
+(``latest_train_state.pt``, then ``latest_checkpointed_iteration.txt``, then the newest committed ``iter_*`` folder);
+else ``checkpoint.pretrained_checkpoint`` (a checkpoint root or ``iter_*`` folder, a weights file, or a Hugging Face
+folder) as weights only. A folder is verified against its manifest (sizes and crc32) and, for DCP formats, its
+``.metadata`` before any tensor is read; model shapes are compared with the model's and mismatches are named.
+
+DCP folders load through ``torch.distributed.checkpoint.load`` into the backend's state dicts, which reshards to
+any backend and world size (plain tensors, DTensor shards, by fully qualified parameter name). ``torch`` files
+hold full tensors that are sliced locally into each rank's shards.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from megatron_bridge.checkpoint import convert, layout
+from megatron_bridge.checkpoint.reader import (
+    DCP_ERRORS,
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    check_dcp_storage,
+    dcp_error_message,
+    dcp_tensor_shapes,
+    load_torch_file,
+    read_dcp_metadata,
+)
+from megatron_bridge.errors import CheckpointError
+from megatron_bridge.training.config.checkpoint import CheckpointConfig
+from megatron_bridge.utils.logging import get_logger
+
+
+logger = get_logger(__name__)
+
+_MAX_NAMED = 8
+
+
+@dataclass
+class LoadSource:
+    """What to load, as rank 0 resolved it."""
+
+    path: str
+    """An ``iter_*`` folder, a weights file or a HF folder."""
+    kind: str
+    """"dcp", "torch" (a checkpoint folder with model_optim.pt), "weights" (a weights file) or "hf"."""
+    step: int
+    """Step of the checkpoint (0 for weights files and HF folders)."""
+    weights_only: bool
+    """Load model weights only (finetune / pretrained_checkpoint): no optimizer, scheduler, RNG or train state."""
+    has_optimizer: bool = False
+    """The checkpoint holds optimizer and scheduler state."""
+    world_size: int | None = None
+    """World size the checkpoint was written with."""
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+def latest_step(root: str | Path) -> int | None:
+    """The newest committed step of a checkpoint root per its trackers (None when it has no checkpoint)."""
+    root = Path(root)
+    state_path = root / layout.LATEST_TRAIN_STATE_FILENAME
+    if state_path.is_file():
+        state = load_torch_file(state_path, "tracker")
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+            raise CheckpointError(f"tracker {str(state_path)!r} holds no integer 'step'")
+        return state["step"]
+    step = layout.read_tracker_step(root)
+    if step is not None:
+        return step
+    steps = layout.list_checkpoints(root)
+    if steps:
+        logger.warning("%s has no tracker file; using its newest committed checkpoint (step %d)", root, steps[-1])
+        return steps[-1]
+    return None
+
+
+def resolve_folder(root: str | Path, step: int | None) -> Path | None:
+    """The committed folder to load from ``root`` (``step`` or the latest); None when ``root`` is empty."""
+    root = Path(root)
+    if step is None:
+        if layout.step_of(root) is not None:
+            return root
+        step = latest_step(root)
+        if step is None:
+            return None
+        folder = layout.iteration_dir(root, step)
+        if not folder.is_dir():
+            raise CheckpointError(f"the tracker of {str(root)!r} points at step {step} but {str(folder)!r} is missing")
+        return folder
+    folder = layout.iteration_dir(root, step)
+    if not folder.is_dir():
+        raise CheckpointError(
+            f"checkpoint.ckpt_step={step}: {str(folder)!r} does not exist (available steps: "
+            f"{layout.list_checkpoints(root)})"
+        )
+    return folder
+
+
+def inspect_folder(folder: Path, weights_only: bool) -> LoadSource:
+    """Verify a committed folder (manifest sizes + crc32, DCP metadata) and describe it."""
+    manifest = layout.verify_manifest(folder)
+    fmt = manifest.get("format")
+    if fmt in ("torch_dist", "fsdp_dtensor"):
+        check_dcp_storage(folder, read_dcp_metadata(folder))
+        kind = "dcp"
+    elif fmt == "torch":
+        kind = "torch"
+    else:
+        raise CheckpointError(f"checkpoint {str(folder)!r} has an unknown format {fmt!r} in its manifest")
+    return LoadSource(str(folder), kind, int(manifest.get("step", 0)), weights_only,
+                      bool(manifest.get("has_optimizer")), manifest.get("world_size"))
+
+
+def resolve_source(ckpt_cfg: CheckpointConfig) -> LoadSource | None:
+    """Decide what ``cfg.checkpoint`` asks to load (run on rank 0). None means start fresh."""
+    if ckpt_cfg.load:
+        folder = resolve_folder(ckpt_cfg.load, ckpt_cfg.ckpt_step)
+        if folder is not None:
+            return inspect_folder(folder, weights_only=ckpt_cfg.finetune)
+    if ckpt_cfg.pretrained_checkpoint:
+        return resolve_pretrained(ckpt_cfg.pretrained_checkpoint)
+    if ckpt_cfg.load and ckpt_cfg.exit_on_missing_checkpoint:
+        raise CheckpointError(
+            f"checkpoint.load={ckpt_cfg.load!r} holds no checkpoint and checkpoint.exit_on_missing_checkpoint=True"
+        )
+    return None
+
+
+def resolve_pretrained(path_str: str) -> LoadSource:
+    """Describe a ``pretrained_checkpoint`` path (always loaded as weights only)."""
+    path = Path(path_str)
+    if path.is_file():
+        return LoadSource(str(path), "weights", 0, True)
+    if convert.is_hf_folder(path):
+        return LoadSource(str(path), "hf", 0, True)
+    folder = resolve_folder(path, None) if path.is_dir() else None
+    if folder is None:
+        raise CheckpointError(f"checkpoint.pretrained_checkpoint={path_str!r} holds no checkpoint")
+    source = inspect_folder(folder, weights_only=True)
+    source.step = 0
+    return source
+
+
+# ------------------------------------------------------------------------------------------------- shapes
+def global_shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Global shape of every tensor in a (flat) model state dict (DTensor shapes are global)."""
+    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def check_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: str) -> None:
+    """CheckpointError naming the keys whose presence or shape differs between the model and the checkpoint."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    different = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
+    if not (missing or unexpected or different):
+        return
+    parts = []
+    if different:
+        shown = ", ".join(f"{k}: checkpoint {list(found[k])} vs model {list(expected[k])}"
+                          for k in different[:_MAX_NAMED])
+        parts.append(f"{len(different)} shape mismatch(es): {shown}")
+    if missing:
+        parts.append(f"{len(missing)} model key(s) missing from the checkpoint: {missing[:_MAX_NAMED]}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} checkpoint key(s) not in the model: {unexpected[:_MAX_NAMED]}")
+    raise CheckpointError(f"checkpoint {where} does not fit the model: " + "; ".join(parts))
+
+
+# --------------------------------------------------------------------------------------------------- loading
+def load_dcp(source: LoadSource, state: dict[str, Any], group: dist.ProcessGroup | None) -> None:
+    """Fill ``state`` in place from a DCP folder (collective), after checking model keys and shapes."""
+    metadata = read_dcp_metadata(source.path)
+    for chunk_key, chunk_state in state.items():
+        if chunk_key.startswith("model"):
+            check_shapes(global_shapes(chunk_state), dcp_tensor_shapes(metadata, chunk_key), source.path)
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(source.path), planner=SafeLoadPlanner(),
+                 process_group=group)
+    except CheckpointError:
+        raise
+    except DCP_ERRORS as exc:
+        raise CheckpointError(f"loading {source.path!r} failed: {dcp_error_message(exc)}") from exc
+
+
+def full_state_of(source: LoadSource, padded_vocab_size: int | None) -> dict[str, Any]:
+    """Full-tensor state of a non-DCP source: ``{"model": ...}`` (+ optimizer and scheduler for torch folders).
+    Weights files and HF folders get their vocabulary rows zero-padded to ``padded_vocab_size``."""
+    if source.kind == "torch":
+        content = load_torch_file(Path(source.path) / layout.TORCH_FILENAME, "checkpoint")
+        if not isinstance(content, dict) or "model" not in content:
+            raise CheckpointError(f"{source.path!r}/{layout.TORCH_FILENAME} holds no 'model' state")
+        return content
+    weights = convert.read_model_weights(source.path)
+    return {"model": convert.pad_vocab(weights, padded_vocab_size) if padded_vocab_size else weights}
+
+
+def fill_from_full(target: Any, full: Any, path: str) -> Any:
+    """Copy ``full`` (full tensors) into ``target`` (plain tensors or DTensor shards) following target's structure.
+
+    Returns the filled structure; non-tensor leaves (hyper-parameters) are taken from ``full``.
+    """
+    if isinstance(target, dict):
+        if not isinstance(full, dict):
+            raise CheckpointError(f"checkpoint entry {path!r} is not a mapping")
+        absent = [k for k in target if k not in full]
+        if absent:
+            raise CheckpointError(f"checkpoint lacks {len(absent)} entries under {path!r}: {absent[:_MAX_NAMED]}")
+        return {k: fill_from_full(v, full[k], f"{path}.{k}") for k, v in target.items()}
+    if isinstance(target, list):
+        if not isinstance(full, list) or len(full) != len(target):
+            raise CheckpointError(f"checkpoint entry {path!r} has a different length than the model's")
+        return [fill_from_full(t, f, f"{path}.{i}") for i, (t, f) in enumerate(zip(target, full))]
+    if isinstance(target, torch.Tensor):
+        if not isinstance(full, torch.Tensor) or tuple(full.shape) != tuple(target.shape):
+            got = list(full.shape) if isinstance(full, torch.Tensor) else type(full).__name__
+            raise CheckpointError(f"checkpoint entry {path!r}: checkpoint {got} vs model {list(target.shape)}")
+        _copy_full_into(target, full)
+        return target
+    return full
+
+
+def _copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full tensor into a plain tensor or into this rank's shard of a DTensor (no communication)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        if isinstance(target, DTensor):
+            local = distribute_tensor(full.to(target.dtype), target.device_mesh, target.placements,
+                                      src_data_rank=None).to_local()
+            target.to_local().copy_(local)
+        else:
+            target.copy_(full)
+
+
+def load_full(source: LoadSource, state: dict[str, Any], padded_vocab_size: int | None) -> None:
+    """Fill ``state`` in place from a ``torch`` folder, a weights file or a HF folder."""
+    full = full_state_of(source, padded_vocab_size)
+    for chunk_key, chunk_state in state.items():
+        if chunk_key.startswith("model"):
+            if chunk_key not in full:
+                raise CheckpointError(f"checkpoint {source.path!r} holds no {chunk_key!r} weights")
+            found = {k: tuple(v.shape) for k, v in full[chunk_key].items() if isinstance(v, torch.Tensor)}
+            check_shapes(global_shapes(chunk_state), found, source.path)
+    for key in state:
+        if key not in full:
+            raise CheckpointError(f"checkpoint {source.path!r} holds no {key!r} state")
+        state[key] = fill_from_full(state[key], full[key], key)
+
+
+def read_train_state(folder: str | Path) -> dict[str, Any]:
+    """``train_state.pt`` of a checkpoint folder (weights_only)."""
+    state = load_torch_file(Path(folder) / layout.TRAIN_STATE_FILENAME, "train state")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{str(folder)!r}/{layout.TRAIN_STATE_FILENAME} is not a mapping")
+    return state

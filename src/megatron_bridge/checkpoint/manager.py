@@ -1,0 +1,238 @@
+"""``CheckpointManager``: the one object the training loop talks to for saving and resuming.
+
+The loop calls :meth:`~CheckpointManager.load` once at setup, :meth:`~CheckpointManager.should_save` /
+:meth:`~CheckpointManager.save` after steps, :meth:`~CheckpointManager.poll` every step (finalizes finished async
+saves) and :meth:`~CheckpointManager.close` at exit (waits for pending saves). Every rank calls every method.
+"""
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from megatron_bridge.checkpoint import comm, layout
+from megatron_bridge.checkpoint import load as loading
+from megatron_bridge.checkpoint import save as saving
+from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
+from megatron_bridge.checkpoint.rng import load_rng_file
+from megatron_bridge.errors import CheckpointError
+from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.distributed.base import DataParallelBackend
+    from megatron_bridge.training.config.container import ConfigContainer
+    from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
+    from megatron_bridge.training.state import TrainState
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class _PendingSave:
+    step: int
+    future: Future
+    started: float
+
+
+class CheckpointManager:
+    """Saves and loads checkpoints as ``cfg.checkpoint`` says (see docs/training/checkpointing.md).
+
+    Args:
+        cfg: the run config; ``cfg.checkpoint`` drives everything, the whole config is saved as run_config.yaml.
+        backend: the data-parallel backend (provides DCP-ready model and optimizer state dicts).
+        optimizer: the optimizer (as returned by ``backend.prepare_optimizer``).
+        scheduler: the learning-rate scheduler.
+        train_state: the run's counters; restored in place by :meth:`load`, saved by :meth:`save`.
+    """
+
+    def __init__(
+        self,
+        cfg: "ConfigContainer",
+        backend: "DataParallelBackend",
+        optimizer: torch.optim.Optimizer,
+        scheduler: "OptimizerParamScheduler",
+        train_state: "TrainState",
+    ) -> None:
+        self.cfg = cfg
+        self.ckpt = cfg.checkpoint
+        self.backend = backend
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.train_state = train_state
+        self.group = comm.new_checkpoint_group()
+        self.rank = comm.rank()
+        self.world_size = comm.world_size()
+        self._pending: _PendingSave | None = None
+        self._committer: ThreadPoolExecutor | None = None
+        self._last_saved: tuple[Path, int] | None = None
+        """(folder, step) of the newest checkpoint this run loaded or saved; saving it again is skipped."""
+
+    # ------------------------------------------------------------------------------------------------- load
+    def load(self) -> bool:
+        """Resume or initialize from a checkpoint as ``cfg.checkpoint`` says; True when something was loaded.
+
+        Raises:
+            CheckpointError: the checkpoint is missing (with exit_on_missing_checkpoint), incomplete, corrupt, or
+                its model shapes differ from the model's.
+        """
+        source = comm.run_on_rank0(lambda: loading.resolve_source(self.ckpt), self.group)
+        if source is None:
+            if self.ckpt.load:
+                log_rank_0(logger, "no checkpoint in checkpoint.load=%s: starting fresh", self.ckpt.load)
+            return False
+        start = time.perf_counter()
+        load_optim = self.ckpt.load_optim and not source.weights_only and source.has_optimizer
+        if self.ckpt.load_optim and not source.weights_only and not source.has_optimizer:
+            log_rank_0(logger, "checkpoint %s holds no optimizer state: optimizer starts fresh", source.path)
+        state = self._state_to_load(load_optim)
+        if source.kind == "dcp":
+            loading.load_dcp(source, state, self.group)
+        else:
+            loading.load_full(source, state, self.cfg.model.padded_vocab_size)
+        self.backend.load_model_state_dict({k: v for k, v in state.items() if k.startswith("model")})
+        if load_optim:
+            self.backend.load_optimizer_state_dict(self.optimizer, state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        if not source.weights_only:
+            self._restore_run_state(source)
+        comm.barrier(self.group)
+        if not source.weights_only:
+            self._last_saved = (Path(source.path).resolve().parent, source.step)
+        log_rank_0(
+            logger, "loaded %s %s (step %d, %s) in %.2fs", "weights of" if source.weights_only else "checkpoint",
+            source.path, self.train_state.step, source.kind, time.perf_counter() - start,
+        )
+        return True
+
+    def _state_to_load(self, load_optim: bool) -> dict:
+        state = dict(self.backend.model_state_dict())
+        if load_optim:
+            state["optimizer"] = self.backend.optimizer_state_dict(self.optimizer)
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def _restore_run_state(self, source: loading.LoadSource) -> None:
+        self.train_state.load_state_dict(loading.read_train_state(source.path))
+        if not self.ckpt.load_rng:
+            return
+        restored = load_rng_file(source.path, self.rank, self.world_size)
+        if not comm.all_ok(restored, self.group):
+            warn_once(
+                logger, "rng_not_restored",
+                "RNG states not restored: the checkpoint was written by %s ranks, this run has %d",
+                source.world_size, self.world_size,
+            )
+
+    # ------------------------------------------------------------------------------------------------- save
+    def should_save(self, step: int) -> bool:
+        """True when ``checkpoint.save`` is set and ``step`` is a multiple of ``checkpoint.save_interval``."""
+        interval = self.ckpt.save_interval
+        return bool(self.ckpt.save) and interval is not None and interval > 0 and step > 0 and step % interval == 0
+
+    def save(self) -> None:
+        """Save a checkpoint of ``train_state.step`` into ``checkpoint.save`` (async when checkpoint.async_save).
+
+        A previous async save is finished first. Saving the step that was just loaded or saved is a no-op.
+        """
+        if not self.ckpt.save:
+            return
+        self.wait()
+        step = self.train_state.step
+        if self._last_saved == (Path(self.ckpt.save).resolve(), step):
+            log_rank_0(logger, "checkpoint of step %d already exists in %s: not saving again", step, self.ckpt.save)
+            return
+        start = time.perf_counter()
+        job = self._new_job(step)
+        saving.write_rank_files(job.tmp, self.rank, self.world_size, self.ckpt.save_rng)
+        layout.fault_point("rank_files_written")
+        state = saving.collect_state(self.backend, self.optimizer, self.scheduler, self.ckpt.save_optim)
+        if self.ckpt.async_save and self.ckpt.ckpt_format in saving.DCP_FORMATS:
+            upload = saving.start_async_dcp(state, job.tmp, self.group)
+            self._pending = _PendingSave(step, self._committer_pool().submit(self._commit_after, upload, job), start)
+            log_rank_0(logger, "started async checkpoint save of step %d (%.2fs blocking)", step,
+                       time.perf_counter() - start)
+        else:
+            self._write_sync(state, job)
+            log_rank_0(logger, "saved checkpoint of step %d to %s in %.2fs", step, job.final,
+                       time.perf_counter() - start)
+        self._last_saved = (Path(self.ckpt.save).resolve(), step)
+
+    def _new_job(self, step: int) -> saving.SaveJob:
+        root = Path(self.ckpt.save)
+        save_id = comm.broadcast_from_rank0(layout.new_save_id(), self.group)
+        info = {
+            "format": self.ckpt.ckpt_format,
+            "backend": getattr(self.backend, "name", type(self.backend).__name__),
+            "world_size": self.world_size,
+            "has_optimizer": bool(self.ckpt.save_optim),
+            "has_rng": bool(self.ckpt.save_rng),
+        }
+        return saving.SaveJob(
+            root=root, step=step, tmp=layout.temporary_dir(root, step, save_id),
+            train_state_bytes=saving.serialize(self.train_state.state_dict()), config_yaml=self.cfg.to_yaml(),
+            info=info,
+        )
+
+    def _write_sync(self, state: dict, job: saving.SaveJob) -> None:
+        if self.ckpt.ckpt_format in saving.DCP_FORMATS:
+            saving.write_dcp(state, job.tmp, self.group)
+        else:
+            saving.write_torch_file(state, job.tmp, self.rank)
+        comm.barrier(self.group)
+        comm.run_on_rank0(lambda: self._finalize_rank0(job), self.group)
+
+    def _finalize_rank0(self, job: saving.SaveJob) -> None:
+        try:
+            saving.finalize_save(job, self.ckpt.most_recent_k)
+        except OSError as exc:
+            raise CheckpointError(f"committing checkpoint of step {job.step} to {job.root} failed: {exc}") from exc
+
+    def _commit_after(self, upload: Future, job: saving.SaveJob) -> None:
+        """Background thread: wait for this rank's DCP writes; rank 0 then commits (all ranks' shards are done
+        when rank 0's future completes: DCP writes the metadata only after gathering every rank's results)."""
+        upload.result()
+        if self.rank == 0:
+            self._finalize_rank0(job)
+
+    def _committer_pool(self) -> ThreadPoolExecutor:
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-commit")
+        return self._committer
+
+    # ------------------------------------------------------------------------------------------- async
+    def poll(self) -> None:
+        """Finalize a finished async save (non-blocking); raises CheckpointError if it failed."""
+        if self._pending is not None and self._pending.future.done():
+            self._finish_pending()
+
+    def wait(self) -> None:
+        """Block until a pending async save is written and committed."""
+        if self._pending is not None:
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.future.result()
+        except CheckpointError:
+            raise
+        except DCP_ERRORS as exc:
+            msg = dcp_error_message(exc)
+            raise CheckpointError(f"async checkpoint save of step {pending.step} failed: {msg}") from exc
+        log_rank_0(logger, "async checkpoint of step %d committed (%.2fs after it started)", pending.step,
+                   time.perf_counter() - pending.started)
+
+    def close(self) -> None:
+        """Wait for pending saves and release the background thread (call at exit, on every rank)."""
+        try:
+            self.wait()
+        finally:
+            if self._committer is not None:
+                self._committer.shutdown(wait=True)
+                self._committer = None

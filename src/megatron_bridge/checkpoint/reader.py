@@ -1,0 +1,153 @@
+"""Reading checkpoint files without executing anything they say.
+
+* DCP's ``.metadata`` is a pickle: :class:`SafeFileSystemReader` unpickles it with an allow-list of the DCP metadata
+  classes (anything else is a :class:`CheckpointError`).
+* DCP stores non-tensor values (optimizer hyper-parameters, scheduler state) as ``torch.save`` bytes and its default
+  planner reads them with ``weights_only=False``: :class:`SafeLoadPlanner` reads them with ``weights_only=True``.
+* Plain files go through :func:`load_torch_file` (``torch.load(weights_only=True)``).
+"""
+
+import io
+import pathlib
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import ReadItem
+
+from megatron_bridge.checkpoint.layout import DCP_METADATA_FILENAME
+from megatron_bridge.errors import CheckpointError
+
+
+_ALLOWED_MODULES = {"torch.distributed.checkpoint.metadata"}
+_ALLOWED_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickler that only resolves the classes a DCP ``.metadata`` file legitimately refers to."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if "." not in name:
+            if (module, name) in _ALLOWED_GLOBALS:
+                return super().find_class(module, name)
+            if module in _ALLOWED_MODULES:  # only the classes defined there, not names they import
+                obj = super().find_class(module, name)
+                if isinstance(obj, type) and obj.__module__ == module:
+                    return obj
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.memory_format):
+                return getattr(torch, name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in DCP metadata")
+
+
+def read_dcp_metadata(folder: str | Path) -> Metadata:
+    """Parse a DCP ``.metadata`` file with the allow-listed unpickler.
+
+    Raises:
+        CheckpointError: the file is missing, truncated, or refers to anything but DCP metadata classes.
+    """
+    path = Path(folder) / DCP_METADATA_FILENAME
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(folder)!r} has no DCP {DCP_METADATA_FILENAME} file (incomplete save)")
+    try:
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except Exception as exc:
+        raise CheckpointError(f"DCP metadata {str(path)!r} is unreadable or not allowed: {exc}") from exc
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"DCP metadata {str(path)!r} holds a {type(metadata).__name__}, not Metadata")
+    return metadata
+
+
+def check_dcp_storage(folder: str | Path, metadata: Metadata) -> None:
+    """Check that every shard file the metadata refers to exists and is long enough (truncation check)."""
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if rel is None:
+            continue
+        needed[rel] = max(needed.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, end in sorted(needed.items()):
+        path = Path(folder) / rel
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {str(folder)!r} is missing shard file {rel!r}")
+        size = path.stat().st_size
+        if size < end:
+            raise CheckpointError(
+                f"shard file {str(path)!r} is {size} bytes but the DCP metadata needs {end} (truncated)"
+            )
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file-system reader with the allow-listed metadata unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """Read ``.metadata`` without executing arbitrary pickled code."""
+        if kwargs.get("rank") is not None:
+            raise CheckpointError("per-rank DCP metadata (use_collectives=False checkpoints) is not supported")
+        metadata = read_dcp_metadata(pathlib.Path(self.path))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, reading non-tensor values with ``torch.load(weights_only=True)``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        """Restore one non-tensor value (e.g. a learning rate) safely."""
+        try:
+            obj = torch.load(value, weights_only=True)
+        except Exception as exc:
+            fqn = read_item.dest_index.fqn
+            raise CheckpointError(f"value {fqn!r} in the checkpoint is not loadable: {exc}") from exc
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def load_torch_file(path: str | Path, what: str) -> Any:
+    """``torch.load(path, weights_only=True, map_location="cpu")``; CheckpointError naming ``what`` on failure."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{what} file {str(path)!r} does not exist")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{what} file {str(path)!r} is corrupt or holds disallowed objects: {exc}") from exc
+
+
+def dcp_tensor_shapes(metadata: Metadata, prefix: str) -> dict[str, tuple[int, ...]]:
+    """Global shapes of the tensors under ``prefix.`` in DCP metadata, keyed without the prefix."""
+    out = {}
+    for key, item in metadata.state_dict_metadata.items():
+        if key.startswith(prefix + ".") and isinstance(item, TensorStorageMetadata):
+            out[key[len(prefix) + 1 :]] = tuple(item.size)
+    return out
+
+
+DCP_ERRORS = (Exception, CheckpointException)
+"""What a DCP call can raise (its CheckpointException is a BaseException, so ``except Exception`` misses it)."""
+
+
+def dcp_error_message(exc: BaseException) -> str:
+    """A one-line-per-rank summary of a DCP failure (the ranks' exceptions, without their tracebacks)."""
+    if isinstance(exc, CheckpointException):
+        return "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, (e, _) in sorted(exc.failures.items()))
+    return f"{type(exc).__name__}: {exc}"

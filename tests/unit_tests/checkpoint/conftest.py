@@ -1,0 +1,28 @@
+"""One in-process (1-rank, gloo) default process group for the checkpoint unit tests (as ddp_wrap would create)."""
+
+import warnings
+
+import pytest
+import torch.distributed as dist
+
+from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
+from megatron_bridge.training.config.container import ConfigContainer
+
+
+@pytest.fixture(scope="package", autouse=True)
+def process_group():
+    """The 1-process group ``initialize_distributed`` creates outside torchrun, destroyed after this package's
+    tests (so later tests see no group); a group that already existed is left alone."""
+    existed = dist.is_initialized()
+    env = initialize_distributed(ConfigContainer())
+    yield env
+    if not existed:
+        destroy_distributed()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_dcp_warnings():
+    """DCP warns about overwriting / single-process use; the tests check behaviour, not those warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
