@@ -1,0 +1,127 @@
+"""The torch DistributedDataParallel backend (the default when no FSDP backend is selected).
+
+Options of ``cfg.ddp`` and where they go:
+
+* ``broadcast_buffers`` → DDP's ``forward_sync_buffers`` where the installed torch has it (2.13+, which deprecates
+  ``broadcast_buffers``), else ``broadcast_buffers``. With ``forward_sync_buffers`` buffers are still broadcast once
+  from rank 0 at construction (harmless: this library's buffers are deterministic RoPE tables), and with False not
+  before each forward. ``bucket_cap_mb`` (omitted when None: torch's 25 MiB),
+  ``find_unused_parameters``, ``gradient_as_bucket_view``, ``static_graph`` → the DDP constructor.
+* ``activation_checkpointing`` / ``activation_checkpointing_scope`` (or ``model.recompute_*``) → decoder blocks are
+  wrapped before DDP (:mod:`megatron_bridge.distributed.activation_checkpointing`).
+* ``autocast_dtype`` → ``torch.autocast(device_type, dtype)`` around each forward (``forward_context``). When it is
+  None and a mixed-precision preset set ``optimizer.bf16`` / ``optimizer.fp16``, the forward autocasts to bfloat16 /
+  float16 (the master weights stay in ``model.params_dtype``).
+* ``check_for_nan_in_grad`` → ``clip_grad_norm`` raises TrainingError when the global gradient norm is NaN/Inf.
+
+Gradient accumulation: ``grad_sync_context(is_last_microbatch=False)`` is DDP's ``no_sync()``. A world of one
+process still wraps (gloo), so every code path is the same as in a multi-process run. Models built on the meta
+device are materialized (``to_empty`` + ``init_weights``) on the device first, then wrapped.
+"""
+
+import inspect
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from megatron_bridge.distributed.activation_checkpointing import ac_settings, apply_ac_settings
+from megatron_bridge.distributed.base import DataParallelBackend
+from megatron_bridge.distributed.common import (
+    autocast_context,
+    check_grad_norm_finite,
+    check_no_tensor_parallel,
+    has_meta_params,
+    resolve_autocast_dtype,
+)
+from megatron_bridge.distributed.init import initialize_distributed
+from megatron_bridge.models.provider import materialize_meta_model
+from megatron_bridge.utils.logging import get_logger, log_rank_0
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.training.config.container import ConfigContainer
+
+logger = get_logger(__name__)
+
+
+@cache
+def _ddp_accepts(name: str) -> bool:
+    return name in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+def ddp_kwargs(cfg: "ConfigContainer", device: torch.device) -> dict[str, Any]:
+    """The DistributedDataParallel keyword arguments ``cfg.ddp`` asks for (see the module docstring)."""
+    d = cfg.ddp
+    kwargs: dict[str, Any] = {
+        "find_unused_parameters": d.find_unused_parameters,
+        "gradient_as_bucket_view": d.gradient_as_bucket_view,
+        "static_graph": d.static_graph,
+    }
+    if _ddp_accepts("forward_sync_buffers"):
+        kwargs["forward_sync_buffers"] = d.broadcast_buffers
+    else:
+        kwargs["broadcast_buffers"] = d.broadcast_buffers
+    if d.bucket_cap_mb is not None:
+        kwargs["bucket_cap_mb"] = d.bucket_cap_mb
+    if device.type == "cuda":
+        kwargs["device_ids"] = [device.index if device.index is not None else torch.cuda.current_device()]
+    return kwargs
+
+
+@contextmanager
+def _no_sync(chunks: list[nn.Module]) -> Iterator[None]:
+    with ExitStack() as stack:
+        for chunk in chunks:
+            stack.enter_context(chunk.no_sync())
+        yield
+
+
+class DDPBackend(DataParallelBackend):
+    """torch DistributedDataParallel around each model chunk, configured by ``cfg.ddp``."""
+
+    name = "ddp"
+
+    def __init__(self, cfg: "ConfigContainer", device: torch.device) -> None:
+        super().__init__(cfg, device)
+        self.autocast_dtype = resolve_autocast_dtype("ddp.autocast_dtype", cfg.ddp.autocast_dtype, cfg,
+                                                     use_preset=True)
+
+    def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
+        """Materialize meta chunks, apply activation checkpointing, wrap each chunk in DDP."""
+        check_no_tensor_parallel(self.cfg)
+        initialize_distributed(self.cfg)
+        settings = ac_settings(self.cfg, "ddp")
+        kwargs = ddp_kwargs(self.cfg, self.device)
+        wrapped = []
+        for chunk in model_chunks:
+            if has_meta_params([chunk]):
+                materialize_meta_model(chunk, self.device)
+            else:
+                chunk.to(self.device)
+            apply_ac_settings(chunk, settings)
+            wrapped.append(DistributedDataParallel(chunk, **kwargs))
+        self.chunks = wrapped
+        log_rank_0(logger, "DDP: wrapped %d chunk(s) (%s), autocast %s", len(wrapped),
+                   ", ".join(f"{k}={v}" for k, v in kwargs.items()), self.autocast_dtype)
+        return wrapped
+
+    def forward_context(self) -> AbstractContextManager:
+        """``torch.autocast`` when an autocast dtype is configured (or implied by a preset)."""
+        return autocast_context(self.device, self.autocast_dtype)
+
+    def grad_sync_context(self, *, is_last_microbatch: bool) -> AbstractContextManager:
+        """``no_sync()`` on every chunk except for the last micro-batch."""
+        if is_last_microbatch:
+            return nullcontext()
+        return _no_sync(self.chunks)
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Global gradient norm (clipping when ``max_norm > 0``); NaN/Inf raise with ``ddp.check_for_nan_in_grad``."""
+        norm = super().clip_grad_norm(max_norm)
+        check_grad_norm_finite(norm, self.cfg)
+        return norm

@@ -1,0 +1,175 @@
+"""The PyTorch FSDP2 backend (``dist.use_torch_fsdp2``): ``fully_shard`` per decoder block, then the root.
+
+Options of ``cfg.fsdp2`` and where they go (unit layout and frozen policies: :mod:`.fsdp2_sharding`):
+
+* ``mp_policy`` → ``MixedPrecisionPolicy`` of every unit. When it is None the policy follows the mixed-precision
+  preset: ``optimizer.bf16`` → param bfloat16, reduce float32, output bfloat16 (the documented default);
+  ``optimizer.fp16`` → the same with float16; neither (the fp32 preset, or no preset) → a full-fp32 policy
+  (param, reduce and output float32), which is logged.
+* ``offload_policy`` → ``CPUOffloadPolicy(pin_memory=...)``; ``pin_memory=True`` needs an accelerator.
+* ``reshard_after_forward`` (None: all blocks but the last reshard; the root never does), ``enable_fsdp2_prefetch``
+  with ``fsdp2_forward_prefetch_depth`` / ``fsdp2_backward_prefetch_depth`` → explicit prefetch chains between
+  blocks (only when ``reshard_after_forward`` is not False).
+* ``defer_fsdp_grad_sync`` → ``grad_sync_context`` calls ``set_requires_gradient_sync(is_last_microbatch)`` on each
+  root (recursively); when False every micro-batch reduce-scatters.
+* ``activation_checkpointing`` / ``activation_checkpointing_scope`` / ``mlp_activation_checkpointing`` (or
+  ``model.recompute_*``) → :mod:`.activation_checkpointing`, before sharding.
+* ``autocast_dtype`` → ``torch.autocast`` around each forward (no preset fallback: ``mp_policy`` does that here).
+* ``enable_compile`` → per-block ``nn.Module.compile()`` (after activation checkpointing, before sharding).
+* ``frozen_module_policy``, ``patch_is_packed_sequence`` → :mod:`.fsdp2_sharding`.
+* ``ddp.check_for_nan_in_grad`` → ``clip_grad_norm`` raises TrainingError on a NaN/Inf global norm.
+
+Meta-device models (``model.init_model_with_meta_device``) are sharded first, then ``to_empty`` + ``init_weights``
+allocate and initialize only each rank's shard (:mod:`.meta_init`); the full parameters equal a direct build with
+the same seed. ``fsdp2.tp_plan`` / ``enable_async_tensor_parallel`` need TP, which the wrapper rejects for now.
+"""
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+from megatron_bridge.distributed.activation_checkpointing import ac_settings, apply_ac_settings
+from megatron_bridge.distributed.base import DataParallelBackend
+from megatron_bridge.distributed.common import (
+    autocast_context,
+    check_grad_norm_finite,
+    check_no_tensor_parallel,
+    has_meta_params,
+    resolve_autocast_dtype,
+    to_torch_dtype,
+)
+from megatron_bridge.distributed.fsdp2_sharding import (
+    ShardedModel,
+    ShardingPlan,
+    compile_blocks,
+    maybe_patch_is_packed_sequence,
+    set_prefetch_chains,
+    shard_model,
+)
+from megatron_bridge.distributed.init import data_parallel_mesh, initialize_distributed
+from megatron_bridge.distributed.meta_init import materialize_sharded
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.training.config.container import ConfigContainer
+
+logger = get_logger(__name__)
+
+
+def build_mp_policy(cfg: "ConfigContainer") -> MixedPrecisionPolicy:
+    """``fsdp2.mp_policy`` as a torch MixedPrecisionPolicy, or the preset-derived default (module docstring)."""
+    policy = cfg.fsdp2.mp_policy
+    if isinstance(policy, MixedPrecisionPolicy):
+        return policy
+    if policy is not None:
+        return MixedPrecisionPolicy(
+            param_dtype=to_torch_dtype(policy.param_dtype),
+            reduce_dtype=to_torch_dtype(policy.reduce_dtype),
+            output_dtype=to_torch_dtype(policy.output_dtype),
+            cast_forward_inputs=policy.cast_forward_inputs,
+        )
+    if cfg.optimizer.bf16 or cfg.optimizer.fp16:
+        compute = torch.bfloat16 if cfg.optimizer.bf16 else torch.float16
+        return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32, output_dtype=compute)
+    log_rank_0(logger, "FSDP2: fsdp2.mp_policy=None and no bf16/fp16 preset: full-fp32 MixedPrecisionPolicy "
+               "(param, reduce and output float32)")
+    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=torch.float32)
+
+
+def build_offload_policy(cfg: "ConfigContainer") -> OffloadPolicy:
+    """``fsdp2.offload_policy`` as a CPUOffloadPolicy (None: no offloading).
+
+    Raises:
+        ConfigValidationError: ``pin_memory=True`` on a machine without an accelerator.
+    """
+    policy = cfg.fsdp2.offload_policy
+    if policy is None:
+        return OffloadPolicy()
+    if isinstance(policy, OffloadPolicy):
+        pin = getattr(policy, "pin_memory", False)
+    else:
+        pin = policy.pin_memory
+    if pin and not torch.accelerator.is_available():
+        raise ConfigValidationError(
+            "fsdp2.offload_policy.pin_memory=True needs an accelerator (pinned host memory), and none is available: "
+            "set fsdp2.offload_policy.pin_memory=False.", ("fsdp2.offload_policy.pin_memory",),
+        )
+    return policy if isinstance(policy, OffloadPolicy) else CPUOffloadPolicy(pin_memory=pin)
+
+
+class FSDP2Backend(DataParallelBackend):
+    """PyTorch FSDP2 (``fully_shard``) on the data-parallel device mesh, configured by ``cfg.fsdp2``."""
+
+    name = "fsdp2"
+
+    def __init__(self, cfg: "ConfigContainer", device: torch.device) -> None:
+        super().__init__(cfg, device)
+        self.autocast_dtype = resolve_autocast_dtype("fsdp2.autocast_dtype", cfg.fsdp2.autocast_dtype, cfg,
+                                                     use_preset=False)
+        self.mp_policy = build_mp_policy(cfg)
+        self.offload_policy = build_offload_policy(cfg)
+        self.mesh: DeviceMesh | None = None
+        self.sharded: list[ShardedModel] = []
+
+    def _plan(self, mesh: DeviceMesh) -> ShardingPlan:
+        f = self.cfg.fsdp2
+        return ShardingPlan(mesh, self.mp_policy, self.offload_policy, f.reshard_after_forward,
+                            f.frozen_module_policy)
+
+    def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
+        """Checkpoint, compile and shard each chunk; materialize meta chunks shard by shard."""
+        check_no_tensor_parallel(self.cfg)
+        if self.cfg.fsdp2.tp_plan is not None:
+            warn_once(logger, "fsdp2_tp_plan_unused", "fsdp2.tp_plan is ignored: it applies only with "
+                      "model.tensor_model_parallel_size > 1")
+        env = initialize_distributed(self.cfg)
+        self.mesh = data_parallel_mesh(self.cfg, env)
+        plan = self._plan(self.mesh)
+        self.sharded = [self._wrap_chunk(chunk, plan) for chunk in model_chunks]
+        self.chunks = list(model_chunks)
+        return self.chunks
+
+    def _wrap_chunk(self, chunk: nn.Module, plan: ShardingPlan) -> ShardedModel:
+        f = self.cfg.fsdp2
+        on_meta = has_meta_params([chunk])
+        if not on_meta:
+            chunk.to(self.device)
+        maybe_patch_is_packed_sequence(chunk, f.patch_is_packed_sequence)
+        apply_ac_settings(chunk, ac_settings(self.cfg, "fsdp2"))
+        if f.enable_compile:
+            compile_blocks(chunk)
+        sharded = shard_model(chunk, plan)
+        if f.enable_fsdp2_prefetch and f.reshard_after_forward is not False:
+            set_prefetch_chains(sharded.blocks, f.fsdp2_forward_prefetch_depth, f.fsdp2_backward_prefetch_depth)
+        if on_meta:
+            materialize_sharded(chunk, self.device)
+        return sharded
+
+    def forward_context(self) -> AbstractContextManager:
+        """``torch.autocast`` when ``fsdp2.autocast_dtype`` is set."""
+        return autocast_context(self.device, self.autocast_dtype)
+
+    def grad_sync_context(self, *, is_last_microbatch: bool) -> AbstractContextManager:
+        """With ``fsdp2.defer_fsdp_grad_sync``: reduce-scatter only on the last micro-batch; else always."""
+        sync = is_last_microbatch or not self.cfg.fsdp2.defer_fsdp_grad_sync
+        return _requires_gradient_sync([s.root for s in self.sharded], sync)
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Global norm of the sharded (DTensor) gradients; NaN/Inf raise with ``ddp.check_for_nan_in_grad``."""
+        norm = super().clip_grad_norm(max_norm)
+        check_grad_norm_finite(norm, self.cfg)
+        return norm
+
+
+@contextmanager
+def _requires_gradient_sync(roots: list, sync: bool) -> Iterator[None]:
+    for root in roots:
+        root.set_requires_gradient_sync(sync, recurse=True)
+    yield

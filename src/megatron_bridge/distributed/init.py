@@ -1,0 +1,155 @@
+"""Process groups and device meshes: one code path for torchrun, a plain ``python`` process, CPU/gloo and CUDA/NCCL.
+
+* :func:`initialize_distributed` creates the default process group (or reuses an existing one) and returns a
+  :class:`DistEnv`. Launched by torchrun (``RANK``/``WORLD_SIZE`` set) it joins the job through ``env://``;
+  otherwise it creates a 1-process group on a TCP store at 127.0.0.1 with a free port, so DDP, FSDP2 and DCP run
+  unchanged in a single process.
+* :func:`destroy_distributed` tears down the group this module created (barrier first).
+* :func:`build_device_mesh` returns the data-parallel mesh (``("dp",)``), or a 2-D ``("dp", "tp")`` mesh when
+  ``model.tensor_model_parallel_size > 1``.
+"""
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.utils.logging import get_logger, log_rank_0
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.training.config.container import ConfigContainer
+
+logger = get_logger(__name__)
+
+_CREATED_BY_US = False
+"""True while the default process group is one :func:`initialize_distributed` created."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    """Global rank."""
+    world_size: int
+    """Number of processes in the default group."""
+    local_rank: int
+    """Rank on this node (``LOCAL_RANK``; 0 outside torchrun)."""
+    device: torch.device
+    """The device this rank computes on: ``cuda:<local_rank>`` with NCCL, else ``cpu``."""
+    backend: str
+    """Process-group backend: "nccl" or "gloo"."""
+
+
+def resolve_backend(requested: str | None) -> str:
+    """The process-group backend for ``dist.distributed_backend``: None → nccl with CUDA, else gloo.
+
+    Raises:
+        ConfigValidationError: nccl is asked for on a machine without CUDA, or the name is unknown.
+    """
+    if requested is None:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested not in ("nccl", "gloo"):
+        raise ConfigValidationError(
+            f"dist.distributed_backend={requested!r} is not supported; use 'nccl', 'gloo' or None (auto).",
+            ("dist.distributed_backend",),
+        )
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise ConfigValidationError(
+            "dist.distributed_backend='nccl' needs CUDA, but no CUDA device is available: set "
+            "dist.distributed_backend='gloo' or None (auto picks gloo without CUDA).",
+            ("dist.distributed_backend",),
+        )
+    return requested
+
+
+def _device_for(backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def initialize_distributed(cfg: "ConfigContainer") -> DistEnv:
+    """Create (or reuse) the default process group and return this rank's :class:`DistEnv`.
+
+    Backend from ``cfg.dist.distributed_backend`` (None: nccl when CUDA is available, else gloo); collective
+    timeout from ``cfg.dist.distributed_timeout_minutes``. With NCCL, ``torch.cuda.set_device(local_rank)``.
+    Idempotent: an existing default group is reused as it is (its backend wins).
+
+    Raises:
+        ConfigValidationError: nccl without CUDA (names ``dist.distributed_backend``).
+    """
+    global _CREATED_BY_US
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if dist.is_initialized():
+        backend = str(dist.get_backend())
+        backend = "nccl" if "nccl" in backend else "gloo"
+        return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, _device_for(backend, local_rank), backend)
+
+    backend = resolve_backend(cfg.dist.distributed_backend)
+    device = _device_for(backend, local_rank)
+    timeout = timedelta(minutes=cfg.dist.distributed_timeout_minutes)
+    if _launched_by_torchrun():
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+    else:
+        # Port 0: the store binds a free port itself (no race with other jobs on this machine).
+        store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timeout)
+        dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
+    _CREATED_BY_US = True
+    env = DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+    log_rank_0(logger, "Initialized process group: backend %s, world size %d, device %s", backend,
+               env.world_size, device)
+    return env
+
+
+def destroy_distributed() -> None:
+    """Barrier, then destroy the default process group if :func:`initialize_distributed` created it."""
+    global _CREATED_BY_US
+    if _CREATED_BY_US and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    _CREATED_BY_US = False
+
+
+def build_device_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
+    """The device mesh of the parallel layout: ``("dp",)``, or ``("dp", "tp")`` when TP > 1.
+
+    Raises:
+        ConfigValidationError: pipeline or context parallelism is asked for (not part of these meshes), or the
+            world size is not a multiple of the TP size.
+    """
+    m = cfg.model
+    for path, size in (("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size),
+                       ("model.context_parallel_size", m.context_parallel_size)):
+        if size > 1:
+            raise ConfigValidationError(
+                f"{path}={size} is not supported by the data-parallel backends (DDP/FSDP2) in this version: set "
+                "it to 1.", (path,),
+            )
+    tp = m.tensor_model_parallel_size
+    if env.world_size % tp != 0:
+        raise ConfigValidationError(
+            f"model.tensor_model_parallel_size={tp} does not divide the world size {env.world_size}: pick a TP size "
+            "that divides the number of processes.", ("model.tensor_model_parallel_size",),
+        )
+    dp = env.world_size // tp
+    if tp > 1:
+        return init_device_mesh(env.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(env.device.type, (dp,), mesh_dim_names=("dp",))
+
+
+def data_parallel_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
+    """The 1-D data-parallel sub-mesh of :func:`build_device_mesh`."""
+    mesh = build_device_mesh(cfg, env)
+    return mesh["dp"] if mesh.ndim > 1 else mesh

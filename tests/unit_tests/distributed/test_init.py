@@ -1,0 +1,83 @@
+"""Process-group initialization, backend choice and device meshes (in-process, world size 1)."""
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron_bridge.distributed.init import (
+    build_device_mesh,
+    data_parallel_mesh,
+    destroy_distributed,
+    initialize_distributed,
+    resolve_backend,
+)
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.training.config.container import ConfigContainer
+
+
+def _pg_timeout() -> timedelta:
+    group = dist.distributed_c10d._get_default_group()
+    return group._get_backend(torch.device("cpu")).options._timeout
+
+
+def test_auto_backend_follows_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_backend(None) == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_backend(None) == "nccl"
+
+
+def test_nccl_without_cuda_names_the_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigValidationError, match="gloo") as info:
+        resolve_backend("nccl")
+    assert info.value.paths == ("dist.distributed_backend",)
+
+
+def test_unknown_backend() -> None:
+    with pytest.raises(ConfigValidationError, match="'mpi'"):
+        resolve_backend("mpi")
+
+
+def test_plain_process_gets_a_one_rank_group_with_the_configured_timeout() -> None:
+    destroy_distributed()  # drop the session group: this test re-creates it through the same path
+    assert not dist.is_initialized()
+    cfg = ConfigContainer()
+    cfg.dist.distributed_timeout_minutes = 3
+    cfg.dist.distributed_backend = "gloo"
+    env = initialize_distributed(cfg)
+    assert dist.is_initialized()
+    assert (env.rank, env.world_size, env.backend, env.device) == (0, 1, "gloo", torch.device("cpu"))
+    assert _pg_timeout() == timedelta(minutes=3)
+
+
+def test_existing_group_is_reused() -> None:
+    before = dist.distributed_c10d._get_default_group()
+    env = initialize_distributed(ConfigContainer())
+    assert dist.distributed_c10d._get_default_group() is before
+    assert env.world_size == dist.get_world_size()
+
+
+def test_data_parallel_mesh(process_group) -> None:
+    mesh = build_device_mesh(ConfigContainer(), process_group)
+    assert mesh.mesh_dim_names == ("dp",) and mesh.size() == 1 and mesh.device_type == "cpu"
+    assert data_parallel_mesh(ConfigContainer(), process_group).mesh_dim_names == ("dp",)
+
+
+@pytest.mark.parametrize("field", ["pipeline_model_parallel_size", "context_parallel_size"])
+def test_mesh_rejects_pp_and_cp(process_group, field: str) -> None:
+    cfg = ConfigContainer()
+    setattr(cfg.model, field, 2)
+    with pytest.raises(ConfigValidationError) as info:
+        build_device_mesh(cfg, process_group)
+    assert info.value.paths == (f"model.{field}",)
+
+
+def test_mesh_tp_must_divide_world(process_group) -> None:
+    cfg = ConfigContainer()
+    cfg.model.tensor_model_parallel_size = 2
+    with pytest.raises(ConfigValidationError, match="does not divide") as info:
+        build_device_mesh(cfg, process_group)
+    assert info.value.paths == ("model.tensor_model_parallel_size",)
