@@ -96,13 +96,25 @@ def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:
 
 # ------------------------------------------------------------------------------------------ config-level checks
 def check_no_tensor_parallel(cfg: "ConfigContainer") -> None:
-    """Tensor parallelism is not applied by the data-parallel wrappers yet: TP > 1 raises."""
+    """For backends that do not apply tensor parallelism (Megatron FSDP): TP > 1 raises."""
     tp = cfg.model.tensor_model_parallel_size
     if tp > 1:
         raise ConfigValidationError(
-            f"model.tensor_model_parallel_size={tp} is not supported by the DDP/FSDP2 wrappers in this version "
-            "(tensor parallelism is not wired yet): set model.tensor_model_parallel_size=1.",
+            f"model.tensor_model_parallel_size={tp} is not supported by this data-parallel backend in this version: "
+            "set model.tensor_model_parallel_size=1, or use dist.use_torch_fsdp2=True for tensor parallelism.",
             ("model.tensor_model_parallel_size",),
+        )
+
+
+def check_tensor_parallel_needs_fsdp2(cfg: "ConfigContainer") -> None:
+    """The DDP backend cannot wrap tensor-parallel (DTensor) parameters: TP > 1 raises, naming FSDP2 as the fix."""
+    tp = cfg.model.tensor_model_parallel_size
+    if tp > 1:
+        raise ConfigValidationError(
+            f"model.tensor_model_parallel_size={tp} needs dist.use_torch_fsdp2=True: torch DDP does not support "
+            "tensor-parallel (DTensor) parameters. Set dist.use_torch_fsdp2=True (FSDP2 shards over the data-parallel "
+            "ranks and works with one data-parallel rank too) or model.tensor_model_parallel_size=1.",
+            ("dist.use_torch_fsdp2", "model.tensor_model_parallel_size"),
         )
 
 

@@ -16,7 +16,8 @@ Options of ``cfg.ddp`` and where they go:
 
 Gradient accumulation: ``grad_sync_context(is_last_microbatch=False)`` is DDP's ``no_sync()``. A world of one
 process still wraps (gloo), so every code path is the same as in a multi-process run. Models built on the meta
-device are materialized (``to_empty`` + ``init_weights``) on the device first, then wrapped.
+device are materialized (``to_empty`` + ``init_weights``) on the device first, then wrapped. Tensor parallelism
+(``model.tensor_model_parallel_size > 1``) needs the FSDP2 backend: torch DDP cannot wrap DTensor parameters.
 """
 
 import inspect
@@ -34,7 +35,7 @@ from megatron_bridge.distributed.base import DataParallelBackend
 from megatron_bridge.distributed.common import (
     autocast_context,
     check_grad_norm_finite,
-    check_no_tensor_parallel,
+    check_tensor_parallel_needs_fsdp2,
     has_meta_params,
     resolve_autocast_dtype,
 )
@@ -93,7 +94,7 @@ class DDPBackend(DataParallelBackend):
 
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
         """Materialize meta chunks, apply activation checkpointing, wrap each chunk in DDP."""
-        check_no_tensor_parallel(self.cfg)
+        check_tensor_parallel_needs_fsdp2(self.cfg)
         initialize_distributed(self.cfg)
         settings = ac_settings(self.cfg, "ddp")
         kwargs = ddp_kwargs(self.cfg, self.device)

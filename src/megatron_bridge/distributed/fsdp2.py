@@ -21,7 +21,13 @@ Options of ``cfg.fsdp2`` and where they go (unit layout and frozen policies: :mo
 
 Meta-device models (``model.init_model_with_meta_device``) are sharded first, then ``to_empty`` + ``init_weights``
 allocate and initialize only each rank's shard (:mod:`.meta_init`); the full parameters equal a direct build with
-the same seed. ``fsdp2.tp_plan`` / ``enable_async_tensor_parallel`` need TP, which the wrapper rejects for now.
+the same seed.
+
+Tensor parallelism (``model.tensor_model_parallel_size > 1``): the mesh is 2-D ``("dp", "tp")``;
+:mod:`.tensor_parallel` applies ``fsdp2.tp_plan`` (or the auto Llama plan, with ``model.sequence_parallel``) and
+``fsdp2.enable_async_tensor_parallel`` over ``"tp"`` first, then FSDP2 shards the resulting DTensors over ``"dp"``
+(also when ``"dp"`` has one rank, so the mixed-precision policy is installed). Without TP, ``fsdp2.tp_plan`` is
+ignored with a warning.
 """
 
 from collections.abc import Iterator
@@ -38,7 +44,6 @@ from megatron_bridge.distributed.base import DataParallelBackend
 from megatron_bridge.distributed.common import (
     autocast_context,
     check_grad_norm_finite,
-    check_no_tensor_parallel,
     has_meta_params,
     resolve_autocast_dtype,
     to_torch_dtype,
@@ -51,8 +56,9 @@ from megatron_bridge.distributed.fsdp2_sharding import (
     set_prefetch_chains,
     shard_model,
 )
-from megatron_bridge.distributed.init import data_parallel_mesh, initialize_distributed
+from megatron_bridge.distributed.init import build_device_mesh, initialize_distributed, split_mesh
 from megatron_bridge.distributed.meta_init import materialize_sharded
+from megatron_bridge.distributed.tensor_parallel import apply_tensor_parallel
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
@@ -116,6 +122,9 @@ class FSDP2Backend(DataParallelBackend):
         self.mp_policy = build_mp_policy(cfg)
         self.offload_policy = build_offload_policy(cfg)
         self.mesh: DeviceMesh | None = None
+        """The data-parallel mesh FSDP2 shards over."""
+        self.tp_mesh: DeviceMesh | None = None
+        """The tensor-parallel mesh (None without TP)."""
         self.sharded: list[ShardedModel] = []
 
     def _plan(self, mesh: DeviceMesh) -> ShardingPlan:
@@ -124,13 +133,13 @@ class FSDP2Backend(DataParallelBackend):
                             f.frozen_module_policy)
 
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
-        """Checkpoint, compile and shard each chunk; materialize meta chunks shard by shard."""
-        check_no_tensor_parallel(self.cfg)
-        if self.cfg.fsdp2.tp_plan is not None:
+        """Tensor-parallelize (TP > 1), checkpoint, compile and shard each chunk; materialize meta chunks shard by
+        shard."""
+        if self.cfg.fsdp2.tp_plan is not None and self.cfg.model.tensor_model_parallel_size <= 1:
             warn_once(logger, "fsdp2_tp_plan_unused", "fsdp2.tp_plan is ignored: it applies only with "
                       "model.tensor_model_parallel_size > 1")
         env = initialize_distributed(self.cfg)
-        self.mesh = data_parallel_mesh(self.cfg, env)
+        self.mesh, self.tp_mesh = split_mesh(build_device_mesh(self.cfg, env))
         plan = self._plan(self.mesh)
         self.sharded = [self._wrap_chunk(chunk, plan) for chunk in model_chunks]
         self.chunks = list(model_chunks)
@@ -142,6 +151,8 @@ class FSDP2Backend(DataParallelBackend):
         if not on_meta:
             chunk.to(self.device)
         maybe_patch_is_packed_sequence(chunk, f.patch_is_packed_sequence)
+        if self.tp_mesh is not None:
+            apply_tensor_parallel(chunk, self.tp_mesh, self.cfg)
         apply_ac_settings(chunk, ac_settings(self.cfg, "fsdp2"))
         if f.enable_compile:
             compile_blocks(chunk)

@@ -6,7 +6,8 @@
   unchanged in a single process.
 * :func:`destroy_distributed` tears down the group this module created (barrier first).
 * :func:`build_device_mesh` returns the data-parallel mesh (``("dp",)``), or a 2-D ``("dp", "tp")`` mesh when
-  ``model.tensor_model_parallel_size > 1``.
+  ``model.tensor_model_parallel_size > 1`` (TP innermost: the ranks of one TP group are consecutive);
+  :func:`split_mesh` gives its sub-meshes and :func:`data_parallel_rank` a rank's data-parallel index.
 """
 
 import os
@@ -145,11 +146,39 @@ def build_device_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
         )
     dp = env.world_size // tp
     if tp > 1:
-        return init_device_mesh(env.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+        mesh = init_device_mesh(env.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+        _flatten(mesh)
+        return mesh
     return init_device_mesh(env.device.type, (dp,), mesh_dim_names=("dp",))
+
+
+def _flatten(mesh: DeviceMesh) -> None:
+    """Add the flattened ``"dp_tp"`` dimension, so DTensor reduces over both dimensions (the global gradient norm)
+    in one collective instead of two. Best effort: ``DeviceMesh._flatten`` is private torch API."""
+    try:
+        mesh._flatten("dp_tp")
+    except (AttributeError, RuntimeError, ValueError, NotImplementedError) as exc:
+        logger.debug("could not flatten the (dp, tp) mesh: %s", exc)
+
+
+def split_mesh(mesh: DeviceMesh) -> tuple[DeviceMesh, DeviceMesh | None]:
+    """The ``("dp",)`` and ``("tp",)`` sub-meshes of a :func:`build_device_mesh` mesh (tp None when 1-D)."""
+    if mesh.ndim > 1:
+        return mesh["dp"], mesh["tp"]
+    return mesh, None
 
 
 def data_parallel_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
     """The 1-D data-parallel sub-mesh of :func:`build_device_mesh`."""
-    mesh = build_device_mesh(cfg, env)
-    return mesh["dp"] if mesh.ndim > 1 else mesh
+    return split_mesh(build_device_mesh(cfg, env))[0]
+
+
+def data_parallel_rank(cfg: "ConfigContainer", rank: int, world_size: int) -> int:
+    """This rank's index in the data-parallel dimension of :func:`build_device_mesh`'s layout.
+
+    TP is the innermost mesh dimension (the ranks of one TP group are consecutive), so global rank
+    ``dp_rank * tp + tp_rank``: every rank of a TP group reads the same batch.
+    """
+    tp = cfg.model.tensor_model_parallel_size
+    dp = max(1, world_size // tp)
+    return (rank // tp) % dp

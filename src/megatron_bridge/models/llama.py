@@ -226,7 +226,8 @@ class LlamaModel(nn.Module):
             with ctx:
                 hidden_states = layer(hidden_states, cos, sin)
         hidden_states = self.norm(hidden_states)
-        logits = F.linear(hidden_states, self.output_weight)
+        # Through the lm_head module (not F.linear on its weight) so tensor parallelism's module hooks apply.
+        logits = F.linear(hidden_states, self.output_weight) if self.lm_head is None else self.lm_head(hidden_states)
         if labels is None:
             return logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")

@@ -117,6 +117,7 @@ def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, sche
 def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = None) -> TrainingContext:
     """Build model, backend, optimizer, schedule, checkpoint manager and data for a validated config."""
     from megatron_bridge.distributed.ddp_wrap import ddp_wrap
+    from megatron_bridge.distributed.init import data_parallel_rank
     from megatron_bridge.models.flops import num_floating_point_operations
     from megatron_bridge.models.provider import build_model_chunks
 
@@ -130,7 +131,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
     checkpoint = _checkpoint_manager(cfg, backend, optimizer, scheduler, state)
     loaded = checkpoint.load() if checkpoint is not None else False
     dp_size = cfg.data_parallel_size(env.world_size)
-    dp_rank = env.rank % dp_size if dp_size > 1 else 0
+    dp_rank = data_parallel_rank(cfg, env.rank, env.world_size)  # TP ranks of one group read the same batch
     loaders = _build_data(cfg, tokenizer, state, dp_rank, dp_size)
     seq = cfg.model.seq_length
     result = TrainResult(tokens_per_step=cfg.train.global_batch_size * seq, world_size=env.world_size,

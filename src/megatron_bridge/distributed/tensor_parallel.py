@@ -1,0 +1,305 @@
+"""Tensor parallelism (TP) of the local Llama model with ``torch.distributed.tensor.parallel`` on the ``"tp"`` mesh.
+
+:func:`apply_tensor_parallel` runs before activation checkpointing, compile and FSDP2 (torchtitan's order), so FSDP2
+then shards the TP DTensors over the ``"dp"`` dimension of the same 2-D ``("dp", "tp")`` mesh.
+
+Auto-selected plan (``fsdp2.tp_plan=None``, :func:`llama_tp_plan`): ``q/k/v_proj`` and ``gate/up_proj`` column-wise,
+``o_proj``/``down_proj`` row-wise, ``embed_tokens`` row-wise over the vocabulary (input replicated), ``lm_head``
+column-wise with a replicated output (the model computes the loss from full logits); the norms are replicated over the
+TP group, per-head ``q_norm``/``k_norm`` see their rank's heads. With ``model.sequence_parallel`` the residual stream is
+sharded over the sequence (``Shard(1)``): the norms are ``SequenceParallel``, the attention and MLP inputs are gathered
+by ``PrepareModuleInput`` and the row-wise layers reduce-scatter (as torchtitan).
+
+Custom plan (``fsdp2.tp_plan``, :func:`plan_from_patterns`): module-name pattern (``fnmatch`` on the fully qualified
+name, e.g. ``"layers.*.self_attn.q_proj"``; the first matching pattern wins) → ``"colwise"`` | ``"rowwise"`` |
+``"sequence_parallel"`` | ``"replicate"``. Embeddings and the output layer always produce replicated outputs, and with
+``model.sequence_parallel`` column-wise layers gather ``Shard(1)`` inputs and row-wise layers reduce-scatter to
+``Shard(1)``. Modules the plan leaves out that own parameters are replicated over the TP group (logged), so every
+parameter lives on the TP mesh: FSDP2, the optimizer and gradient clipping then see one 2-D mesh.
+
+Attention modules whose ``q_proj`` is column-wise get their head counts (``num_heads``, ``num_kv_heads``) divided by
+TP, so the model's reshapes use the local heads.
+"""
+
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.training.config.container import ConfigContainer
+
+logger = get_logger(__name__)
+
+TP_STYLES = ("colwise", "rowwise", "sequence_parallel", "replicate")
+"""Style names accepted in ``fsdp2.tp_plan``."""
+
+
+class ReplicateParallel(ParallelStyle):
+    """Parameters replicated over the TP mesh; tensor inputs enter as replicated DTensors, outputs leave as local
+    tensors. For modules computed identically on every TP rank (norms without sequence parallelism)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, None, _replicate_inputs, _local_outputs)
+
+
+def _replicate_inputs(module: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
+    return tuple(
+        DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x
+        for x in inputs
+    )
+
+
+def _local_outputs(module: nn.Module, outputs: Any, mesh: DeviceMesh) -> Any:
+    return outputs.to_local() if isinstance(outputs, DTensor) else outputs
+
+
+def head_sharded_norm() -> ParallelStyle:
+    """A per-head norm (``q_norm``/``k_norm`` on ``[b, heads, s, d]``) seeing only its rank's heads: the input is
+    the local part of dim 1, the weight is replicated and its gradient summed over the TP group."""
+    return SequenceParallel(sequence_dim=1, use_local_output=True)
+
+
+# ------------------------------------------------------------------------------------------------------ plans
+def llama_tp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """The auto-selected plan of a local Llama model (module docstring), keyed by fully qualified module name.
+
+    Raises:
+        ConfigValidationError: the embeddings are tied to the output layer (not supported with TP), or the model
+            lacks the Llama modules (``embed_tokens``, ``norm``, ``lm_head``).
+    """
+    missing = [name for name in ("embed_tokens", "norm", "lm_head") if not hasattr(model, name)]
+    if missing:
+        raise ConfigValidationError(
+            f"the auto-selected TP plan is for Llama-style models, and {type(model).__name__} has no {missing}: set "
+            "fsdp2.tp_plan to a custom plan (module-name pattern → colwise/rowwise/sequence_parallel/replicate).",
+            ("fsdp2.tp_plan",),
+        )
+    if model.lm_head is None:
+        raise ConfigValidationError(
+            "model.share_embeddings_and_output_weights=True is not supported with tensor parallelism (the tied "
+            "weight would need two layouts): set model.share_embeddings_and_output_weights=False or "
+            "model.tensor_model_parallel_size=1.", ("model.share_embeddings_and_output_weights",),
+        )
+    sp = sequence_parallel
+    stream = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
+
+    def norm() -> ParallelStyle:
+        return SequenceParallel() if sp else ReplicateParallel()
+
+    plan: dict[str, ParallelStyle] = {
+        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=stream),
+        "norm": norm(),
+        "lm_head": ColwiseParallel(input_layouts=stream, output_layouts=Replicate()),
+    }
+    for name, module in model.named_modules():
+        if not (hasattr(module, "self_attn") and hasattr(module, "mlp")):
+            continue
+        attn, mlp = module.self_attn, module.mlp
+        plan[f"{name}.input_layernorm"] = norm()
+        plan[f"{name}.post_attention_layernorm"] = norm()
+        if sp:
+            plan[f"{name}.self_attn"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                           desired_input_layouts=(Replicate(), None, None))
+            plan[f"{name}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            plan[f"{name}.self_attn.{proj}"] = ColwiseParallel()
+        plan[f"{name}.self_attn.o_proj"] = RowwiseParallel(output_layouts=stream)
+        for head_norm in ("q_norm", "k_norm"):
+            if getattr(attn, head_norm, None) is not None:
+                plan[f"{name}.self_attn.{head_norm}"] = head_sharded_norm()
+        for proj in ("gate_proj", "up_proj"):
+            if getattr(mlp, proj, None) is not None:
+                plan[f"{name}.mlp.{proj}"] = ColwiseParallel()
+        plan[f"{name}.mlp.down_proj"] = RowwiseParallel(output_layouts=stream)
+    return plan
+
+
+def _bad_entry(pattern: str, style: object, why: str) -> ConfigValidationError:
+    return ConfigValidationError(f"fsdp2.tp_plan[{pattern!r}]={style!r}: {why}", ("fsdp2.tp_plan",))
+
+
+def validate_tp_plan(patterns: dict[str, str], *, sequence_parallel: bool) -> None:
+    """Check the style names of a custom plan.
+
+    Raises:
+        ConfigValidationError: an unknown style, or "sequence_parallel" without ``model.sequence_parallel``.
+    """
+    if not isinstance(patterns, dict):
+        raise ConfigValidationError(
+            f"fsdp2.tp_plan={patterns!r} must be a dict of module-name pattern to style ({', '.join(TP_STYLES)}), "
+            "or None for the auto-selected plan.", ("fsdp2.tp_plan",),
+        )
+    for pattern, style in patterns.items():
+        if style not in TP_STYLES:
+            raise _bad_entry(pattern, style, f"unknown style; use one of {', '.join(TP_STYLES)}.")
+        if style == "sequence_parallel" and not sequence_parallel:
+            raise _bad_entry(pattern, style, "needs model.sequence_parallel=True (the residual stream is sharded "
+                             "over the sequence only then); set it, or use 'replicate' for this module.")
+
+
+def _style_for(module: nn.Module, style: str, model: nn.Module, sp: bool) -> ParallelStyle:
+    stream = Shard(1) if sp else Replicate()
+    is_output = module is getattr(model, "lm_head", None)
+    if style == "colwise":
+        if isinstance(module, nn.Embedding):
+            return ColwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+        return ColwiseParallel(input_layouts=stream, output_layouts=Replicate() if is_output else Shard(-1))
+    if style == "rowwise":
+        if isinstance(module, nn.Embedding):
+            return RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+        return RowwiseParallel(output_layouts=stream)
+    if style == "sequence_parallel":
+        return SequenceParallel()
+    return ReplicateParallel()
+
+
+def plan_from_patterns(model: nn.Module, patterns: dict[str, str], *, sequence_parallel: bool) -> dict[str, Any]:
+    """Resolve a custom ``fsdp2.tp_plan`` (module docstring) against ``model``: fully qualified name → style.
+
+    Patterns matching no module are logged once. Modules left out that own parameters are replicated.
+
+    Raises:
+        ConfigValidationError: a bad entry (see :func:`validate_tp_plan`) or the plan matches no module.
+    """
+    validate_tp_plan(patterns, sequence_parallel=sequence_parallel)
+    names: dict[str, str] = {}
+    used: set[str] = set()
+    for name, _ in model.named_modules():
+        pattern = next((p for p in patterns if name and fnmatchcase(name, p)), None)
+        if pattern is not None:
+            names[name] = patterns[pattern]
+            used.add(pattern)
+    if not names:
+        raise ConfigValidationError(
+            f"fsdp2.tp_plan={patterns!r} matches no module of {type(model).__name__}: patterns are matched with "
+            "fnmatch against fully qualified names such as 'layers.*.self_attn.q_proj'.", ("fsdp2.tp_plan",),
+        )
+    for pattern in patterns.keys() - used:
+        warn_once(logger, f"tp_plan_unused:{pattern}", "fsdp2.tp_plan pattern %r matches no module", pattern)
+    modules = dict(model.named_modules())
+    plan: dict[str, Any] = {n: _style_for(modules[n], s, model, sequence_parallel) for n, s in names.items()}
+    covered = tuple(f"{n}." for n in names)
+    for name, module in modules.items():
+        parent, _, leaf = name.rpartition(".")
+        if leaf in ("q_norm", "k_norm") and names.get(f"{parent}.q_proj") == "colwise":
+            plan[name] = head_sharded_norm()  # per-head norms follow their attention's head split
+        elif name not in names and not name.startswith(covered) and any(True for _ in module.parameters(False)):
+            plan[name] = ReplicateParallel()
+            log_rank_0(logger, "TP: %s is not in fsdp2.tp_plan; its parameters are replicated over the TP group",
+                       name or type(model).__name__)
+    return plan
+
+
+# -------------------------------------------------------------------------------------------------- applying
+def _check_divisible(cfg: "ConfigContainer") -> None:
+    m, tp = cfg.model, cfg.model.tensor_model_parallel_size
+    checks = [("model.ffn_hidden_size", m.ffn_hidden_size)]
+    if m.sequence_parallel:
+        checks.append(("model.seq_length", m.seq_length))
+    for path, value in checks:
+        if value % tp:
+            raise ConfigValidationError(
+                f"{path}={value} must be divisible by model.tensor_model_parallel_size={tp} (tensor parallelism "
+                "shards it evenly): change one of them.", (path, "model.tensor_model_parallel_size"),
+            )
+
+
+def divide_attention_heads(model: nn.Module, plan: dict[str, Any], tp: int) -> int:
+    """Divide ``num_heads``/``num_kv_heads`` by ``tp`` on attention modules whose ``q_proj`` is column-wise;
+    returns how many modules changed.
+
+    Raises:
+        ConfigValidationError: q/k/v are not all column-wise with o_proj row-wise, or heads do not divide by TP.
+    """
+    changed = 0
+    for name, module in model.named_modules():
+        if not (hasattr(module, "num_heads") and hasattr(module, "num_kv_heads")):
+            continue
+        styles = {p: plan.get(f"{name}.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        if not any(isinstance(s, ColwiseParallel) for s in styles.values()):
+            continue
+        if not (all(isinstance(styles[p], ColwiseParallel) for p in ("q_proj", "k_proj", "v_proj"))
+                and isinstance(styles["o_proj"], RowwiseParallel)):
+            raise ConfigValidationError(
+                f"fsdp2.tp_plan shards {name} partly: q_proj, k_proj and v_proj must all be 'colwise' and o_proj "
+                "'rowwise' (heads are split over the TP group), or none of them sharded.", ("fsdp2.tp_plan",),
+            )
+        for attr in ("num_heads", "num_kv_heads"):
+            value = getattr(module, attr)
+            if value % tp:
+                raise ConfigValidationError(
+                    f"{name}.{attr}={value} is not divisible by model.tensor_model_parallel_size={tp}.",
+                    ("model.tensor_model_parallel_size",),
+                )
+            setattr(module, attr, value // tp)
+        changed += 1
+    return changed
+
+
+def enable_async_tp(tp_mesh: DeviceMesh) -> bool:
+    """``fsdp2.enable_async_tensor_parallel``: inductor micro-pipeline TP plus symmetric memory for the TP group.
+
+    CUDA only: on other devices it is a no-op (logged once). Failures are logged as warnings. Returns True when on.
+    """
+    if tp_mesh.device_type != "cuda":
+        warn_once(logger, "async_tp_cpu", "fsdp2.enable_async_tensor_parallel=True is a no-op on %s (async TP needs "
+                  "CUDA symmetric memory)", tp_mesh.device_type)
+        return False
+    try:
+        import torch._inductor.config as inductor_config
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        inductor_config._micro_pipeline_tp = True
+        enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+    except Exception as exc:  # noqa: BLE001 - an optional optimisation: never fatal
+        warn_once(logger, "async_tp_failed", "fsdp2.enable_async_tensor_parallel: could not enable async TP (%s: "
+                  "%s); training continues with synchronous TP", type(exc).__name__, exc)
+        return False
+    log_rank_0(logger, "TP: async tensor parallelism on (inductor micro-pipeline TP, symmetric memory)")
+    return True
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg: "ConfigContainer") -> dict[str, Any]:
+    """Parallelize ``model`` in place over ``tp_mesh`` with ``fsdp2.tp_plan`` or the auto Llama plan; divide the
+    attention head counts; enable async TP when asked. Returns the resolved plan (name → style).
+
+    Raises:
+        ConfigValidationError: a bad custom plan, tied embeddings with the auto plan, or sizes not divisible by TP.
+    """
+    tp, sp = cfg.model.tensor_model_parallel_size, cfg.model.sequence_parallel
+    if tp_mesh.size() != tp:
+        raise ConfigValidationError(
+            f"the TP mesh has {tp_mesh.size()} ranks but model.tensor_model_parallel_size={tp}.",
+            ("model.tensor_model_parallel_size",),
+        )
+    _check_divisible(cfg)
+    custom = cfg.fsdp2.tp_plan
+    if custom is not None:
+        plan = plan_from_patterns(model, custom, sequence_parallel=sp)
+    else:
+        plan = llama_tp_plan(model, sequence_parallel=sp)
+    heads = divide_attention_heads(model, plan, tp)
+    on_meta = any(p.is_meta for p in model.parameters())
+    parallelize_module(model, tp_mesh, plan, src_data_rank=None if on_meta else 0)
+    if cfg.fsdp2.enable_async_tensor_parallel:
+        enable_async_tp(tp_mesh)
+    log_rank_0(logger, "TP: %s plan over %d ranks (sequence_parallel=%s): %d modules, %d attention modules with "
+               "local heads", "custom" if custom is not None else "auto Llama", tp, sp, len(plan), heads)
+    return plan
