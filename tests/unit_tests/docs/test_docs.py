@@ -1,0 +1,84 @@
+"""Docs and skills name only config keys, files, scripts, tests and Python names that exist; code blocks parse."""
+
+import ast
+import shlex
+
+import pytest
+
+from tests.unit_tests.docs.doc_refs import (
+    REPO,
+    code_blocks,
+    config_key_exists,
+    config_keys_in,
+    doc_files,
+    inline_code,
+    is_real_test_id,
+    makefile_targets,
+    python_names_resolve,
+    repo_paths_in,
+)
+
+
+DOCS = doc_files()
+IDS = [str(p.relative_to(REPO)) for p in DOCS]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_config_keys_exist(doc) -> None:  # noqa: ANN001
+    text = doc.read_text()
+    spans = inline_code(text) + [body for lang, body in code_blocks(text) if lang in ("yaml", "bash", "python", "")]
+    missing = sorted({k for span in spans for k in config_keys_in(span) if not config_key_exists(k)})
+    assert not missing, f"{doc.name} names config keys that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_repository_paths_exist(doc) -> None:  # noqa: ANN001
+    text = doc.read_text()
+    spans = inline_code(text) + [body for _, body in code_blocks(text)]
+    missing = sorted({p for span in spans for p in repo_paths_in(span) if not (REPO / p).exists()})
+    assert not missing, f"{doc.name} names files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_python_blocks_parse_and_resolve(doc) -> None:  # noqa: ANN001
+    for lang, body in code_blocks(doc.read_text()):
+        if lang != "python":
+            continue
+        ast.parse(body)
+        assert not python_names_resolve(body), f"{doc.name}: unresolved {python_names_resolve(body)}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_commands_name_real_scripts_tests_and_targets(doc) -> None:  # noqa: ANN001
+    problems = []
+    for lang, body in code_blocks(doc.read_text()):
+        if lang not in ("bash", "sh", "shell", "console"):
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].strip().removeprefix("$ ")
+            if not line or line.startswith("#"):
+                continue
+            words = shlex.split(line)
+            problems += _check_command(words)
+    assert not problems, f"{doc.name}: {problems}"
+
+
+def _check_command(words: list[str]) -> list[str]:
+    problems = []
+    while words and "=" in words[0] and not words[0].startswith("-"):  # leading VAR=value
+        words = words[1:]
+    if not words:
+        return problems
+    if words[0] == "make":
+        problems += [f"make target {t!r}" for t in words[1:2] if t not in makefile_targets()]
+    for i, w in enumerate(words):
+        if w.endswith(".py") and w.startswith(("scripts/", "tests/")) and not (REPO / w).is_file():
+            problems.append(f"script {w}")
+        if "::" in w and w.startswith("tests/") and not is_real_test_id(w):
+            problems.append(f"test id {w}")
+        if w == "--recipe" and i + 1 < len(words):
+            from megatron_bridge.recipes import RECIPES
+
+            if words[i + 1] not in RECIPES:
+                problems.append(f"recipe {words[i + 1]}")
+    return problems
