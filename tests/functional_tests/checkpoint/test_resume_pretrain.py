@@ -35,7 +35,7 @@ def resume_config(root: Path, backend: str, phase: str) -> ConfigContainer:
     c.save = str(root / phase)
     c.save_interval, c.most_recent_k = N, -1
     if phase == "straight":
-        c.async_save = True
+        c.async_save = backend != "megatron_fsdp"  # rule megatron_fsdp_async_save: Megatron FSDP saves synchronously
     else:
         c.load, c.ckpt_step = str(root / "straight"), N
     return cfg

@@ -94,6 +94,11 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                      dist__use_torch_fsdp2=True)),
     "async_save_format": (_set(checkpoint__async_save=True, checkpoint__save="/tmp/x", checkpoint__ckpt_format="torch"),
                           1, "checkpoint.ckpt_format", _set(checkpoint__async_save=True, checkpoint__save="/tmp/x")),
+    "megatron_fsdp_async_save": (_set(dist__use_megatron_fsdp=True, checkpoint__save="/tmp/x",
+                                      checkpoint__ckpt_format="fsdp_dtensor", checkpoint__async_save=True), 1,
+                                 "checkpoint.async_save",
+                                 _set(dist__use_megatron_fsdp=True, checkpoint__save="/tmp/x",
+                                      checkpoint__ckpt_format="fsdp_dtensor")),
     "checkpoint_options": (_set(checkpoint__most_recent_k=0), 1, "checkpoint.most_recent_k",
                            _set(checkpoint__most_recent_k=1)),
     "fsdp2_pipeline": (_set(dist__use_torch_fsdp2=True, model__pipeline_model_parallel_size=2), 2,
@@ -155,6 +160,9 @@ def test_all_violations_reported_together() -> None:
 
 
 def test_world_size_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron_bridge.utils import dist_env
+
+    monkeypatch.setattr(dist_env, "_dist_initialized", lambda: False)  # another test's process group may be alive
     cfg = tiny_llama_pretrain_config(global_batch_size=12)
     monkeypatch.setenv("WORLD_SIZE", "1")
     cfg.validate()

@@ -40,6 +40,15 @@ def test_repository_paths_exist(doc) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_cited_test_ids_exist(doc) -> None:  # noqa: ANN001
+    text = doc.read_text()
+    tokens = [t.strip("'\",;()") for span in inline_code(text) for t in span.split()]
+    cited = {t for t in tokens if t.startswith("tests/") and "::" in t}
+    missing = sorted(t for t in cited if not is_real_test_id(t))
+    assert not missing, f"{doc.name} cites tests that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
 def test_python_blocks_parse_and_resolve(doc) -> None:  # noqa: ANN001
     for lang, body in code_blocks(doc.read_text()):
         if lang != "python":

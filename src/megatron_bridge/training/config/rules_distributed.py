@@ -73,6 +73,15 @@ def _async_save(cfg: "ConfigContainer", world_size: int) -> None:
         fail("checkpoint.async_save=True needs checkpoint.save (a folder)", "checkpoint.async_save", "checkpoint.save")
 
 
+@rule("megatron_fsdp_async_save", ("dist.use_megatron_fsdp", "checkpoint.async_save"),
+      "Megatron FSDP saves synchronously: checkpoint.async_save must be False.")
+def _mfsdp_async(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.dist.use_megatron_fsdp and cfg.checkpoint.async_save:
+        fail("checkpoint.async_save=True is not supported with dist.use_megatron_fsdp=True: DCP's async staging copies "
+             "the DTensor shards and drops megatron-fsdp's uneven-shard offsets; set checkpoint.async_save=False",
+             "checkpoint.async_save", "dist.use_megatron_fsdp")
+
+
 @rule("checkpoint_options", ("checkpoint.most_recent_k", "checkpoint.ckpt_step", "checkpoint.finetune"),
       "most_recent_k is -1 or >= 1; ckpt_step needs checkpoint.load; finetune needs load or pretrained_checkpoint.")
 def _ckpt_options(cfg: "ConfigContainer", world_size: int) -> None:

@@ -1,0 +1,181 @@
+"""Megatron FSDP end to end through ``pretrain(cfg, forward_step)``.
+
+GPU (``@pytest.mark.gpu``, skipped without CUDA) — the seed's smoke test, run directly under torchrun:
+    CUDA_VISIBLE_DEVICES=0,1 python -m torch.distributed.run --nproc_per_node=2 -m pytest \
+        tests/functional_tests/training/test_megatron_fsdp.py::TestMegatronFSDP::test_fsdp_pretrain_basic -v -s
+Success: ``1 passed`` and a finite loss at the last iteration (the ``[smoke]`` line). Under plain pytest the GPU tests
+launch min(2, number of GPUs) ranks themselves (one rank per GPU; NCCL refuses two ranks on one GPU).
+
+CPU (skipped when CUDA is present): the same backend on 2 gloo ranks through the test-only harness
+(tests/functional_tests/megatron_fsdp_cpu_harness.py), which runs megatron-fsdp's CUDA code path on CPU with
+synchronous collectives: parity with a one-process DDP run for every sharding strategy, and exact fsdp_dtensor resume.
+"""
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from megatron_bridge.training.callbacks import Callback
+from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.training.gpt_step import forward_step
+from megatron_bridge.training.pretrain import pretrain
+from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.training._common import (
+    FullWeights,
+    assert_finite_decreasing,
+    load_reference,
+    max_weight_diff,
+    save_reference,
+    small_config,
+)
+
+
+LOSS_RTOL = 1e-5
+WEIGHT_ATOL = 2e-5
+RESUME_RTOL_GPU = 1e-3  # NCCL and atomics in CUDA kernels make GPU runs not bitwise repeatable
+STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness test (the GPU tests cover CUDA)")
+
+
+def mfsdp_config(strategy: str = "optim_grads_params", **overrides: Any) -> ConfigContainer:
+    """The functional tests' tiny Llama (8 samples/step, 2 per micro-batch) with the Megatron FSDP overrides of
+    ``use_megatron_fsdp=True`` (meta-device init, fsdp_dtensor) and ``strategy``."""
+    cfg = small_config(use_megatron_fsdp=True, **overrides)
+    cfg.ddp.data_parallel_sharding_strategy = strategy
+    if strategy == "no_shard":  # megatron-fsdp materializes meta models only when it shards parameters
+        cfg.model.init_model_with_meta_device = False
+    return cfg
+
+
+def gpu_ranks() -> int:
+    """Ranks for a GPU test launched by plain pytest: one per GPU, at most 2."""
+    return max(1, min(2, torch.cuda.device_count()))
+
+
+def install_cpu_harness() -> None:
+    """Install the CPU harness in this worker (never with CUDA: it would replace the real CUDA calls)."""
+    assert not torch.cuda.is_available()
+    from tests.functional_tests.megatron_fsdp_cpu_harness import install
+
+    install()
+
+
+class MegatronFullWeights(Callback):
+    """Full weights of the Megatron FSDP model at the end of training (collective; every rank keeps them)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def on_train_end(self, ctx: Any) -> None:
+        from tests.functional_tests.megatron_fsdp_cpu_harness import full_weights
+
+        self.weights = full_weights(ctx.backend.model_state_dict()["model"])
+
+
+def resume_phase(base: Any) -> None:
+    """Worker: phase ``$MB_MFSDP_PHASE`` of the resume check in ``$MB_MFSDP_DIR``: "full" trains 8 steps saving
+    fsdp_dtensor checkpoints at 4 and 8; "resumed" loads step 4 and trains to 8. Rank 0 writes the losses."""
+    phase, root = os.environ.get("MB_MFSDP_PHASE"), os.environ.get("MB_MFSDP_DIR")
+    if not phase or not root:
+        pytest.skip("the resume check runs as two torchrun jobs: start it with plain pytest")
+    cfg = base()
+    if phase == "full":
+        cfg.checkpoint.save, cfg.checkpoint.save_interval = os.path.join(root, "ckpt"), 4
+    else:
+        cfg.checkpoint.load, cfg.checkpoint.ckpt_step = os.path.join(root, "ckpt"), 4
+    result = pretrain(cfg, forward_step)
+    assert result.backend == "megatron_fsdp" and result.final_step == 8
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(root, f"{phase}.json").write_text(json.dumps({"steps": result.steps, "losses": result.losses}))
+
+
+def check_resume(nodeid: str, root: Path, nproc: int) -> tuple[list[float], list[float]]:
+    """Launch the two phases of :func:`resume_phase` as separate torchrun jobs; returns (full, resumed) losses."""
+    for phase in ("full", "resumed"):
+        launch(nodeid, nproc=nproc, env={"MB_MFSDP_PHASE": phase, "MB_MFSDP_DIR": str(root)})
+    full = json.loads((root / "full.json").read_text())
+    resumed = json.loads((root / "resumed.json").read_text())
+    assert full["steps"] == list(range(1, 9)) and resumed["steps"] == [5, 6, 7, 8], (full, resumed)
+    assert (root / "ckpt" / "iter_0000004").is_dir()
+    return full["losses"], resumed["losses"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """One-process DDP run of the same model and data (launching process only; CPU tests only)."""
+    if is_worker() or torch.cuda.is_available():
+        return None
+    weights = FullWeights()
+    result = pretrain(small_config(), callbacks=[weights])
+    path = tmp_path_factory.mktemp("mfsdp_reference") / "reference.pt"
+    save_reference(path, result.losses, weights.weights)
+    return path
+
+
+class TestMegatronFSDP:
+    """Megatron FSDP through pretrain(): GPU smoke and resume, CPU-harness parity and resume."""
+
+    @pytest.mark.gpu
+    def test_fsdp_pretrain_basic(self) -> None:
+        """10 steps of optim_grads_params (bf16 mixed precision); finite loss at the last iteration."""
+        if not is_worker():
+            launch(f"{__file__}::TestMegatronFSDP::test_fsdp_pretrain_basic", nproc=gpu_ranks())
+            return
+        cfg = mfsdp_config(train_iters=10, mixed_precision="bf16_mixed")
+        result = pretrain(cfg, forward_step)
+        assert result.backend == "megatron_fsdp" and result.final_step == 10 and len(result.losses) == 10
+        assert math.isfinite(result.losses[-1]), result.losses
+        per_step = sum(result.step_times[1:]) / max(len(result.step_times) - 1, 1)
+        print(f"[smoke] backend=megatron_fsdp ranks={result.world_size} steps={result.final_step} "
+              f"final_loss={result.final_loss:.4f} s_per_step={per_step:.4f} losses={result.losses}")
+
+    @pytest.mark.gpu
+    def test_fsdp_pretrain_save_resume(self, tmp_path: Path) -> None:
+        """fsdp_dtensor checkpoint at step 4 of 8; a new job resumes and repeats steps 5-8 (within GPU noise)."""
+        node = f"{__file__}::TestMegatronFSDP::test_fsdp_pretrain_save_resume"
+        if is_worker():
+            resume_phase(lambda: mfsdp_config(mixed_precision="bf16_mixed"))
+            return
+        full, resumed = check_resume(node, tmp_path, gpu_ranks())
+        for got, want in zip(resumed, full[4:], strict=True):
+            assert abs(got - want) <= RESUME_RTOL_GPU * abs(want), (resumed, full)
+        print(f"[resume] backend=megatron_fsdp full={full} resumed={resumed}")
+
+    @needs_no_cuda
+    @pytest.mark.parametrize("strategy", STRATEGIES)
+    def test_cpu_harness_parity_with_ddp(self, strategy: str, reference: Path | None) -> None:
+        """Every sharding strategy (meta-device init where it applies) trains like one DDP process."""
+        if not is_worker():
+            launch(f"{__file__}::TestMegatronFSDP::test_cpu_harness_parity_with_ddp[{strategy}]",
+                   env={"MB_REFERENCE": str(reference)})
+            return
+        install_cpu_harness()
+        weights = MegatronFullWeights()
+        result = pretrain(mfsdp_config(strategy), forward_step, callbacks=[weights])
+        assert result.backend == "megatron_fsdp" and result.world_size == 2 and result.final_step == 8
+        assert_finite_decreasing(result.losses)
+        ref = load_reference()
+        for got, want in zip(result.losses, ref["losses"].tolist(), strict=True):
+            assert abs(got - want) <= LOSS_RTOL * abs(want), (result.losses, ref["losses"].tolist())
+        diff = max_weight_diff(weights.weights, ref["weights"])
+        assert diff <= WEIGHT_ATOL, f"max weight difference {diff} > {WEIGHT_ATOL}"
+        if int(os.environ["RANK"]) == 0:
+            print(f"[parity] megatron_fsdp {strategy}: max weight diff {diff:.3e}, losses {result.losses}")
+
+    @needs_no_cuda
+    def test_cpu_harness_save_resume(self, tmp_path: Path) -> None:
+        """fsdp_dtensor save at step 4, resume in a new job: steps 5-8 repeat bit for bit (CPU is deterministic)."""
+        node = f"{__file__}::TestMegatronFSDP::test_cpu_harness_save_resume"
+        if is_worker():
+            install_cpu_harness()
+            resume_phase(mfsdp_config)
+            return
+        full, resumed = check_resume(node, tmp_path, 2)
+        assert resumed == full[4:], (resumed, full)
