@@ -2,7 +2,8 @@
 
 Loss and gradient normalisation: every micro-batch's ``loss_func`` returns the *sum* of its masked token losses and
 its token count. Before the forward passes of a step, the step's token count over all micro-batches and
-data-parallel ranks (``global_tokens``) is known from the batches' ``loss_mask``; each micro-batch back-propagates
+data-parallel ranks (``global_tokens``) is known from the batches' ``loss_mask`` (one all-reduce, or none when nothing
+is masked: ``dataset.eod_mask_loss=False``); each micro-batch back-propagates
 ``loss_sum * dp_size / global_tokens``. The backends average gradients over the ``dp_size`` ranks, so the gradient is
 exactly that of the token-weighted mean loss of the whole global batch — the same as one process running the whole
 batch (the functional tests check this).
@@ -77,14 +78,33 @@ def _count_tokens(batches: list[dict[str, torch.Tensor]]) -> float | None:
     return float(sum(b["loss_mask"].sum().item() for b in batches))
 
 
+def _global_tokens(ctx: Any, batches: list[dict[str, torch.Tensor]]) -> float | None:
+    """Loss tokens of the whole global batch (None when batches carry no ``loss_mask``).
+
+    With ``dataset.eod_mask_loss=False`` the library's datasets mask nothing, so the count is known without
+    communication (``ctx.static_tokens_per_step``); the local count is still checked against it.
+    """
+    local_tokens = _count_tokens(batches)
+    if local_tokens is None:
+        return None
+    if ctx.static_tokens_per_step is not None:
+        expected = sum(b["loss_mask"].numel() for b in batches)
+        if local_tokens != expected:
+            raise TrainingError(
+                f"batches mask {expected - local_tokens:.0f} of {expected} loss tokens although "
+                "dataset.eod_mask_loss=False: the data pipeline changed the loss mask"
+            )
+        return float(ctx.static_tokens_per_step)
+    model_copies = ctx.env.world_size / ctx.dp_size  # ranks holding the same batch (TP)
+    return _global_sum([local_tokens], ctx.device)[0] / model_copies
+
+
 def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, float]:
     """One optimizer step over ``num_microbatches`` micro-batches; returns (global loss, grad norm)."""
     backend, cfg = ctx.backend, ctx.cfg
     n_micro = cfg.num_microbatches(ctx.env.world_size)
     batches = [next(ctx.train_iter) for _ in range(n_micro)]
-    local_tokens = _count_tokens(batches)
-    model_copies = ctx.env.world_size / ctx.dp_size  # ranks holding the same batch (TP)
-    global_tokens = _global_sum([local_tokens or 0.0], ctx.device)[0] / model_copies if local_tokens else None
+    global_tokens = _global_tokens(ctx, batches)
     backend.zero_grad(ctx.optimizer)
     loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     token_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
@@ -93,7 +113,7 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
             with backend.forward_context():
                 output, loss_func = call_forward_step(forward_step_func, ctx, iter([batch]), ctx.model)
                 micro_loss, micro_tokens, _ = loss_func(output)
-            if global_tokens:
+            if global_tokens is not None:
                 scaled = micro_loss * (ctx.dp_size / global_tokens)
             else:  # no loss_mask in the batch: mean per micro-batch, averaged over micro-batches
                 scaled = micro_loss / micro_tokens.clamp(min=1) / n_micro

@@ -50,6 +50,7 @@ class TrainingContext:
     result: TrainResult
     dp_size: int
     callbacks: list[Callback]
+    static_tokens_per_step: int | None
 
     @property
     def device(self) -> torch.device:
@@ -145,6 +146,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         valid_iter=cyclic_iter(loaders.valid) if loaders.valid is not None else None,
         metrics=TrainingLogger(cfg, env.device, env.world_size), exits=ExitConditions(cfg, env.device),
         grad_scaler=_grad_scaler(cfg, env.device), result=result, dp_size=dp_size, callbacks=list(callbacks or []),
+        static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
     )
 
 

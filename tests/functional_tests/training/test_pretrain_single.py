@@ -21,6 +21,20 @@ def test_gradient_accumulation_equals_large_batch() -> None:
     assert max_weight_diff(small.weights, large.weights) <= 2e-5
 
 
+def test_token_weighted_accumulation_with_masked_eod_tokens() -> None:
+    """With eod_mask_loss the micro-batches hold different token counts: the step is still the large batch's."""
+    small, large = FullWeights(), FullWeights()
+    accumulated = pretrain(_eod_masked(small_config(micro_batch_size=2)), callbacks=[small])
+    single = pretrain(_eod_masked(small_config(micro_batch_size=8)), callbacks=[large])
+    assert accumulated.losses == pytest.approx(single.losses, rel=1e-5)
+    assert max_weight_diff(small.weights, large.weights) <= 2e-5
+
+
+def _eod_masked(cfg):  # noqa: ANN001, ANN202
+    cfg.dataset.eod_mask_loss = True
+    return cfg
+
+
 def test_exit_interval_and_tensorboard(tmp_path) -> None:
     cfg = small_config(train_iters=8)
     cfg.train.exit_interval = 3
