@@ -55,9 +55,13 @@ def main(argv: list[str] | None = None) -> int:
 
     result = pretrain(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
-        first, last = result.losses[:1], result.losses[-1:]
-        print(f"done: {result.final_step} steps ({result.exit_reason}); loss {first} -> {last}; "
-              f"median step {sorted(result.step_times)[len(result.step_times) // 2] if result.step_times else 0:.3f}s")
+        losses = result.losses
+        trained = "trained 0 steps"
+        if losses:
+            trained = f"trained {len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+        median = sorted(result.step_times)[len(result.step_times) // 2] if result.step_times else 0.0
+        print(f"done: at step {result.final_step} ({result.exit_reason}); this run {trained}; "
+              f"median step {median:.3f}s")
     return 0
 
 
