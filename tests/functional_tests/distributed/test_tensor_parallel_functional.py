@@ -12,7 +12,6 @@ Both runs pad the vocabulary to the same size (``padded_vocab_size`` depends on 
 ``make_vocab_size_divisible_by``).
 """
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from tests.functional_tests.launcher import is_worker, launch
 from tests.functional_tests.training._common import (
     FullWeights,
     assert_finite_decreasing,
-    load_reference,
+    assert_matches_reference,
     max_weight_diff,
     save_reference,
     small_config,
@@ -189,10 +188,5 @@ def test_tp_pretrain_matches_reference(pretrain_reference: Path | None) -> None:
     result = pretrain(cfg, callbacks=[weights])
     assert result.backend == "fsdp2" and result.final_step == 8
     assert_finite_decreasing(result.losses)
-    ref = load_reference()
-    for got, want in zip(result.losses, ref["losses"].tolist(), strict=True):
-        assert abs(got - want) <= LOSS_RTOL * abs(want), (result.losses, ref["losses"].tolist())
-    if int(os.environ["RANK"]) == 0:
-        diff = max_weight_diff(weights.weights, ref["weights"])
-        assert diff <= PRETRAIN_WEIGHT_ATOL, f"max weight difference {diff} > {PRETRAIN_WEIGHT_ATOL}"
-        print(f"[tp parity] pretrain TP=2 + SP: max weight diff {diff:.3e}, losses {result.losses}")
+    assert_matches_reference(result, weights.weights, loss_rtol=LOSS_RTOL, weight_atol=PRETRAIN_WEIGHT_ATOL,
+                             label="pretrain TP=2 + SP")

@@ -55,3 +55,15 @@ def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
     """Largest absolute difference over all tensors (the key sets must match)."""
     assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def assert_matches_reference(result: Any, weights: dict[str, torch.Tensor], *, loss_rtol: float, weight_atol: float,
+                             label: str) -> None:
+    """Losses (every rank) and full weights (rank 0) of a distributed run equal the reference in $MB_REFERENCE."""
+    ref = load_reference()
+    for got, want in zip(result.losses, ref["losses"].tolist(), strict=True):
+        assert abs(got - want) <= loss_rtol * abs(want), (result.losses, ref["losses"].tolist())
+    if int(os.environ["RANK"]) == 0:
+        diff = max_weight_diff(weights, ref["weights"])
+        assert diff <= weight_atol, f"max weight difference {diff} > {weight_atol}"
+        print(f"[parity] {label}: max weight diff {diff:.3e}, losses {result.losses}")

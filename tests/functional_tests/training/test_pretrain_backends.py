@@ -7,7 +7,6 @@ Parity tolerance (fp32, 8 AdamW steps on the same global batch of 8 samples): lo
 within 2e-5 absolute. The distributed runs differ from the reference only in float summation order.
 """
 
-import os
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ from tests.functional_tests.launcher import is_worker, launch
 from tests.functional_tests.training._common import (
     FullWeights,
     assert_finite_decreasing,
-    load_reference,
-    max_weight_diff,
+    assert_matches_reference,
     save_reference,
     small_config,
 )
@@ -50,14 +48,8 @@ def _run_and_compare(use_fsdp2: bool) -> None:
     assert result.backend == ("fsdp2" if use_fsdp2 else "ddp")
     assert result.final_step == 8 and result.exit_reason == "train_iters"
     assert_finite_decreasing(result.losses)
-    ref = load_reference()
-    for got, want in zip(result.losses, ref["losses"].tolist(), strict=True):
-        assert abs(got - want) <= LOSS_RTOL * abs(want), (result.losses, ref["losses"].tolist())
-    if int(os.environ["RANK"]) == 0:
-        diff = max_weight_diff(weights.weights, ref["weights"])
-        assert diff <= WEIGHT_ATOL, f"max weight difference {diff} > {WEIGHT_ATOL}"
-        print(f"[parity] backend={result.backend} max weight diff {diff:.3e}, losses {result.losses}")
-
+    assert_matches_reference(result, weights.weights, loss_rtol=LOSS_RTOL, weight_atol=WEIGHT_ATOL,
+                             label=f"backend={result.backend}")
 
 def test_ddp_pretrain_basic(reference: Path | None) -> None:
     if not is_worker():

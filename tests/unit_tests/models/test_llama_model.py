@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tests.unit_tests.models.configs import tiny as shared_tiny
 from torch.nn import functional as F
 
 from megatron_bridge.errors import ConfigValidationError, MegatronBridgeError
@@ -14,18 +15,8 @@ from megatron_bridge.training.config.model import ModelConfig
 
 
 def tiny(**overrides: object) -> ModelConfig:
-    """A small config that builds and runs in milliseconds."""
-    base = {
-        "num_layers": 2,
-        "hidden_size": 32,
-        "ffn_hidden_size": 64,
-        "num_attention_heads": 4,
-        "vocab_size": 100,
-        "make_vocab_size_divisible_by": 16,
-        "seq_length": 16,
-    }
-    base.update(overrides)
-    return ModelConfig(**base)  # type: ignore[arg-type]
+    """The shared tiny config with plain multi-head attention (one KV head per query head)."""
+    return shared_tiny(**{"num_query_groups": None, **overrides})
 
 
 def build(config: ModelConfig, seed: int = 0) -> LlamaModel:

@@ -2,27 +2,11 @@
 
 import pytest
 import torch
+from tests.unit_tests.models.configs import tiny
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron_bridge.models import LlamaModel, num_floating_point_operations, num_parameters
-from megatron_bridge.training.config.model import ModelConfig
-
-
-def tiny(**overrides: object) -> ModelConfig:
-    """A small config that builds and runs in milliseconds."""
-    base = {
-        "num_layers": 2,
-        "hidden_size": 32,
-        "ffn_hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_query_groups": 2,
-        "vocab_size": 100,
-        "make_vocab_size_divisible_by": 16,
-        "seq_length": 16,
-    }
-    base.update(overrides)
-    return ModelConfig(**base)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -5,28 +5,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tests.unit_tests.models.configs import tiny
 from torch import nn
 
 from megatron_bridge.errors import ConfigValidationError, MissingDependencyError
 from megatron_bridge.models import build_model_chunks, materialize_meta_model, validation
 from megatron_bridge.models.llama import LlamaModel
-from megatron_bridge.training.config.model import ModelConfig
-
-
-def tiny(**overrides: object) -> ModelConfig:
-    """A small config that builds and runs in milliseconds."""
-    base = {
-        "num_layers": 2,
-        "hidden_size": 32,
-        "ffn_hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_query_groups": 2,
-        "vocab_size": 100,
-        "make_vocab_size_divisible_by": 16,
-        "seq_length": 16,
-    }
-    base.update(overrides)
-    return ModelConfig(**base)  # type: ignore[arg-type]
 
 
 def test_one_chunk_on_cpu() -> None:
