@@ -161,6 +161,13 @@ def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dic
     return total_loss / max(total_tokens, 1.0)
 
 
+def params_norm(backend: Any) -> float:
+    """L2 norm of all parameters over all ranks (sharded DTensors are reduced)."""
+    norms = [p.detach().float().norm() for p in backend.parameters()]
+    total = torch.linalg.vector_norm(torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]))
+    return float(total)
+
+
 def _eval_due(ctx: Any, step: int, stopping: bool) -> bool:
     v = ctx.cfg.validation
     if v.eval_interval is None or v.eval_iters == 0 or ctx.loaders.valid is None:
@@ -183,6 +190,7 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
                    "to train further", state.step, cfg.train_iters)
     fire(ctx.callbacks, "on_train_start", ctx)
     while reason is None:
+        ctx.profiler.step_begin(state.step)
         timer.reset()
         lr = ctx.optimizer.param_groups[0]["lr"]
         loss, grad_norm = train_step(ctx, forward_step_func)
@@ -192,9 +200,11 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
         state.floating_point_operations_so_far += result.flops_per_step
         _record(result, state.step, loss, grad_norm, lr, step_time)
         metrics = StepMetrics(state.step, loss, grad_norm, lr, step_time, result.tokens_per_step,
-                              result.flops_per_step, state.consumed_train_samples)
+                              result.flops_per_step, state.consumed_train_samples,
+                              params_norm=params_norm(ctx.backend) if cfg.logger.log_params_norm else None)
         ctx.metrics.log_step(metrics)
         fire(ctx.callbacks, "on_step_end", ctx, metrics)
+        ctx.profiler.step_end(state.step)
         reason = ctx.exits.check(state.step)
         if _eval_due(ctx, state.step, reason is not None):
             result.eval_losses[state.step] = evaluate(ctx, forward_step_func, ctx.valid_iter)

@@ -29,6 +29,7 @@ class StepMetrics:
     tokens: int
     flops: float
     consumed_samples: int
+    params_norm: float | None = None
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -79,6 +80,8 @@ class TrainingLogger:
         w.add_scalar("learning-rate", m.lr, m.step)
         w.add_scalar("grad-norm", m.grad_norm, m.step)
         w.add_scalar("iteration-time", m.step_time, m.step)
+        if m.params_norm is not None:
+            w.add_scalar("params-norm", m.params_norm, m.step)
         if self.cfg.logger.log_throughput:
             tokens_per_s, tflops = self._rates(m)
             w.add_scalar("throughput/tokens_per_sec", tokens_per_s, m.step)
@@ -100,6 +103,8 @@ class TrainingLogger:
             f"lm loss {loss:.6e}",
             f"grad norm {last.grad_norm:.4f}",
         ]
+        if last.params_norm is not None:
+            parts.append(f"params norm {last.params_norm:.4f}")
         if self.cfg.logger.log_throughput:
             avg = StepMetrics(last.step, loss, last.grad_norm, last.lr, step_time, last.tokens, last.flops, 0)
             tokens_per_s, tflops = self._rates(avg)

@@ -22,6 +22,7 @@ from megatron_bridge.training.loop import TrainResult, run_training
 from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
 from megatron_bridge.training.metrics import TrainingLogger
 from megatron_bridge.training.optim import build_optimizer
+from megatron_bridge.training.profiling import StepProfiler
 from megatron_bridge.training.state import TrainState
 from megatron_bridge.utils.logging import get_logger, log_rank_0, setup_logging
 
@@ -51,6 +52,7 @@ class TrainingContext:
     dp_size: int
     callbacks: list[Callback]
     static_tokens_per_step: int | None
+    profiler: StepProfiler
 
     @property
     def device(self) -> torch.device:
@@ -147,6 +149,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         metrics=TrainingLogger(cfg, env.device, env.world_size), exits=ExitConditions(cfg, env.device),
         grad_scaler=_grad_scaler(cfg, env.device), result=result, dp_size=dp_size, callbacks=list(callbacks or []),
         static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
+        profiler=StepProfiler(cfg, env.rank, env.device),
     )
 
 
@@ -179,6 +182,7 @@ def pretrain(
         if ctx is not None:
             if ctx.checkpoint is not None:
                 ctx.checkpoint.close()
+            ctx.profiler.close()
             ctx.metrics.close()
             ctx.exits.close()
         destroy_distributed()

@@ -73,3 +73,29 @@ def test_learning_rate_schedule_is_applied() -> None:
     lrs = result.learning_rates
     assert lrs[0] == pytest.approx(0.0) and lrs[2] == pytest.approx(1e-3)  # warmup 0 -> peak at step 2
     assert lrs[-1] < lrs[2]  # cosine decay afterwards
+
+
+def test_profiler_trace_for_the_step_window(tmp_path) -> None:
+    cfg = small_config(train_iters=4)
+    p = cfg.profiling
+    p.use_pytorch_profiler, p.profile_step_start, p.profile_step_end, p.trace_dir = True, 1, 3, str(tmp_path)
+    pretrain(cfg)
+    trace = (tmp_path / "trace_rank0.json").read_text()
+    assert '"traceEvents"' in trace and "aten::mm" in trace
+
+
+def test_params_norm_is_logged_and_correct() -> None:
+    class Norms(FullWeights):
+        def __init__(self) -> None:
+            super().__init__()
+            self.logged: list[float] = []
+
+        def on_step_end(self, ctx, metrics) -> None:  # noqa: ANN001
+            self.logged.append(metrics.params_norm)
+
+    cfg = small_config(train_iters=3)
+    cfg.logger.log_params_norm = True
+    cb = Norms()
+    pretrain(cfg, callbacks=[cb])
+    expected = torch.linalg.vector_norm(torch.stack([w.float().norm() for w in cb.weights.values()]))
+    assert cb.logged[-1] == pytest.approx(float(expected), rel=1e-6)

@@ -45,9 +45,7 @@ class RNGConfig:
     """Random seeds."""
 
     seed: int = 1234
-    """Seed of Python, NumPy and torch RNGs (model init and dropout)."""
-    data_parallel_random_init: bool = False
-    """Initialize the model differently on each data-parallel rank (for tests); False broadcasts one init."""
+    """Seed of Python, NumPy and torch RNGs (model init and dropout); every rank uses the same seed."""
 
 
 @dataclass(kw_only=True)
@@ -65,8 +63,9 @@ class ProfilingConfig:
     record_shapes: bool = False
     """Record operator input shapes in the profiler trace."""
     record_memory_history: bool = False
-    """Record CUDA allocator history and dump a snapshot (CUDA only)."""
+    """Record CUDA allocator history from profile_step_start and dump a snapshot at profile_step_end (CUDA only;
+    logged and skipped on CPU)."""
     memory_snapshot_path: str = "memory_snapshot.pickle"
-    """Where the CUDA memory snapshot is written."""
+    """Where the CUDA memory snapshot is written (rank suffix added)."""
     trace_dir: str | None = None
-    """Folder for profiler traces; None uses <logger.tensorboard_dir>/profile or ./profile."""
+    """Folder for profiler traces (Chrome trace JSON per rank); None uses ./profile."""
