@@ -41,7 +41,7 @@ from megatron_bridge.distributed.common import (
 )
 from megatron_bridge.distributed.init import initialize_distributed
 from megatron_bridge.models.provider import materialize_meta_model
-from megatron_bridge.utils.logging import get_logger, log_rank_0
+from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
 if TYPE_CHECKING:
@@ -95,6 +95,11 @@ class DDPBackend(DataParallelBackend):
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
         """Materialize meta chunks, apply activation checkpointing, wrap each chunk in DDP."""
         check_tensor_parallel_needs_fsdp2(self.cfg)
+        if self.cfg.optimizer.use_distributed_optimizer:
+            warn_once(logger, "ddp_distributed_optimizer",
+                      "optimizer.use_distributed_optimizer=True has no effect with the DDP backend: optimizer state "
+                      "stays replicated on every rank. Set dist.use_torch_fsdp2=True (or dist.use_megatron_fsdp=True "
+                      "on GPUs) to shard it.")
         initialize_distributed(self.cfg)
         settings = ac_settings(self.cfg, "ddp")
         kwargs = ddp_kwargs(self.cfg, self.device)
