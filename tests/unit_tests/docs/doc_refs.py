@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[3]
 SECTIONS = {f.name for f in dataclasses.fields(ConfigContainer)}
 PATH_PREFIXES = ("src/", "scripts/", "tests/", "docs/", "data/", "skills/", "requirements/", ".ci/")
 CONFIG_KEY = re.compile(r"^(" + "|".join(sorted(SECTIONS)) + r")\.[A-Za-z_][A-Za-z0-9_.]*")
-FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```", re.S | re.M)
 
 
 def doc_files() -> list[Path]:
@@ -29,8 +29,14 @@ def inline_code(text: str) -> list[str]:
 
 
 def code_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, body) of every fenced block."""
-    return [(m.group(1).lower(), m.group(2)) for m in FENCE.finditer(text)]
+    """(language, body) of every fenced block; a ``python fragment`` block has the language "python-fragment"."""
+    out = []
+    for m in FENCE.finditer(text):
+        lang = m.group(1).lower()
+        if lang == "python" and "fragment" in m.group(2):
+            lang = "python-fragment"
+        out.append((lang, m.group(3)))
+    return out
 
 
 def _dataclass_of(tp: object) -> type | None:

@@ -1,7 +1,11 @@
 """Docs and skills name only config keys, files, scripts, tests and Python names that exist; code blocks parse."""
 
 import ast
+import os
+import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -51,10 +55,26 @@ def test_cited_test_ids_exist(doc) -> None:  # noqa: ANN001
 @pytest.mark.parametrize("doc", DOCS, ids=IDS)
 def test_python_blocks_parse_and_resolve(doc) -> None:  # noqa: ANN001
     for lang, body in code_blocks(doc.read_text()):
-        if lang != "python":
+        if lang not in ("python", "python-fragment"):
             continue
         ast.parse(body)
         assert not python_names_resolve(body), f"{doc.name}: unresolved {python_names_resolve(body)}"
+
+
+PYTHON_BLOCKS = [(doc, i, body) for doc in DOCS for i, (lang, body) in enumerate(code_blocks(doc.read_text()))
+                 if lang == "python"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("doc", "index", "body"), PYTHON_BLOCKS,
+                         ids=[f"{d.relative_to(REPO)}#{i}" for d, i, _ in PYTHON_BLOCKS])
+def test_python_blocks_run(doc, index: int, body: str, tmp_path) -> None:  # noqa: ANN001
+    """Every ``python`` block runs as written, in a fresh process in an empty folder. Blocks that only illustrate
+    an interface are fenced ``python fragment`` and are parsed and resolved instead."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=280,
+                          env=env)
+    assert proc.returncode == 0, f"{doc.name} block {index} failed:\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=IDS)
@@ -91,3 +111,27 @@ def _check_command(words: list[str]) -> list[str]:
             if words[i + 1] not in RECIPES:
                 problems.append(f"recipe {words[i + 1]}")
     return problems
+
+
+def _dry_commands() -> list[tuple[str, str]]:
+    out = []
+    for doc in DOCS:
+        for lang, body in code_blocks(doc.read_text()):
+            if lang not in ("bash", "sh", "shell"):
+                continue
+            for line in body.replace("\\\n", " ").splitlines():
+                line = line.split(" #", 1)[0].strip()
+                if re.search(r"--dry-?run\b|--help\b", line) and re.match(r"(\.venv/bin/)?python3? ", line):
+                    out.append((str(doc.relative_to(REPO)), line))
+    return out
+
+
+DRY_COMMANDS = _dry_commands()
+
+
+@pytest.mark.parametrize(("doc", "command"), DRY_COMMANDS, ids=[f"{d}:{c[:60]}" for d, c in DRY_COMMANDS])
+def test_dry_run_commands_run(doc: str, command: str) -> None:
+    """Commands that only print (``--dry-run``, ``--dryrun``, ``--help``) are run as written."""
+    words = shlex.split(command)
+    proc = subprocess.run([sys.executable, *words[1:]], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{doc}: `{command}` failed:\n{proc.stderr[-3000:]}"
