@@ -14,26 +14,13 @@ from torch import nn
 from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.models import build_model_chunks
 from megatron_bridge.training.config.container import ConfigContainer
-from megatron_bridge.training.config.model import ModelConfig
+from tests.unit_tests.distributed.helpers import SEQ, VOCAB, tiny_cfg  # noqa: F401  (re-exported for tests)
 
 
-VOCAB, SEQ, GLOBAL_ROWS, STEPS, LR = 100, 16, 4, 3, 0.5
+GLOBAL_ROWS, STEPS, LR = 4, 3, 0.5
 CPU = torch.device("cpu")
 ATOL = 1e-6
 """Parameters after STEPS SGD steps must match the reference within this absolute tolerance (rtol 0)."""
-
-
-def tiny_cfg(*, fsdp2: bool = False, **model: object) -> ConfigContainer:
-    """A ~40k-parameter Llama config (3 blocks, hidden 32)."""
-    base: dict[str, object] = {
-        "num_layers": 3, "hidden_size": 32, "ffn_hidden_size": 64, "num_attention_heads": 4,
-        "num_query_groups": 2, "vocab_size": VOCAB, "make_vocab_size_divisible_by": 16, "seq_length": SEQ,
-    }
-    base.update(model)
-    cfg = ConfigContainer(model=ModelConfig(**base))  # type: ignore[arg-type]
-    cfg.dist.use_torch_fsdp2 = fsdp2
-    cfg.dist.distributed_backend = "gloo"  # CPU tests, also on a machine with CUDA
-    return cfg
 
 
 @dataclass
