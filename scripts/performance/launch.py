@@ -54,7 +54,9 @@ def run(cfg, output_dir: str) -> int:  # noqa: ANN001
         json_path, plot_path = write_results(results, output_dir)
         print(f"results: {json_path}" + (f", plot: {plot_path}" if plot_path else ""))
         print(summary_line(results))
-    return 0
+    from megatron_bridge.utils.launch import finish_worker
+
+    return finish_worker(0)
 
 
 if __name__ == "__main__":

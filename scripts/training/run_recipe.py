@@ -40,7 +40,7 @@ def build_config(args: argparse.Namespace):  # noqa: ANN201  (ConfigContainer; k
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
-    from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun
+    from megatron_bridge.utils.launch import finish_worker, relaunch_with_torchrun, running_under_torchrun
 
     if args.nproc > 1 and not running_under_torchrun() and not args.dry_run:
         if args.corpus:  # tokenize once before the ranks start
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         median = sorted(result.step_times)[len(result.step_times) // 2] if result.step_times else 0.0
         print(f"done: at step {result.final_step} ({result.exit_reason}); this run {trained}; "
               f"median step {median:.3f}s")
-    return 0
+    return finish_worker(0)
 
 
 def _without_nproc(argv: list[str]) -> list[str]:

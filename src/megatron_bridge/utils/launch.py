@@ -36,3 +36,16 @@ def relaunch_with_torchrun(nproc: int, argv: list[str] | None = None, threads_pe
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
     return subprocess.call(cmd, env=env)
+
+
+def finish_worker(code: int = 0) -> int:
+    """End a torchrun worker with ``os._exit`` after flushing (torch 2.13's gloo can abort a rank during interpreter
+    teardown, after all work is done); outside torchrun, just return ``code``."""
+    if not running_under_torchrun():
+        return code
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
