@@ -92,7 +92,8 @@ class DistributedDataParallelConfig:
     """DDP: layer groups to checkpoint: ["all"] or named groups ("language", "vision", ...) filtered to trainable
     layers."""
     autocast_dtype: DType | None = None
-    """DDP: wrap the forward in torch.autocast with this dtype (e.g. "bfloat16"); None disables autocast."""
+    """DDP: wrap the forward in torch.autocast with this dtype (e.g. "bfloat16"); None autocasts to the
+    mixed-precision preset's compute dtype (bf16_mixed/fp16_mixed) and not at all with fp32."""
 
 
 @dataclass(kw_only=True)
@@ -122,8 +123,8 @@ class FSDP2Config:
     """Options of the PyTorch FSDP2 (fully_shard) backend."""
 
     mp_policy: FSDP2MixedPrecisionPolicy | None = None
-    """MixedPrecisionPolicy; None means bf16 compute with fp32 gradient reduction (Megatron-style fp32 master weights
-    with model.params_dtype="float32")."""
+    """MixedPrecisionPolicy; None follows the mixed-precision preset: bf16_mixed → bf16 compute with fp32 gradient
+    reduction (Megatron-style fp32 master weights), fp16_mixed → the same in fp16, fp32 → everything fp32 (logged)."""
     offload_policy: FSDP2OffloadPolicy | None = None
     """CPUOffloadPolicy: keep sharded parameters, gradients and optimizer state in CPU memory; None disables."""
     autocast_dtype: DType | None = None
