@@ -10,6 +10,14 @@ TP group, per-head ``q_norm``/``k_norm`` see their rank's heads. With ``model.se
 sharded over the sequence (``Shard(1)``): the norms are ``SequenceParallel``, the attention and MLP inputs are gathered
 by ``PrepareModuleInput`` and the row-wise layers reduce-scatter (as torchtitan).
 
+Tied embeddings (``model.share_embeddings_and_output_weights``, ``lm_head is None``): the vocabulary-parallel
+embedding's weight is ``Shard(0)`` of ``[vocab, hidden]``, which is exactly the layout a column-wise output layer
+needs, so the one DTensor parameter serves both. :func:`apply_tensor_parallel` installs a parameter-free
+:class:`TiedOutput` as ``lm_head`` that computes the logits from ``embed_tokens.weight`` (looked up at every call, so
+FSDP2's unsharded parameter is used) with a replicated input (``Shard(1)`` gathered with sequence parallelism) and
+returns replicated local logits. It registers nothing: the state dict keeps the tied model's keys (no ``lm_head.*``),
+and both uses accumulate into the embedding's gradient.
+
 Custom plan (``fsdp2.tp_plan``, :func:`plan_from_patterns`): module-name pattern (``fnmatch`` on the fully qualified
 name, e.g. ``"layers.*.self_attn.q_proj"``; the first matching pattern wins) → ``"colwise"`` | ``"rowwise"`` |
 ``"sequence_parallel"`` | ``"replicate"``. Embeddings and the output layer always produce replicated outputs, and with
@@ -27,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -36,6 +44,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.nn import functional as F
 
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
@@ -70,6 +79,56 @@ def _local_outputs(module: nn.Module, outputs: Any, mesh: DeviceMesh) -> Any:
     return outputs.to_local() if isinstance(outputs, DTensor) else outputs
 
 
+class TiedOutput(nn.Module):
+    """``lm_head`` of a tied model under TP: logits ``x @ embed_tokens.weight.T`` from the embedding's weight (a
+    DTensor on the TP mesh, ``Shard(0)`` over the vocabulary with the auto plan), returned as replicated local
+    tensors. Holds no parameter and no submodule (the embedding is referenced, not registered), so the state dict and
+    the parameter list are those of the tied model; the weight is read at every call (FSDP2 swaps in its unsharded
+    parameter during forward).
+
+    Args:
+        embedding: the model's ``embed_tokens``.
+        input_layout: layout of a local (non-DTensor) input over the TP mesh: ``Replicate()``, or ``Shard(1)`` with
+            sequence parallelism. DTensor inputs keep their own layout.
+    """
+
+    def __init__(self, embedding: nn.Embedding, input_layout: Placement) -> None:
+        super().__init__()
+        self._embedding = (embedding,)  # a tuple, not a submodule: the weight stays registered once
+        self.input_layout = input_layout
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The tied ``[vocab, hidden]`` weight (the embedding's)."""
+        return self._embedding[0].weight
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``[b, s, hidden]`` → replicated local logits ``[b, s, vocab]``."""
+        weight = self.weight
+        if not isinstance(weight, DTensor):
+            return F.linear(hidden_states, weight)
+        mesh = weight.device_mesh
+        if not isinstance(hidden_states, DTensor):
+            hidden_states = DTensor.from_local(hidden_states, mesh, (self.input_layout,), run_check=False)
+        logits = F.linear(hidden_states.redistribute(mesh, (Replicate(),)), weight)
+        return logits.redistribute(mesh, (Replicate(),)).to_local()
+
+    def extra_repr(self) -> str:
+        return f"tied to embed_tokens, input_layout={self.input_layout}"
+
+
+def install_tied_output(model: nn.Module, *, sequence_parallel: bool) -> bool:
+    """Set ``model.lm_head`` to a :class:`TiedOutput` when the model ties its output layer to ``embed_tokens``
+    (``lm_head is None``) and that weight is a DTensor; returns True when installed."""
+    embedding = getattr(model, "embed_tokens", None)
+    if getattr(model, "lm_head", False) is not None or not isinstance(embedding, nn.Embedding):
+        return False
+    if not isinstance(embedding.weight, DTensor):
+        return False
+    model.lm_head = TiedOutput(embedding, Shard(1) if sequence_parallel else Replicate())
+    return True
+
+
 def head_sharded_norm() -> ParallelStyle:
     """A per-head norm (``q_norm``/``k_norm`` on ``[b, heads, s, d]``) seeing only its rank's heads: the input is
     the local part of dim 1, the weight is replicated and its gradient summed over the TP group."""
@@ -80,9 +139,11 @@ def head_sharded_norm() -> ParallelStyle:
 def llama_tp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """The auto-selected plan of a local Llama model (module docstring), keyed by fully qualified module name.
 
+    A tied model (``lm_head is None``) gets no ``lm_head`` entry: :func:`apply_tensor_parallel` installs a
+    :class:`TiedOutput` over the vocabulary-parallel embedding weight.
+
     Raises:
-        ConfigValidationError: the embeddings are tied to the output layer (not supported with TP), or the model
-            lacks the Llama modules (``embed_tokens``, ``norm``, ``lm_head``).
+        ConfigValidationError: the model lacks the Llama modules (``embed_tokens``, ``norm``, ``lm_head``).
     """
     missing = [name for name in ("embed_tokens", "norm", "lm_head") if not hasattr(model, name)]
     if missing:
@@ -90,12 +151,6 @@ def llama_tp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, Par
             f"the auto-selected TP plan is for Llama-style models, and {type(model).__name__} has no {missing}: set "
             "fsdp2.tp_plan to a custom plan (module-name pattern → colwise/rowwise/sequence_parallel/replicate).",
             ("fsdp2.tp_plan",),
-        )
-    if model.lm_head is None:
-        raise ConfigValidationError(
-            "model.share_embeddings_and_output_weights=True is not supported with tensor parallelism (the tied "
-            "weight would need two layouts): set model.share_embeddings_and_output_weights=False or "
-            "model.tensor_model_parallel_size=1.", ("model.share_embeddings_and_output_weights",),
         )
     sp = sequence_parallel
     stream = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
@@ -106,8 +161,9 @@ def llama_tp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, Par
     plan: dict[str, ParallelStyle] = {
         "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=stream),
         "norm": norm(),
-        "lm_head": ColwiseParallel(input_layouts=stream, output_layouts=Replicate()),
     }
+    if model.lm_head is not None:
+        plan["lm_head"] = ColwiseParallel(input_layouts=stream, output_layouts=Replicate())
     for name, module in model.named_modules():
         if not (hasattr(module, "self_attn") and hasattr(module, "mlp")):
             continue
@@ -278,10 +334,11 @@ def enable_async_tp(tp_mesh: DeviceMesh) -> bool:
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg: "ConfigContainer") -> dict[str, Any]:
     """Parallelize ``model`` in place over ``tp_mesh`` with ``fsdp2.tp_plan`` or the auto Llama plan; divide the
-    attention head counts; enable async TP when asked. Returns the resolved plan (name → style).
+    attention head counts; for tied embeddings install :class:`TiedOutput` as ``lm_head``; enable async TP when
+    asked. Returns the resolved plan (name → style).
 
     Raises:
-        ConfigValidationError: a bad custom plan, tied embeddings with the auto plan, or sizes not divisible by TP.
+        ConfigValidationError: a bad custom plan, or sizes not divisible by TP.
     """
     tp, sp = cfg.model.tensor_model_parallel_size, cfg.model.sequence_parallel
     if tp_mesh.size() != tp:
@@ -298,8 +355,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg: "ConfigCon
     heads = divide_attention_heads(model, plan, tp)
     on_meta = any(p.is_meta for p in model.parameters())
     parallelize_module(model, tp_mesh, plan, src_data_rank=None if on_meta else 0)
+    tied = install_tied_output(model, sequence_parallel=sp)
     if cfg.fsdp2.enable_async_tensor_parallel:
         enable_async_tp(tp_mesh)
     log_rank_0(logger, "TP: %s plan over %d ranks (sequence_parallel=%s): %d modules, %d attention modules with "
-               "local heads", "custom" if custom is not None else "auto Llama", tp, sp, len(plan), heads)
+               "local heads%s", "custom" if custom is not None else "auto Llama", tp, sp, len(plan), heads,
+               ", output layer tied to the vocabulary-parallel embedding" if tied else "")
     return plan

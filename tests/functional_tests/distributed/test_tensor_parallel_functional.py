@@ -2,8 +2,10 @@
 
 * ``test_tp_fsdp2_matches_reference``: through ``ddp_wrap``, 3 SGD steps with gradient clipping on the same global
   batch, with and without sequence parallelism, a custom ``fsdp2.tp_plan``, a meta-device build with per-head q/k
-  norms and two micro-batches. Tolerances (fp32): losses rtol 1e-5, gradient norms rtol 1e-5, parameters atol 1e-5
-  after gathering the full tensors (observed ≤ 2e-7: only the summation order differs).
+  norms and two micro-batches, and tied embeddings (the vocabulary-parallel embedding weight also produces the
+  logits, so its gradient sums both uses; with and without sequence parallelism, the latter built on the meta
+  device). Tolerances (fp32): losses rtol 1e-5, gradient norms rtol 1e-5, parameters atol 1e-5 after gathering the
+  full tensors (observed ≤ 2e-7: only the summation order differs).
 * ``test_tp_pretrain_matches_reference``: ``pretrain`` with ``tiny_llama_pretrain_config(tensor_model_parallel_size=2,
   use_torch_fsdp2=True, sequence_parallel=True)`` against a single-process run: losses rtol 1e-5, weights atol 2e-5
   (8 AdamW steps, as tests/functional_tests/training/test_pretrain_backends.py).
@@ -22,6 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.distributed.init import initialize_distributed
+from megatron_bridge.distributed.tensor_parallel import TiedOutput
 from megatron_bridge.models import build_model_chunks
 from megatron_bridge.training.config.container import ConfigContainer
 from megatron_bridge.training.pretrain import pretrain
@@ -73,9 +76,14 @@ CASES = [
     Case("meta build, q/k norms, GELU + biases, 2 micro-batches",
          {"init_model_with_meta_device": True, "qk_layernorm": True, "activation": "gelu", "add_bias_linear": True,
           "add_qkv_bias": True}, microbatches=2),
+    # The embedding weight serves as the column-wise output layer too: its gradient holds both uses.
+    Case("tied embeddings, auto plan", {"share_embeddings_and_output_weights": True}),
+    Case("tied embeddings, sequence parallel, meta build",
+         {"share_embeddings_and_output_weights": True, "sequence_parallel": True, "init_model_with_meta_device": True}),
 ]
 
-ARCHITECTURE = ("qk_layernorm", "activation", "add_bias_linear", "add_qkv_bias")
+ARCHITECTURE = ("qk_layernorm", "activation", "add_bias_linear", "add_qkv_bias",
+                "share_embeddings_and_output_weights")
 
 
 def _cfg(tp: int, case: Case) -> ConfigContainer:
@@ -126,6 +134,10 @@ def _check_layout(backend, cfg: ConfigContainer) -> None:  # noqa: ANN001
     assert weight.to_local().shape[0] == m.num_attention_heads * m.head_dim // 2
     attn = model.layers[0].self_attn
     assert (attn.num_heads, attn.num_kv_heads) == (m.num_attention_heads // 2, m.num_kv_heads // 2)
+    if m.share_embeddings_and_output_weights:  # one vocab-sharded weight, read by the parameter-free output layer
+        assert isinstance(model.lm_head, TiedOutput) and not list(model.lm_head.parameters())
+        assert model.lm_head.weight is model.embed_tokens.weight
+        assert model.embed_tokens.weight.to_local().shape[0] == m.padded_vocab_size // 2
 
 
 def _compare(case: Case) -> str | None:

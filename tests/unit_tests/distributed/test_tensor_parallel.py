@@ -18,9 +18,11 @@ from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.distributed.init import data_parallel_rank, split_mesh
 from megatron_bridge.distributed.tensor_parallel import (
     ReplicateParallel,
+    TiedOutput,
     apply_tensor_parallel,
     divide_attention_heads,
     enable_async_tp,
+    install_tied_output,
     llama_tp_plan,
     plan_from_patterns,
     validate_tp_plan,
@@ -79,10 +81,36 @@ def test_auto_plan_skips_missing_gate_of_gelu_mlp() -> None:
     assert "layers.0.mlp.gate_proj" not in plan and "layers.0.mlp.up_proj" in plan
 
 
-def test_tied_embeddings_are_rejected() -> None:
-    with pytest.raises(ConfigValidationError, match="share_embeddings_and_output_weights") as info:
-        llama_tp_plan(_model(share_embeddings_and_output_weights=True), sequence_parallel=False)
-    assert info.value.paths == ("model.share_embeddings_and_output_weights",)
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tied_plan_has_a_vocabulary_parallel_embedding_and_no_lm_head_entry(sequence_parallel: bool) -> None:
+    plan = llama_tp_plan(_model(share_embeddings_and_output_weights=True), sequence_parallel=sequence_parallel)
+    assert "lm_head" not in plan
+    embed = plan["embed_tokens"]
+    assert type(embed) is RowwiseParallel and embed.input_layouts == (Replicate(),)
+    assert embed.output_layouts == ((Shard(1),) if sequence_parallel else (Replicate(),))
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tied_model_keeps_its_state_dict_and_one_weight(sequence_parallel: bool) -> None:
+    cfg = tiny_cfg(share_embeddings_and_output_weights=True, sequence_parallel=sequence_parallel)
+    reference, model = build(cfg)[0], build(cfg)[0]
+    apply_tensor_parallel(model, _tp_mesh(), cfg)
+    assert isinstance(model.lm_head, TiedOutput)
+    weight = model.embed_tokens.weight
+    assert isinstance(weight, DTensor) and weight.placements == (Shard(0),)  # the column-wise output layout too
+    assert model.lm_head.weight is weight and model.output_weight is weight
+    state = model.state_dict()
+    assert state.keys() == reference.state_dict().keys() and not any(k.startswith("lm_head") for k in state)
+    assert all(state[k].shape == v.shape for k, v in reference.state_dict().items())
+    assert len(list(model.parameters())) == len(list(reference.parameters()))
+    assert not list(model.lm_head.parameters()) and not list(model.lm_head.children())
+
+
+def test_tied_output_without_dtensor_is_a_plain_linear() -> None:
+    embedding = nn.Embedding(8, 4)
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(TiedOutput(embedding, Replicate())(x), x @ embedding.weight.T)
+    assert install_tied_output(_model(), sequence_parallel=False) is False  # untied: nothing to install
 
 
 def test_auto_plan_needs_a_llama_model() -> None:
@@ -92,14 +120,16 @@ def test_auto_plan_needs_a_llama_model() -> None:
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 @pytest.mark.parametrize("model_options", [{}, {"qk_layernorm": True, "activation": "gelu", "add_qkv_bias": True,
-                                                "add_bias_linear": True, "normalization": "LayerNorm"}])
+                                                "add_bias_linear": True, "normalization": "LayerNorm"},
+                                           {"share_embeddings_and_output_weights": True}])
 def test_parallelized_model_computes_what_the_plain_model_does(sequence_parallel: bool, model_options: dict) -> None:
     cfg = tiny_cfg(sequence_parallel=sequence_parallel, **model_options)
     reference, model = build(cfg)[0], build(cfg)[0]
     plan = apply_tensor_parallel(model, _tp_mesh(), cfg)
     assert isinstance(model.layers[0].self_attn.q_proj.weight, DTensor)
     assert all(isinstance(p, DTensor) for p in model.parameters()), "every parameter lives on the TP mesh"
-    assert set(plan) >= {"embed_tokens", "lm_head", "norm"}
+    assert set(plan) >= {"embed_tokens", "norm"}
+    assert ("lm_head" in plan) != model_options.get("share_embeddings_and_output_weights", False)
     ids = batch()
     expected = reference(ids, labels=ids)
     got = model(ids, labels=ids)
