@@ -35,7 +35,7 @@ from tests.functional_tests.training._common import (
     assert_finite_decreasing,
     assert_matches_reference,
     max_weight_diff,
-    save_reference,
+    run_reference,
     small_config,
 )
 
@@ -182,11 +182,7 @@ def pretrain_reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     """Single-process pretrain run (in the launching process only)."""
     if is_worker():
         return None
-    weights = FullWeights()
-    result = pretrain(_pretrain_config(1), callbacks=[weights])
-    path = tmp_path_factory.mktemp("tp_reference") / "reference.pt"
-    save_reference(path, result.losses, weights.weights)
-    return path
+    return run_reference(_pretrain_config(1), tmp_path_factory.mktemp("tp_reference"))
 
 
 def test_tp_pretrain_matches_reference(pretrain_reference: Path | None) -> None:

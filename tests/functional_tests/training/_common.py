@@ -41,9 +41,16 @@ def assert_finite_decreasing(losses: list[float], min_drop: float = 0.05) -> Non
     assert losses[-1] < losses[0] - min_drop, f"loss did not fall: {losses}"
 
 
-def save_reference(path: Path, losses: list[float], weights: dict[str, torch.Tensor]) -> None:
-    """Write a reference run for workers to compare against."""
-    torch.save({"losses": torch.tensor(losses, dtype=torch.float64), "weights": weights}, path)
+def run_reference(cfg: ConfigContainer, folder: Path) -> Path:
+    """Train ``cfg`` in this (single) process and write its losses and full weights to ``folder/reference.pt`` for
+    workers to compare against (see :func:`assert_matches_reference`)."""
+    from megatron_bridge.training.pretrain import pretrain
+
+    weights = FullWeights()
+    result = pretrain(cfg, callbacks=[weights])
+    path = folder / "reference.pt"
+    torch.save({"losses": torch.tensor(result.losses, dtype=torch.float64), "weights": weights.weights}, path)
+    return path
 
 
 def load_reference() -> dict[str, Any]:

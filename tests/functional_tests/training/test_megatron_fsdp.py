@@ -26,11 +26,10 @@ from megatron_bridge.training.gpt_step import forward_step
 from megatron_bridge.training.pretrain import pretrain
 from tests.functional_tests.launcher import is_worker, launch
 from tests.functional_tests.training._common import (
-    FullWeights,
     assert_finite_decreasing,
     load_reference,
     max_weight_diff,
-    save_reference,
+    run_reference,
     small_config,
 )
 
@@ -112,11 +111,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     """One-process DDP run of the same model and data (launching process only; CPU tests only)."""
     if is_worker() or torch.cuda.is_available():
         return None
-    weights = FullWeights()
-    result = pretrain(small_config(), callbacks=[weights])
-    path = tmp_path_factory.mktemp("mfsdp_reference") / "reference.pt"
-    save_reference(path, result.losses, weights.weights)
-    return path
+    return run_reference(small_config(), tmp_path_factory.mktemp("mfsdp_reference"))
 
 
 class TestMegatronFSDP:

@@ -17,7 +17,7 @@ from tests.functional_tests.training._common import (
     FullWeights,
     assert_finite_decreasing,
     assert_matches_reference,
-    save_reference,
+    run_reference,
     small_config,
 )
 
@@ -33,11 +33,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     """Single-process run of the same config (computed once, in the launching process only)."""
     if is_worker():
         return None
-    weights = FullWeights()
-    result = pretrain(small_config(), callbacks=[weights])
-    path = tmp_path_factory.mktemp("reference") / "reference.pt"
-    save_reference(path, result.losses, weights.weights)
-    return path
+    return run_reference(small_config(), tmp_path_factory.mktemp("reference"))
 
 
 def _run_and_compare(use_fsdp2: bool) -> None:
