@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from megatron_bridge.checkpoint.convert import convert_weights
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import MegatronBridgeError
-from megatron_bridge.training.config.container import ConfigContainer
 from megatron_bridge.utils.logging import setup_logging
 
 

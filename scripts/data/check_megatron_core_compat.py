@@ -32,12 +32,12 @@ from megatron.core.datasets.indexed_dataset import DType  # noqa: E402
 from megatron.core.datasets.indexed_dataset import IndexedDataset as MIndexedDataset  # noqa: E402
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder as MIndexedDatasetBuilder  # noqa: E402
 
+from megatron_bridge.config.data import DatasetConfig  # noqa: E402
 from megatron_bridge.data.blended import build_blending_indices  # noqa: E402
 from megatron_bridge.data.gpt_dataset import GPTDataset, split_ranges  # noqa: E402
 from megatron_bridge.data.indexed import IndexedDataset, IndexedDatasetBuilder, optimal_dtype  # noqa: E402
 from megatron_bridge.data.loaders import build_pretraining_datasets  # noqa: E402
 from megatron_bridge.data.tokenizers import NullTokenizer  # noqa: E402
-from megatron_bridge.training.config.data import DatasetConfig  # noqa: E402
 
 
 EOD = 60000

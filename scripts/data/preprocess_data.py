@@ -13,9 +13,9 @@ Writes ``<output-prefix>_<key>_document.bin/.idx`` for every json key, the forma
 import argparse
 import sys
 
+from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.preprocess import preprocess_jsonl
 from megatron_bridge.errors import MegatronBridgeError
-from megatron_bridge.training.config.data import TokenizerConfig
 from megatron_bridge.utils.logging import setup_logging
 
 

@@ -29,8 +29,8 @@ from megatron_bridge.checkpoint.reader import (
     load_torch_file,
     read_dcp_metadata,
 )
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import CheckpointError
-from megatron_bridge.training.config.model import ModelConfig
 
 
 HF_WEIGHTS_FILENAME = "model.safetensors"
@@ -112,7 +112,7 @@ def read_dcp_model_weights(folder: str | Path, prefix: str = "model") -> dict[st
 
 def read_model_config(folder: str | Path) -> ModelConfig:
     """The ``model`` section of a checkpoint's ``run_config.yaml`` (safe YAML loader)."""
-    from megatron_bridge.training.config.container import ConfigContainer
+    from megatron_bridge.config.container import ConfigContainer
 
     path = Path(folder) / layout.RUN_CONFIG_FILENAME
     if not path.is_file():

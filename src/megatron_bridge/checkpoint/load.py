@@ -30,8 +30,8 @@ from megatron_bridge.checkpoint.reader import (
     load_torch_file,
     read_dcp_metadata,
 )
+from megatron_bridge.config.checkpoint import CheckpointConfig
 from megatron_bridge.errors import CheckpointError
-from megatron_bridge.training.config.checkpoint import CheckpointConfig
 from megatron_bridge.utils.logging import get_logger
 
 

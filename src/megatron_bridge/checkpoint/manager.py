@@ -23,8 +23,8 @@ from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
 if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
     from megatron_bridge.distributed.base import DataParallelBackend
-    from megatron_bridge.training.config.container import ConfigContainer
     from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
     from megatron_bridge.training.state import TrainState
 

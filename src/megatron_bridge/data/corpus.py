@@ -6,10 +6,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.indexed import IndexedDataset, bin_path_of, idx_path_of, indexed_dataset_exists
 from megatron_bridge.data.preprocess import output_prefix_for, preprocess_jsonl
 from megatron_bridge.errors import ConfigValidationError, DataError
-from megatron_bridge.training.config.data import TokenizerConfig
 from megatron_bridge.utils.logging import get_logger
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from megatron_bridge.config.data import DatasetConfig
 from megatron_bridge.data.blended import (
     MID_LEVEL_DATASET_SURPLUS,
     BlendedDataset,
@@ -21,7 +22,6 @@ from megatron_bridge.data.mock import MockGPTDataset
 from megatron_bridge.data.samplers import PretrainingSampler
 from megatron_bridge.data.tokenizers import Tokenizer
 from megatron_bridge.errors import ConfigValidationError, DataError
-from megatron_bridge.training.config.data import DatasetConfig
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 

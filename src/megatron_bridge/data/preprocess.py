@@ -7,10 +7,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.indexed import IndexedDatasetBuilder, bin_path_of, idx_path_of, optimal_dtype
 from megatron_bridge.data.tokenizers import Tokenizer, build_tokenizer
 from megatron_bridge.errors import ConfigValidationError, DataError
-from megatron_bridge.training.config.data import TokenizerConfig
 from megatron_bridge.utils.logging import get_logger
 
 

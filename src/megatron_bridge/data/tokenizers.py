@@ -11,8 +11,8 @@ import json
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.errors import ConfigValidationError, DataError
-from megatron_bridge.training.config.data import TokenizerConfig
 from megatron_bridge.utils.logging import get_logger, warn_once
 
 

@@ -34,7 +34,7 @@ from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
 if TYPE_CHECKING:
-    from megatron_bridge.training.config.container import ConfigContainer
+    from megatron_bridge.config.container import ConfigContainer
 
 logger = get_logger(__name__)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 
 if TYPE_CHECKING:
-    from megatron_bridge.training.config.container import ConfigContainer
+    from megatron_bridge.config.container import ConfigContainer
 
 
 class DataParallelBackend(ABC):

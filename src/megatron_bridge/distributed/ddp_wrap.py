@@ -17,7 +17,7 @@ from megatron_bridge.errors import MegatronBridgeError
 
 
 if TYPE_CHECKING:
-    from megatron_bridge.training.config.container import ConfigContainer
+    from megatron_bridge.config.container import ConfigContainer
 
 MEGATRON_FSDP_MODULE = "megatron_bridge.distributed.megatron_fsdp"
 

@@ -38,7 +38,7 @@ from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
 if TYPE_CHECKING:
-    from megatron_bridge.training.config.container import ConfigContainer
+    from megatron_bridge.config.container import ConfigContainer
 
 logger = get_logger(__name__)
 
@@ -49,7 +49,7 @@ __all__ = ["MegatronFSDPBackend", "megatron_fsdp_kwargs"]
 def warn_legacy_nan_check(cfg: "ConfigContainer") -> None:
     """The once-per-process warning for ``ddp.check_for_nan_in_grad`` (never passed to megatron-fsdp), also when
     ``validate()`` was skipped: the same adjustment (and key) as the config layer's."""
-    from megatron_bridge.training.config.adjustments import ADJUSTMENTS
+    from megatron_bridge.config.adjustments import ADJUSTMENTS
 
     for adjustment in ADJUSTMENTS:
         if adjustment.id == "legacy_check_for_nan_in_grad":

@@ -1,6 +1,6 @@
 """Parameter and training-FLOP counts of the Llama-family decoder built by :class:`LlamaModel`."""
 
-from megatron_bridge.training.config.model import ModelConfig
+from megatron_bridge.config.model import ModelConfig
 
 
 def num_parameters(config: ModelConfig, *, include_embedding: bool = True) -> int:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from megatron_bridge.training.config.model import ModelConfig
+from megatron_bridge.config.model import ModelConfig
 
 
 class RMSNorm(nn.Module):

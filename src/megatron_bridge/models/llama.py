@@ -12,10 +12,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, build_norm
 from megatron_bridge.models.validation import check_transformer_impl, validate_model_config
-from megatron_bridge.training.config.model import ModelConfig
 from megatron_bridge.utils.logging import get_logger, warn_once
 
 

@@ -3,9 +3,9 @@
 import torch
 from torch import nn
 
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.models.llama import LlamaModel
 from megatron_bridge.models.validation import check_parallel_layout, check_transformer_impl, validate_model_config
-from megatron_bridge.training.config.model import ModelConfig
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 

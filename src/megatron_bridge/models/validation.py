@@ -2,8 +2,8 @@
 
 import importlib.util
 
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import ConfigValidationError, MissingDependencyError
-from megatron_bridge.training.config.model import ModelConfig
 
 
 _ENGINE_MODULES: dict[str, str] = {"transformer_engine": "transformer_engine", "megatron_core": "megatron.core"}

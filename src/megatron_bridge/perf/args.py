@@ -7,10 +7,10 @@ Precedence (one rule, documented in docs/performance.md): recipe defaults < perf
 import argparse
 from typing import Any
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import RECIPES, get_recipe
 from megatron_bridge.recipes.perf import common_perf_overrides, megatron_fsdp_overrides
-from megatron_bridge.training.config.container import ConfigContainer
 
 
 _TRUE = {"true", "1", "yes", "y", "on"}

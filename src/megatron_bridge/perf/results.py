@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.config.container import ConfigContainer
 
 
 # Dense peak TFLOP/s per device (vendor datasheets, without sparsity), by dtype.

@@ -7,6 +7,7 @@ world size). Importing this package loads no torch, megatron-fsdp, megatron-core
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.recipes.llama import (
     llama3_8b_pretrain_config,
     llama3_70b_pretrain_config,
@@ -25,7 +26,6 @@ from megatron_bridge.recipes.qwen import (
     qwen3_600m_pretrain_config,
 )
 from megatron_bridge.recipes.tiny import tiny_llama_pretrain_config
-from megatron_bridge.training.config.container import ConfigContainer
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_bridge.config.checkpoint import CheckpointConfig
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.data import DatasetConfig, TokenizerConfig
+from megatron_bridge.config.distributed import DistributedDataParallelConfig
+from megatron_bridge.config.logger import LoggerConfig
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.optimizer import OptimizerConfig, SchedulerConfig
+from megatron_bridge.config.train import RNGConfig, TrainingConfig, ValidationConfig
 from megatron_bridge.errors import ConfigValidationError
-from megatron_bridge.training.config.checkpoint import CheckpointConfig
-from megatron_bridge.training.config.container import ConfigContainer
-from megatron_bridge.training.config.data import DatasetConfig, TokenizerConfig
-from megatron_bridge.training.config.distributed import DistributedDataParallelConfig
-from megatron_bridge.training.config.logger import LoggerConfig
-from megatron_bridge.training.config.model import ModelConfig
-from megatron_bridge.training.config.optimizer import OptimizerConfig, SchedulerConfig
-from megatron_bridge.training.config.train import RNGConfig, TrainingConfig, ValidationConfig
 
 
 def pretrain_common(model: ModelConfig) -> ConfigContainer:

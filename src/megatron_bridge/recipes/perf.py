@@ -1,6 +1,6 @@
 """Overrides the performance harness applies (Megatron-Bridge parity), one function each."""
 
-from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.config.container import ConfigContainer
 
 
 def megatron_fsdp_overrides(cfg: ConfigContainer) -> ConfigContainer:

@@ -2,9 +2,9 @@
 
 from typing import Any
 
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.recipes.base import apply_common_overrides, pretrain_common
-from megatron_bridge.training.config.container import ConfigContainer
-from megatron_bridge.training.config.model import ModelConfig
 
 
 def _qwen3(num_layers: int, hidden: int, ffn: int, heads: int, *, tied: bool, tp: int = 1, pp: int = 1,

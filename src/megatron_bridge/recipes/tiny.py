@@ -2,14 +2,14 @@
 
 from typing import Any
 
+from megatron_bridge.config.checkpoint import CheckpointConfig
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.data import DatasetConfig, TokenizerConfig
+from megatron_bridge.config.logger import LoggerConfig
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.optimizer import OptimizerConfig, SchedulerConfig
+from megatron_bridge.config.train import TrainingConfig, ValidationConfig
 from megatron_bridge.recipes.base import apply_common_overrides
-from megatron_bridge.training.config.checkpoint import CheckpointConfig
-from megatron_bridge.training.config.container import ConfigContainer
-from megatron_bridge.training.config.data import DatasetConfig, TokenizerConfig
-from megatron_bridge.training.config.logger import LoggerConfig
-from megatron_bridge.training.config.model import ModelConfig
-from megatron_bridge.training.config.optimizer import OptimizerConfig, SchedulerConfig
-from megatron_bridge.training.config.train import TrainingConfig, ValidationConfig
 
 
 BYTE_TOKENIZER_VOCAB = 258

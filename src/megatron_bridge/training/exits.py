@@ -11,7 +11,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.utils.logging import get_logger
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.config.container import ConfigContainer
 
 
 class OptimizerParamScheduler:

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.utils.logging import get_logger
 
 

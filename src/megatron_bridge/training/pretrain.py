@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.training.callbacks import Callback
-from megatron_bridge.training.config.container import ConfigContainer
 from megatron_bridge.training.exits import ExitConditions
 from megatron_bridge.training.gpt_step import forward_step as default_forward_step
 from megatron_bridge.training.loop import TrainResult, run_training

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.utils.logging import get_logger
 
 

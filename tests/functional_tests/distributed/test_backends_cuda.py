@@ -4,8 +4,8 @@ reference on the GPU (TF32 off, params atol 1e-5 after 3 SGD steps). Skipped wit
 import pytest
 import torch
 
+from megatron_bridge.config.distributed import FSDP2OffloadPolicy
 from megatron_bridge.distributed.init import initialize_distributed
-from megatron_bridge.training.config.distributed import FSDP2OffloadPolicy
 from tests.functional_tests.distributed.helpers import Case, run_cases, tiny_cfg
 from tests.functional_tests.launcher import is_worker, launch
 

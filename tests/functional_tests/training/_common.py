@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.recipes import tiny_llama_pretrain_config
 from megatron_bridge.training.callbacks import Callback
-from megatron_bridge.training.config.container import ConfigContainer
 
 
 def small_config(**overrides: Any) -> ConfigContainer:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.training.callbacks import Callback
-from megatron_bridge.training.config.container import ConfigContainer
 from megatron_bridge.training.gpt_step import forward_step
 from megatron_bridge.training.pretrain import pretrain
 from tests.functional_tests.launcher import is_worker, launch

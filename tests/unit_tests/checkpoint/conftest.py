@@ -5,8 +5,8 @@ import warnings
 import pytest
 import torch.distributed as dist
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
-from megatron_bridge.training.config.container import ConfigContainer
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -4,7 +4,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from megatron_bridge.training.config.checkpoint import CheckpointConfig
+from megatron_bridge.config.checkpoint import CheckpointConfig
 
 
 REPO = Path(__file__).resolve().parents[3]

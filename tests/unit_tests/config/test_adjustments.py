@@ -4,10 +4,10 @@ import logging
 
 import pytest
 
+from megatron_bridge.config import adjustments
+from megatron_bridge.config.mixed_precision import MixedPrecisionConfig
 from megatron_bridge.recipes import tiny_llama_pretrain_config
 from megatron_bridge.recipes.perf import megatron_fsdp_overrides
-from megatron_bridge.training.config import adjustments
-from megatron_bridge.training.config.mixed_precision import MixedPrecisionConfig
 
 
 @pytest.fixture(autouse=True)

@@ -3,9 +3,9 @@
 import re
 from pathlib import Path
 
-import megatron_bridge.training.config.rules_distributed  # noqa: F401  (registers its rules)
-from megatron_bridge.training.config.adjustments import ADJUSTMENTS
-from megatron_bridge.training.config.rules import RULES
+import megatron_bridge.config.rules_distributed  # noqa: F401  (registers its rules)
+from megatron_bridge.config.adjustments import ADJUSTMENTS
+from megatron_bridge.config.rules import RULES
 
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "training" / "config-container.md"

@@ -5,10 +5,10 @@ from collections.abc import Callable
 
 import pytest
 
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.rules import RULES, check_rules
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import tiny_llama_pretrain_config
-from megatron_bridge.training.config.container import ConfigContainer
-from megatron_bridge.training.config.rules import RULES, check_rules
 
 
 Mutator = Callable[[ConfigContainer], None]

@@ -2,10 +2,10 @@
 
 import pytest
 
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.distributed import FSDP2MixedPrecisionPolicy
 from megatron_bridge.errors import ConfigOverrideError
 from megatron_bridge.recipes import RECIPES, tiny_llama_pretrain_config
-from megatron_bridge.training.config.container import ConfigContainer
-from megatron_bridge.training.config.distributed import FSDP2MixedPrecisionPolicy
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from megatron_bridge.config.data import DatasetConfig, TokenizerConfig
 from megatron_bridge.data.blended import BlendedDataset
 from megatron_bridge.data.gpt_dataset import GPTDataset
 from megatron_bridge.data.loaders import (
@@ -17,7 +18,6 @@ from megatron_bridge.data.loaders import (
 )
 from megatron_bridge.data.tokenizers import build_tokenizer
 from megatron_bridge.errors import ConfigValidationError, DataError
-from megatron_bridge.training.config.data import DatasetConfig, TokenizerConfig
 
 from .conftest import random_docs
 

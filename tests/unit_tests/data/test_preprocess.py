@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.corpus import default_corpus_path, ensure_corpus_indexed
 from megatron_bridge.data.indexed import IndexedDataset
 from megatron_bridge.data.preprocess import preprocess_jsonl
 from megatron_bridge.data.tokenizers import build_tokenizer
 from megatron_bridge.errors import DataError
-from megatron_bridge.training.config.data import TokenizerConfig
 
 
 REPO = Path(__file__).resolve().parents[3]

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.tokenizers import ByteTokenizer, build_tokenizer
 from megatron_bridge.errors import ConfigValidationError, DataError
-from megatron_bridge.training.config.data import TokenizerConfig
 
 
 SENTENCES = [

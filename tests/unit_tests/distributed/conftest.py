@@ -2,8 +2,8 @@
 
 import pytest
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
-from megatron_bridge.training.config.container import ConfigContainer
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,9 +3,9 @@
 import torch
 from torch import nn
 
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.models import build_model_chunks
-from megatron_bridge.training.config.container import ConfigContainer
-from megatron_bridge.training.config.model import ModelConfig
 
 
 VOCAB = 100

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.distributed.init import (
     build_device_mesh,
     data_parallel_mesh,
@@ -14,7 +15,6 @@ from megatron_bridge.distributed.init import (
     resolve_backend,
 )
 from megatron_bridge.errors import ConfigValidationError
-from megatron_bridge.training.config.container import ConfigContainer
 
 
 def _pg_timeout() -> timedelta:

@@ -8,7 +8,7 @@ import types
 import typing
 from pathlib import Path
 
-from megatron_bridge.training.config.container import ConfigContainer
+from megatron_bridge.config.container import ConfigContainer
 
 
 REPO = Path(__file__).resolve().parents[3]

@@ -1,6 +1,6 @@
 """The small model config the model tests share."""
 
-from megatron_bridge.training.config.model import ModelConfig
+from megatron_bridge.config.model import ModelConfig
 
 
 def tiny(**overrides: object) -> ModelConfig:

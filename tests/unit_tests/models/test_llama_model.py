@@ -8,10 +8,10 @@ import torch
 from tests.unit_tests.models.configs import tiny as shared_tiny
 from torch.nn import functional as F
 
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import ConfigValidationError, MegatronBridgeError
 from megatron_bridge.models.layers import RMSNorm, apply_rotary_pos_emb, rope_inv_freq
 from megatron_bridge.models.llama import LlamaModel
-from megatron_bridge.training.config.model import ModelConfig
 
 
 def tiny(**overrides: object) -> ModelConfig:

@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from megatron_bridge.training.config.model import DType
+from megatron_bridge.config.model import DType
 
 
 @dataclass(kw_only=True)

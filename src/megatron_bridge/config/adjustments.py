@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from megatron_bridge.training.config.mixed_precision import MixedPrecisionConfig, get_mixed_precision_preset
+from megatron_bridge.config.mixed_precision import MixedPrecisionConfig, get_mixed_precision_preset
 from megatron_bridge.utils.logging import get_logger, warn_once
 
 
 if TYPE_CHECKING:
-    from megatron_bridge.training.config.container import ConfigContainer
+    from megatron_bridge.config.container import ConfigContainer
 
 logger = get_logger(__name__)
 

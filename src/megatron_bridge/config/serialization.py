@@ -23,8 +23,8 @@ T = TypeVar("T")
 ALLOWED_TARGETS: dict[str, str] = {
     "torch.distributed.fsdp.MixedPrecisionPolicy": "FSDP2MixedPrecisionPolicy",
     "torch.distributed.fsdp.CPUOffloadPolicy": "FSDP2OffloadPolicy",
-    "megatron_bridge.training.config.distributed.FSDP2MixedPrecisionPolicy": "FSDP2MixedPrecisionPolicy",
-    "megatron_bridge.training.config.distributed.FSDP2OffloadPolicy": "FSDP2OffloadPolicy",
+    "megatron_bridge.config.distributed.FSDP2MixedPrecisionPolicy": "FSDP2MixedPrecisionPolicy",
+    "megatron_bridge.config.distributed.FSDP2OffloadPolicy": "FSDP2OffloadPolicy",
 }
 
 

@@ -7,7 +7,7 @@ The option → backend → effect table is in docs/training/distributed-backends
 from dataclasses import dataclass, field
 from typing import Literal
 
-from megatron_bridge.training.config.model import DType
+from megatron_bridge.config.model import DType
 
 
 ShardingStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]

@@ -3,7 +3,7 @@
 * construct: recipes and users build and mutate the tree freely (``cfg.train.train_iters = 10``).
 * ``finalize()``: resolves the mixed-precision preset and applies the few documented adjustments
   (each logged once, never silent). Idempotent.
-* ``validate()``: ``finalize()`` then every cross-field rule of :mod:`megatron_bridge.training.config.rules`; all
+* ``validate()``: ``finalize()`` then every cross-field rule of :mod:`megatron_bridge.config.rules`; all
   violations are reported together in one :class:`~megatron_bridge.errors.ConfigValidationError`.
 """
 
@@ -11,18 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_bridge.training.config.checkpoint import CheckpointConfig
-from megatron_bridge.training.config.data import DatasetConfig, TokenizerConfig
-from megatron_bridge.training.config.distributed import (
+from megatron_bridge.config.checkpoint import CheckpointConfig
+from megatron_bridge.config.data import DatasetConfig, TokenizerConfig
+from megatron_bridge.config.distributed import (
     DistributedDataParallelConfig,
     DistributedInitConfig,
     FSDP2Config,
 )
-from megatron_bridge.training.config.logger import LoggerConfig
-from megatron_bridge.training.config.mixed_precision import MixedPrecisionConfig
-from megatron_bridge.training.config.model import ModelConfig
-from megatron_bridge.training.config.optimizer import OptimizerConfig, SchedulerConfig
-from megatron_bridge.training.config.train import ProfilingConfig, RNGConfig, TrainingConfig, ValidationConfig
+from megatron_bridge.config.logger import LoggerConfig
+from megatron_bridge.config.mixed_precision import MixedPrecisionConfig
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.optimizer import OptimizerConfig, SchedulerConfig
+from megatron_bridge.config.train import ProfilingConfig, RNGConfig, TrainingConfig, ValidationConfig
 from megatron_bridge.utils.dist_env import get_world_size
 
 
@@ -64,7 +64,7 @@ class ConfigContainer:
     # ----------------------------------------------------------------------------------------------- lifecycle
     def finalize(self) -> "ConfigContainer":
         """Resolve presets and apply the documented adjustments (each logged once). Idempotent; returns self."""
-        from megatron_bridge.training.config.adjustments import apply_adjustments
+        from megatron_bridge.config.adjustments import apply_adjustments
 
         apply_adjustments(self)
         return self
@@ -72,7 +72,7 @@ class ConfigContainer:
     def validate(self, world_size: int | None = None) -> "ConfigContainer":
         """Finalize, then check every cross-field rule for ``world_size`` (default: the process group's, else
         ``WORLD_SIZE``, else 1). Raises ConfigValidationError naming every violated rule. Returns self."""
-        from megatron_bridge.training.config.rules import check_rules
+        from megatron_bridge.config.rules import check_rules
 
         self.finalize()
         check_rules(self, world_size if world_size is not None else get_world_size())
@@ -113,7 +113,7 @@ class ConfigContainer:
     @property
     def mixed_precision_config(self) -> MixedPrecisionConfig | None:
         """The resolved mixed-precision config (None when unset)."""
-        from megatron_bridge.training.config.mixed_precision import get_mixed_precision_preset
+        from megatron_bridge.config.mixed_precision import get_mixed_precision_preset
 
         if isinstance(self.mixed_precision, str):
             return get_mixed_precision_preset(self.mixed_precision)
@@ -122,27 +122,27 @@ class ConfigContainer:
     # ------------------------------------------------------------------------------------------- serialization
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of the config (YAML-safe scalars, lists and dicts)."""
-        from megatron_bridge.training.config.serialization import to_dict
+        from megatron_bridge.config.serialization import to_dict
 
         return to_dict(self)
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         """The config as YAML text; also written to ``path`` when given."""
-        from megatron_bridge.training.config.serialization import to_yaml
+        from megatron_bridge.config.serialization import to_yaml
 
         return to_yaml(self, path)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ConfigContainer":
         """Build from a nested dict; unknown keys and wrong types raise ConfigOverrideError naming the key."""
-        from megatron_bridge.training.config.serialization import from_dict
+        from megatron_bridge.config.serialization import from_dict
 
         return from_dict(cls, data)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "ConfigContainer":
         """Load a YAML file written by ``to_yaml`` (safe loader; no objects are instantiated from the file)."""
-        from megatron_bridge.training.config.serialization import from_yaml
+        from megatron_bridge.config.serialization import from_yaml
 
         return from_yaml(cls, path)
 
@@ -150,6 +150,6 @@ class ConfigContainer:
         self, yaml_path: str | Path | None = None, overrides: list[str] | None = None
     ) -> "ConfigContainer":
         """Return a new config: this one < the YAML file < ``key=value`` overrides (recipe < YAML < CLI)."""
-        from megatron_bridge.training.config.serialization import apply_overrides
+        from megatron_bridge.config.serialization import apply_overrides
 
         return apply_overrides(self, yaml_path, overrides or [])

@@ -3,11 +3,11 @@
 import os
 from typing import TYPE_CHECKING
 
-from megatron_bridge.training.config.rules import fail, rule
+from megatron_bridge.config.rules import fail, rule
 
 
 if TYPE_CHECKING:
-    from megatron_bridge.training.config.container import ConfigContainer
+    from megatron_bridge.config.container import ConfigContainer
 
 AC_SCOPES = ("all", "language", "vision", "audio", "multimodal")
 

@@ -13,7 +13,7 @@ from megatron_bridge.errors import ConfigValidationError
 
 
 if TYPE_CHECKING:
-    from megatron_bridge.training.config.container import ConfigContainer
+    from megatron_bridge.config.container import ConfigContainer
 
 
 class RuleViolation(Exception):
@@ -54,7 +54,7 @@ def fail(message: str, *paths: str) -> None:
 
 def check_rules(cfg: "ConfigContainer", world_size: int) -> None:
     """Run every rule; raise one ConfigValidationError listing all violations."""
-    import megatron_bridge.training.config.rules_distributed  # noqa: F401  (registers its rules)
+    import megatron_bridge.config.rules_distributed  # noqa: F401  (registers its rules)
 
     problems: list[tuple[str, RuleViolation]] = []
     for r in RULES:
