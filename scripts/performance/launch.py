@@ -3,7 +3,7 @@
 
     python scripts/performance/launch.py --model llama3 --size 8b -ng 8 --use_megatron_fsdp true
     python scripts/performance/launch.py --recipe tiny_llama -ng 2 -ms 20          # on a CPU, gloo
-    python scripts/performance/launch.py --use_megatron_fsdp true --dryrun          # print the final YAML
+    python scripts/performance/launch.py --use_megatron_fsdp true --dryrun          # the final YAML + memory estimate
     python scripts/performance/launch.py --compare runA/results.json runB/results.json
 
 Precedence: recipe < perf overrides < flags < trailing key=value overrides. See docs/performance.md.
@@ -29,8 +29,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg = build_config(args)
     if args.dryrun:
+        from megatron_bridge.perf.estimate import dry_run_report
+
         cfg.validate(world_size=args.num_gpus)
         print(cfg.to_yaml(), end="")
+        print(dry_run_report(cfg, args.num_gpus, args.gpu), end="")
         return 0
     from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun
 

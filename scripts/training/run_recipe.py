@@ -2,7 +2,8 @@
 """Train any recipe: ``python scripts/training/run_recipe.py --recipe tiny_llama [--nproc 2] [key=value ...]``.
 
 Precedence: recipe defaults < ``--config-file`` YAML < trailing ``key=value`` overrides. ``--corpus`` trains on the
-shipped text corpus (tokenized into ``--data-cache`` on first use). ``--dry-run`` prints the validated YAML and exits.
+shipped text corpus (tokenized into ``--data-cache`` on first use). ``--dry-run`` prints the validated YAML and the
+per-rank memory/FLOPs estimate (against ``profiling.estimate_gpu``) as YAML comments, and exits.
 """
 
 import argparse
@@ -21,7 +22,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dir", default=None, help="run folder: checkpoints and TensorBoard logs go here")
     p.add_argument("--corpus", action="store_true", help="train on the shipped text corpus (byte tokenizer)")
     p.add_argument("--data-cache", default="runs/data_cache", help="where the tokenized corpus is cached")
-    p.add_argument("--dry-run", action="store_true", help="print the validated config as YAML and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the validated YAML and the memory estimate; exit")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.train_iters=10")
     return p.parse_args(argv)
 
@@ -48,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         return relaunch_with_torchrun(args.nproc, [os.path.abspath(__file__), *_without_nproc(sys.argv[1:])])
     cfg = build_config(args)
     if args.dry_run:
+        from megatron_bridge.perf.estimate import dry_run_report
+
         cfg.validate(world_size=args.nproc)
         print(cfg.to_yaml(), end="")
+        print(dry_run_report(cfg, args.nproc), end="")
         return 0
     from megatron_bridge.training.pretrain import pretrain
 

@@ -69,3 +69,6 @@ class ProfilingConfig:
     """Where the CUDA memory snapshot is written (rank suffix added)."""
     trace_dir: str | None = None
     """Folder for profiler traces (Chrome trace JSON per rank); None uses ./profile."""
+    estimate_gpu: str | None = None
+    """GPU the dry-run memory/time estimate is checked against (e.g. "h100", "b200"; the table in
+    megatron_bridge/perf/estimate.py); None means H100. launch.py's -g/--gpu wins over it."""

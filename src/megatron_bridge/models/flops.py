@@ -1,6 +1,63 @@
 """Parameter and training-FLOP counts of the Llama-family decoder built by :class:`LlamaModel`."""
 
+from dataclasses import dataclass
+
 from megatron_bridge.config.model import ModelConfig
+
+
+@dataclass(frozen=True)
+class ParameterBreakdown:
+    """Parameter counts of the model built from a config, by part (the memory model shards each part its own way)."""
+
+    embedding: int
+    """The input embedding ``[padded_vocab, hidden]``."""
+    output: int
+    """The output layer (``lm_head``); 0 when tied to the embedding."""
+    layer_attention: int
+    """One decoder block without its MLP: the two norms, the q/k/v/o projections (biases, q/k norms)."""
+    layer_attention_norms: int
+    """Of ``layer_attention``: the norm weights (replicated over tensor-parallel ranks)."""
+    layer_mlp: int
+    """One block's MLP (SwiGLU: gate, up, down)."""
+    final_norm: int
+    """The final norm."""
+    num_layers: int
+    """Decoder blocks."""
+
+    @property
+    def layer(self) -> int:
+        """One decoder block."""
+        return self.layer_attention + self.layer_mlp
+
+    @property
+    def total(self) -> int:
+        """Every parameter."""
+        return self.embedding + self.output + self.num_layers * self.layer + self.final_norm
+
+
+def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
+    """Parameter counts by part of the model built from ``config`` (the padded vocabulary, as built)."""
+    h, f, d = config.hidden_size, config.ffn_hidden_size, config.head_dim
+    nq, nkv = config.num_attention_heads, config.num_kv_heads
+    norm = 2 * h if config.normalization == "LayerNorm" else h
+
+    attn = h * nq * d + 2 * h * nkv * d + nq * d * h
+    if config.add_qkv_bias:
+        attn += nq * d + 2 * nkv * d
+    if config.add_bias_linear:
+        attn += h
+    qk_norms = 2 * d if config.qk_layernorm else 0
+
+    n_fc1 = 2 if config.activation == "swiglu" else 1
+    mlp = n_fc1 * h * f + f * h
+    if config.add_bias_linear:
+        mlp += n_fc1 * f + h
+    vocab = config.padded_vocab_size
+    return ParameterBreakdown(
+        embedding=vocab * h, output=0 if config.share_embeddings_and_output_weights else vocab * h,
+        layer_attention=2 * norm + attn + qk_norms, layer_attention_norms=2 * norm + qk_norms, layer_mlp=mlp,
+        final_norm=norm, num_layers=config.num_layers,
+    )
 
 
 def num_parameters(config: ModelConfig, *, include_embedding: bool = True) -> int:
@@ -11,30 +68,10 @@ def num_parameters(config: ModelConfig, *, include_embedding: bool = True) -> in
         include_embedding: when False, leave out the input embedding and the output layer (``lm_head``), i.e. count
             the decoder blocks and the final norm only.
     """
-    h, f, d = config.hidden_size, config.ffn_hidden_size, config.head_dim
-    nq, nkv = config.num_attention_heads, config.num_kv_heads
-    norm = 2 * h if config.normalization == "LayerNorm" else h
-
-    attn = h * nq * d + 2 * h * nkv * d + nq * d * h
-    if config.add_qkv_bias:
-        attn += nq * d + 2 * nkv * d
-    if config.add_bias_linear:
-        attn += h
-    if config.qk_layernorm:
-        attn += 2 * d
-
-    n_fc1 = 2 if config.activation == "swiglu" else 1
-    mlp = n_fc1 * h * f + f * h
-    if config.add_bias_linear:
-        mlp += n_fc1 * f + h
-
-    total = config.num_layers * (2 * norm + attn + mlp) + norm
+    parts = parameter_breakdown(config)
     if include_embedding:
-        vocab = config.padded_vocab_size
-        total += vocab * h
-        if not config.share_embeddings_and_output_weights:
-            total += vocab * h
-    return total
+        return parts.total
+    return parts.total - parts.embedding - parts.output
 
 
 def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_length: int | None = None) -> float:

@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("-m", "--model", "--model_family_name", dest="model", default=None,
                       help="model family, e.g. llama3, llama31, llama32, qwen3 (with --size)")
     what.add_argument("-s", "--size", default=None, help="model size, e.g. 8b, 70b, 600m (with --model)")
+    what.add_argument("-g", "--gpu", default=None, help="GPU type the dry-run estimate is checked against (h100, "
+                      "h200, b200, gb200, a100, ...); default: profiling.estimate_gpu, else h100")
     what.add_argument("-ng", "--num_gpus", type=int, default=1, help="processes (GPUs, or CPU ranks on gloo)")
     par = p.add_argument_group("parallelism and batch")
     for short, long, help_ in (("-tp", "--tensor_model_parallel_size", "TP"),

@@ -1,0 +1,149 @@
+"""Activation memory of one rank: what autograd keeps per token of a decoder block, times tokens, blocks and the
+micro-batches a pipeline schedule keeps in flight. Pure arithmetic (no torch).
+
+Counted per token of one block of the local engine (``a`` = compute-dtype bytes, norms compute in fp32):
+
+* the two RMSNorms save their fp32 input and normalized output: ``2 × 2h × 4`` bytes (divided by TP with sequence
+  parallelism, whose norms see a sequence shard);
+* attention: the q/k/v input ``h``, q, k, v as saved by ``scaled_dot_product_attention`` (``(nq + 2 nkv) d``; with
+  CP the gathered keys and values cover the whole sequence, ``× cp``), its output and the o_proj input copy
+  (``2 nq d``), times ``a`` — head dimensions divide by TP;
+* MLP: its input ``h`` and, for SwiGLU, gate, silu(gate), up and their product (``4 f``; GELU ``2 f``), times ``a``;
+  MoE layers route each token to ``moe_router_topk`` experts of width ``moe_ffn_hidden_size``.
+
+Recompute (``model.recompute_granularity``, else the backend's ``activation_checkpointing``): "full" keeps only each
+block's input (residual dtype) plus one block recomputed during backward; ``recompute_method="block"`` does that for
+the first ``recompute_num_layers`` blocks; "selective" (torchtitan's policy: attention output and every other matmul
+saved) keeps input, q, v, attention output, gate and MLP output; MLP-only checkpointing keeps the MLP input only.
+The output head adds the final norm, the lm_head input and the fp32 log-softmax of the logits (``4 V``) plus two
+``4 V`` gradients at the start of backward (logits are full-vocabulary on every TP rank).
+
+Micro-batches in flight on the first pipeline stage (Megatron): 1 without PP; 1F1B ``min(pp, m)``; interleaved
+``min(pp, m) × (1 + (pp - 1) / (pp × vp))``; GPipe ``m``. ``model.cpu_offloading`` moves the first
+``cpu_offloading_num_layers`` blocks' activations to host memory.
+"""
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, cfg_get, layers_per_stage
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+
+
+@dataclass
+class ActivationEstimate:
+    """Activation bytes of the largest rank."""
+
+    layer_bytes: int
+    """One block, one micro-batch, nothing recomputed."""
+    stored_layer_bytes: int
+    """One block, one micro-batch, as stored with the configured recompute (mean over the stage's blocks)."""
+    in_flight: float
+    """Micro-batches whose activations are alive at once on the first pipeline stage."""
+    head_bytes: int
+    """Final norm, output layer and loss of one micro-batch (last stage)."""
+    peak_bytes: int
+    """The activation peak on the device."""
+    host_bytes: int = 0
+    """Offloaded to host memory."""
+    recompute: str = "none"
+    notes: list[str] = field(default_factory=list)
+
+
+def recompute_mode(cfg: "ConfigContainer", backend: str) -> tuple[str, int | None]:
+    """("none" | "full" | "selective" | "mlp", blocks it applies to (None: all)), resolved as the backends do."""
+    m = cfg.model
+    if m.recompute_granularity is not None:
+        blocks = m.recompute_num_layers if m.recompute_granularity == "full" and m.recompute_method == "block" else None
+        return m.recompute_granularity, blocks
+    if backend == "megatron_fsdp":
+        return ("mlp", None) if cfg.ddp.megatron_fsdp_mlp_activation_checkpointing else ("none", None)
+    section = cfg.fsdp2 if backend == "fsdp2" else cfg.ddp
+    mode = section.activation_checkpointing
+    if mode is True or mode == "full":
+        return "full", None
+    if mode == "selective":
+        return "selective", None
+    if backend == "fsdp2" and cfg.fsdp2.mlp_activation_checkpointing:
+        return "mlp", None
+    return "none", None
+
+
+def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> dict[str, float]:
+    """Bytes per token of one block: full, and as kept by each recompute mode."""
+    m = cfg.model
+    h, d, tp = m.hidden_size, m.head_dim, layout.tp
+    nq, nkv = m.num_attention_heads * d / tp, m.num_kv_heads * d / tp
+    sp = tp if layout.sequence_parallel else 1
+    norms = 16 * h / sp + (8 * (nq + nkv) if m.qk_layernorm else 0)
+    attn = a * (h + nq + 2 * nkv * layout.cp + 2 * nq)
+    experts = int(cfg_get(m, "num_moe_experts", 0))
+    f = m.ffn_hidden_size / tp
+    width = 4 if m.activation == "swiglu" else 2
+    if experts:
+        k = int(cfg_get(m, "moe_router_topk", 2))
+        fe = int(cfg_get(m, "moe_ffn_hidden_size", m.ffn_hidden_size)) / layout.etp
+        fs = int(cfg_get(m, "moe_shared_expert_intermediate_size", 0)) / tp
+        mlp = a * (h + k * (h + width * fe) + width * fs) + 8 * experts
+        gate = a * k * fe
+    else:
+        mlp = a * (h + width * f)
+        gate = a * f
+    full = norms + attn + mlp
+    block_input = resid * h / sp
+    return {
+        "none": full,
+        "full": block_input,
+        "selective": block_input + a * (2 * nq + nkv * layout.cp + h / sp) + gate,
+        "mlp": norms + attn + a * h,
+    }
+
+
+def _in_flight(layout: Layout) -> float:
+    m = layout.num_microbatches
+    if layout.pipeline_schedule == "gpipe":
+        return float(m)
+    if layout.pp == 1:
+        return 1.0
+    base = float(min(layout.pp, m))
+    if layout.pipeline_schedule == "interleaved":
+        return base * (1 + (layout.pp - 1) / (layout.pp * layout.vp))
+    return base
+
+
+def estimate_activations(cfg: "ConfigContainer", layout: Layout) -> ActivationEstimate:
+    """Activation bytes of the first and the last pipeline stage; the larger one is the estimate."""
+    m = cfg.model
+    mp = cfg.mixed_precision_config
+    a = DTYPE_BYTES[mp.compute_dtype] if mp is not None and (mp.bf16 or mp.fp16) else DTYPE_BYTES[m.params_dtype]
+    resid = DTYPE_BYTES[m.params_dtype] if layout.backend == "ddp" else a  # DDP autocast keeps an fp32 stream
+    tokens = layout.tokens_per_microbatch
+    per = _per_token(cfg, layout, a, resid)
+    mode, blocks = recompute_mode(cfg, layout.backend)
+    first_n, last_n = layers_per_stage(cfg, layout)
+
+    def stored(n: int) -> float:
+        if mode == "none":
+            return n * per["none"]
+        k = n if blocks is None else min(n, blocks)
+        return k * per[mode] + (n - k) * per["none"]
+
+    offloaded = min(first_n, m.cpu_offloading_num_layers) if m.cpu_offloading and m.cpu_offloading_activations else 0
+    recompute_tmp = per["none"] if mode != "none" else 0.0
+    v = m.padded_vocab_size
+    head = 8 * m.hidden_size + a * m.hidden_size + 12 * v + (a * v if a < 4 else 0)
+    in_flight = _in_flight(layout)
+    first = in_flight * (stored(first_n) - offloaded * per["none"]) + recompute_tmp
+    last = stored(last_n) + recompute_tmp + head if layout.pp > 1 else 0.0
+    peak = max(first + (head if layout.pp == 1 else 0.0), last)
+    notes = []
+    if offloaded:
+        notes.append(f"model.cpu_offloading: activations of the first {offloaded} block(s) live in host memory")
+    return ActivationEstimate(
+        layer_bytes=int(per["none"] * tokens), stored_layer_bytes=int(stored(first_n) / max(first_n, 1) * tokens),
+        in_flight=in_flight, head_bytes=int(head * tokens), peak_bytes=int(peak * tokens),
+        host_bytes=int(in_flight * offloaded * per["none"] * tokens), recompute=mode, notes=notes,
+    )

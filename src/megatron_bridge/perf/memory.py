@@ -1,0 +1,241 @@
+"""Per-rank memory model of a validated config: parameters, gradients, optimizer state, activations, buffers.
+
+Pure arithmetic on the config (no torch), for the largest rank of the layout. The formulas follow what this library
+allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron's rules for the layout:
+
+* **Parameters per rank**: matrices and the vocabulary-parallel embedding/output divide by TP, norms are replicated;
+  PP keeps ``ceil(L / pp)`` blocks per stage, the embedding on the first stage and the output layer, final norm (and,
+  when tied, an embedding copy) on the last; experts divide by EP and the expert TP size.
+* **State bytes per parameter** (``model.params_dtype`` = P bytes; torch optimizers keep state in the parameter
+  dtype): parameters P, gradients P (DDP adds its flat reducer buckets, another P, unless
+  ``ddp.gradient_as_bucket_view``), AdamW 2P (SGD with momentum P). FSDP2 shards all three over dp × cp (expert state
+  over the expert-data-parallel group) and ``fsdp2.offload_policy`` moves them to host memory; Megatron FSDP shards
+  them by ``ddp.data_parallel_sharding_strategy`` (optim → optimizer, optim_grads → + gradients,
+  optim_grads_params → + parameters), gradients in fp32 with ``ddp.grad_reduce_in_fp32``, plus fp32 main weights
+  when parameters are 16-bit. DDP never shards (``use_distributed_optimizer`` has no effect there).
+* **Activations**: :mod:`megatron_bridge.perf.activations`.
+* **Buffers**: transient copies that are neither state nor activations (:func:`buffer_bytes`).
+* **Peak** = state + max(activations + buffers, the optimizer step's temporaries (one copy of the local optimizer
+  parameters: AdamW's foreach ``sqrt(exp_avg_sq)``)).
+
+Measured against this library on CPU by ``scripts/performance/scaling.py`` (errors in docs/performance.md).
+"""
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from megatron_bridge.models.flops import parameter_breakdown
+from megatron_bridge.perf.activations import ActivationEstimate, estimate_activations
+from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, cfg_get, layers_per_stage, layout_of
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+
+
+@dataclass(frozen=True)
+class RankParams:
+    """Parameters held by one rank (before data-parallel sharding), and the whole model's count."""
+
+    dense: int
+    """Parameters replicated over expert-parallel ranks (everything but the experts), after TP/PP."""
+    expert: int
+    """Expert parameters on this rank, after EP, expert TP and PP."""
+    embedding_and_output: int
+    """Of ``dense``: the embedding/output layer rows on this rank (FSDP2 keeps them in the root unit)."""
+    input_embedding: int
+    """Of ``embedding_and_output``: an untied input embedding (read by lookup, never cast by autocast)."""
+    block: int
+    """One decoder block's parameters on this rank (an FSDP unit)."""
+    model_total: int
+    """Every parameter of the model."""
+
+    @property
+    def total(self) -> int:
+        """Parameters on this rank."""
+        return self.dense + self.expert
+
+
+@dataclass
+class MemoryEstimate:
+    """Estimated bytes on the largest rank; ``notes`` say what was assumed."""
+
+    layout: Layout
+    params: RankParams
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activations: ActivationEstimate
+    buffer_bytes: int
+    """Transient all-gather / reduce-scatter / cast copies (see :func:`buffer_bytes`)."""
+    optimizer_step_bytes: int
+    """Temporaries of the optimizer step (outside the forward/backward peak)."""
+    largest_buffer: tuple[str, int]
+    """The largest single communication buffer: (what, bytes)."""
+    host_bytes: int = 0
+    """Bytes moved to host memory by offloading (not counted in the device total)."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def state_bytes(self) -> int:
+        """Parameters + gradients + optimizer state: what stays allocated between steps."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """Estimated peak of the rank."""
+        return self.state_bytes + max(self.activations.peak_bytes + self.buffer_bytes, self.optimizer_step_bytes)
+
+
+def _moe_layers(cfg: "ConfigContainer", num_layers: int) -> int:
+    if not cfg_get(cfg.model, "num_moe_experts", 0):
+        return 0
+    freq = cfg_get(cfg.model, "moe_layer_freq", 1)
+    if isinstance(freq, list | tuple):
+        return sum(1 for x in freq[:num_layers] if x)
+    return len(range(0, num_layers, max(1, int(freq))))
+
+
+def _expert_params(cfg: "ConfigContainer") -> tuple[int, int]:
+    """(all routed experts of one MoE layer, router + shared expert of one MoE layer)."""
+    m = cfg.model
+    experts = int(cfg_get(m, "num_moe_experts", 0))
+    h = m.hidden_size
+    n_fc1 = 2 if m.activation == "swiglu" else 1
+    fe = int(cfg_get(m, "moe_ffn_hidden_size", m.ffn_hidden_size))
+    fs = int(cfg_get(m, "moe_shared_expert_intermediate_size", 0))
+    return experts * (n_fc1 + 1) * h * fe, h * experts + (n_fc1 + 1) * h * fs
+
+
+def rank_params(cfg: "ConfigContainer", layout: Layout) -> RankParams:
+    """Parameters on the largest rank: the first or the last pipeline stage, whichever holds more."""
+    parts = parameter_breakdown(cfg.model)
+    tp, moe_total, moe_dense = layout.tp, *_expert_params(cfg)
+    attn = (parts.layer_attention - parts.layer_attention_norms) // tp + parts.layer_attention_norms
+    dense_mlp = parts.layer_mlp // tp
+
+    def stage(n_layers: int, first: bool, last: bool) -> tuple[int, int, int, int]:
+        n_moe = _moe_layers(cfg, n_layers)
+        lookup = parts.embedding // tp if first and parts.output else 0
+        edge = (parts.embedding // tp if first else 0)
+        if last:
+            edge += (parts.output or (parts.embedding if layout.pp > 1 else 0)) // tp
+        dense = n_layers * attn + (n_layers - n_moe) * dense_mlp + n_moe * moe_dense + edge
+        dense += parts.final_norm if last else 0
+        expert = n_moe * moe_total // (layout.ep * layout.etp)
+        return dense, expert, edge, lookup
+
+    first_n, last_n = layers_per_stage(cfg, layout)
+    stages = [stage(first_n, True, layout.pp == 1)] + ([stage(last_n, False, True)] if layout.pp > 1 else [])
+    dense, expert, edge, lookup = max(stages, key=lambda s: s[0] + s[1])
+    model_total = parts.total + _moe_layers(cfg, parts.num_layers) * (moe_total + moe_dense - parts.layer_mlp)
+    return RankParams(dense, expert, edge, lookup, attn + dense_mlp, model_total)
+
+
+def _bytes_per_param(cfg: "ConfigContainer") -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state) bytes per parameter before sharding."""
+    pbytes = DTYPE_BYTES[cfg.model.params_dtype]
+    o = cfg.optimizer
+    moments = 2 if o.optimizer == "adam" else (1 if o.sgd_momentum else 0)
+    grad, opt = pbytes, moments * pbytes
+    if cfg.dist.use_megatron_fsdp:
+        grad = 4 if cfg.ddp.grad_reduce_in_fp32 else pbytes
+        opt = moments * 4 + (4 if pbytes < 4 else 0)  # fp32 moments, fp32 main weights for 16-bit parameters
+    return pbytes, grad, opt
+
+
+def _sharded(cfg: "ConfigContainer", layout: Layout) -> tuple[bool, bool, bool]:
+    """Whether (parameters, gradients, optimizer state) are sharded over data-parallel ranks."""
+    if layout.backend == "fsdp2":
+        return True, True, True
+    if layout.backend == "megatron_fsdp":
+        s = cfg.ddp.data_parallel_sharding_strategy
+        return s == "optim_grads_params", s in ("optim_grads", "optim_grads_params"), s != "no_shard"
+    return False, False, False
+
+
+def state_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> tuple[int, int, int]:
+    """Per-rank (parameter, gradient, optimizer) bytes, sharded as the backend shards them."""
+    per_param = _bytes_per_param(cfg)
+    out = []
+    for nbytes, sharded in zip(per_param, _sharded(cfg, layout), strict=True):
+        dense = params.dense // layout.shard_size if sharded else params.dense
+        expert = params.expert // layout.expert_shard_size if sharded else params.expert
+        out.append(nbytes * (dense + expert))
+    p, g, o = out
+    if layout.backend == "ddp" and not cfg.ddp.gradient_as_bucket_view:
+        g += per_param[1] * params.total  # the reducer's flat buckets, beside param.grad
+    return p, g, o
+
+
+def compute_bytes(cfg: "ConfigContainer") -> int:
+    """Bytes of the compute dtype (the mixed-precision preset's, else the parameter dtype)."""
+    mp = cfg.mixed_precision_config
+    return DTYPE_BYTES[mp.compute_dtype] if mp is not None and (mp.bf16 or mp.fp16) else DTYPE_BYTES[
+        cfg.model.params_dtype]
+
+
+def _fsdp2_buffers(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> tuple[int, tuple[str, int]]:
+    """Unsharded root (embedding, output, norm) + gathered blocks in the param dtype, one block's unsharded grads
+    and reduce-scatter input in the reduce dtype."""
+    policy = cfg.fsdp2.mp_policy
+    gather = DTYPE_BYTES.get(getattr(policy, "param_dtype", None) or "", compute_bytes(cfg))
+    reduce = DTYPE_BYTES.get(getattr(policy, "reduce_dtype", None) or "", 4)
+    first_n, _ = layers_per_stage(cfg, layout)
+    reshard = cfg.fsdp2.reshard_after_forward
+    depth = cfg.fsdp2.fsdp2_backward_prefetch_depth if cfg.fsdp2.enable_fsdp2_prefetch else 0
+    held = first_n if reshard is False else min(first_n, 1 + depth + (1 if reshard is None else 0))
+    root = params.embedding_and_output * gather
+    block = params.block * gather
+    return root + held * block + 2 * params.block * reduce, ("FSDP2 all-gather (root unit)", max(root, block))
+
+
+def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> tuple[int, tuple[str, int]]:
+    """Transient buffers of the forward/backward and the largest single communication buffer.
+
+    DDP: with a bf16/fp16 preset, autocast's cast copies of the weights (kept for backward); its gradient buckets
+    are counted in the gradients. FSDP2 / Megatron FSDP: the all-gathered parameters of the units in use and one
+    block's unsharded gradients. PP: send/receive buffers of one micro-batch's hidden states. SP / CP: the gathered
+    sequence / keys and values (in the activations).
+    """
+    cbytes, pbytes = compute_bytes(cfg), DTYPE_BYTES[cfg.model.params_dtype]
+    hidden = layout.tokens_per_microbatch * cfg.model.hidden_size * cbytes
+    total, largest = 0, ("none", 0)
+    if layout.backend == "ddp":
+        if cbytes < pbytes:
+            total += (params.total - params.input_embedding) * cbytes  # the embedding lookup is not autocast
+        bucket = int((cfg.ddp.bucket_cap_mb or 25) * 2**20)
+        largest = ("DDP gradient bucket", min(bucket, params.total * pbytes))
+    else:  # FSDP2 (also with offloading: units are gathered to the device) and Megatron FSDP
+        total, largest = _fsdp2_buffers(cfg, layout, params)
+    if layout.pp > 1:
+        total += 2 * hidden
+        largest = max(largest, ("PP send/recv (one micro-batch)", hidden), key=lambda x: x[1])
+    if layout.sequence_parallel:
+        largest = max(largest, ("SP all-gather of the hidden states", hidden), key=lambda x: x[1])
+    if layout.cp > 1:
+        m = cfg.model
+        kv = 2 * layout.micro_batch_size * layout.seq_length * m.num_kv_heads * m.head_dim // layout.tp * cbytes
+        largest = max(largest, ("CP all-gather of keys and values", kv), key=lambda x: x[1])
+    return total, largest
+
+
+def estimate_memory(cfg: "ConfigContainer", world_size: int) -> MemoryEstimate:
+    """The per-rank memory estimate of ``cfg`` on ``world_size`` processes (call after ``cfg.validate()``)."""
+    layout = layout_of(cfg, world_size)
+    params = rank_params(cfg, layout)
+    p, g, o = state_bytes(cfg, layout, params)
+    notes: list[str] = []
+    host = 0
+    if layout.backend == "fsdp2" and cfg.fsdp2.offload_policy is not None:
+        host, p, g, o = p + g + o, 0, 0, 0
+        notes.append("fsdp2.offload_policy: sharded parameters, gradients and optimizer state live in host memory")
+    if layout.backend == "ddp" and cfg.optimizer.use_distributed_optimizer:
+        notes.append("optimizer.use_distributed_optimizer has no effect with DDP: the optimizer state is replicated")
+    acts = estimate_activations(cfg, layout)
+    host += acts.host_bytes
+    buffers, largest = buffer_bytes(cfg, layout, params)
+    opt_params = o // max(1, _bytes_per_param(cfg)[2]) if o else 0
+    step_tmp = opt_params * DTYPE_BYTES[cfg.model.params_dtype] if cfg.optimizer.optimizer == "adam" else 0
+    notes.extend(acts.notes)
+    return MemoryEstimate(layout, params, p, g, o, acts, buffers, step_tmp, largest, host, notes)

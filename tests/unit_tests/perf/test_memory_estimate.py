@@ -1,0 +1,134 @@
+"""The memory/FLOPs model against hand counts, and the dry-run table of every recipe (pure arithmetic, no torch)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.train import TrainingConfig
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.perf.estimate import dry_run_report, estimate_step, gpu_key, knobs
+from megatron_bridge.perf.layout import layout_of
+from megatron_bridge.perf.memory import estimate_memory
+from megatron_bridge.recipes import RECIPES, tiny_llama_pretrain_config
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_tiny_ddp_fp32_one_rank_hand_count() -> None:
+    """Layout 1: the tiny recipe, DDP, fp32, one rank (h 128, 4 blocks, 4/2 heads of 32, ffn 352, vocab 384)."""
+    cfg = tiny_llama_pretrain_config().validate(world_size=1)
+    est = estimate_memory(cfg, 1)
+    block = 2 * 128 + (128 * 128 + 2 * 128 * 64 + 128 * 128) + 3 * 128 * 352
+    n = 2 * 384 * 128 + 4 * block + 128
+    assert est.params.total == n == 836_736
+    assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (4 * n, 4 * n + 4 * n, 8 * n)  # + DDP buckets
+    # per token and block: 2 fp32 norms (2 x 2h x 4) + attention 4 x (h + q + k + v + out + o_proj input)
+    # + SwiGLU MLP 4 x (h + 4f)
+    per_token_block = 2 * 2 * 128 * 4 + 4 * (128 + 128 + 64 + 64 + 2 * 128) + 4 * (128 + 4 * 352)
+    assert per_token_block == 10_752
+    head = 8 * 128 + 4 * 128 + 3 * 4 * 384  # final norm, lm_head input, log-softmax + two gradients
+    tokens = 4 * 128
+    assert est.activations.peak_bytes == tokens * (4 * per_token_block + head) == 25_165_824
+    assert est.activations.in_flight == 1 and est.buffer_bytes == 0
+    assert est.optimizer_step_bytes == 4 * n
+    assert est.peak_bytes == 20 * n + 25_165_824
+
+
+def _tp_fsdp2_config() -> ConfigContainer:
+    model = ModelConfig(num_layers=2, hidden_size=256, ffn_hidden_size=512, num_attention_heads=8, num_query_groups=4,
+                        vocab_size=1000, seq_length=64, tensor_model_parallel_size=2, sequence_parallel=True,
+                        recompute_granularity="full")
+    cfg = ConfigContainer(model=model, train=TrainingConfig(global_batch_size=16, micro_batch_size=2, train_iters=1),
+                          mixed_precision="bf16_mixed")
+    cfg.dataset.seq_length = 64
+    cfg.dist.use_torch_fsdp2 = True
+    return cfg.validate(world_size=8)
+
+
+def test_fsdp2_tp2_dp4_bf16_full_recompute_hand_count() -> None:
+    """Layout 2: FSDP2 x TP 2 x DP 4, bf16, sequence parallel, full recompute (vocab 1000 padded to 1024)."""
+    cfg = _tp_fsdp2_config()
+    est = estimate_memory(cfg, 8)
+    assert (est.layout.dp, est.layout.tp, est.layout.shard_size) == (4, 2, 4)
+    attention = (256 * 256 + 2 * 256 * 128 + 256 * 256) // 2 + 2 * 256  # matrices / TP, two replicated norms
+    mlp = 3 * 256 * 512 // 2
+    rank = 2 * (attention + mlp) + 2 * 1024 * 256 // 2 + 256
+    assert est.params.total == rank == 853_248
+    assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (4 * rank // 4, 4 * rank // 4, 8 * rank // 4)
+    # full recompute keeps each block's bf16 input (sharded over TP by SP) and recomputes one block in backward
+    kept = 2 * 256 // 2
+    one_block = 16 * 256 // 2 + 2 * (256 + 128 + 2 * 64 + 2 * 128) + 2 * (256 + 4 * 256)
+    head = 8 * 256 + 2 * 256 + 12 * 1024 + 2 * 1024  # + the bf16 logits
+    assert est.activations.peak_bytes == 2 * 64 * (2 * kept + one_block + head) == 3_014_656
+    assert est.activations.recompute == "full"
+
+
+def test_step_flops_and_time_on_a_named_gpu() -> None:
+    cfg = _tp_fsdp2_config()
+    step = estimate_step(cfg, 8, "h100", mfu=0.5)
+    per_token = 3 * (2 * (2 * 256 * 32 * (2 * 8 + 2 * 4) + 2 * 2 * 64 * 32 * 8 + 3 * 2 * 256 * 512) + 2 * 256 * 1024)
+    assert step.flops_per_step == per_token * 16 * 64
+    assert step.step_time_s == pytest.approx(per_token * 16 * 64 / (8 * 989e12 * 0.5))
+    assert gpu_key("NVIDIA H200") == "H200" and gpu_key(None) == "H100"
+    with pytest.raises(ConfigValidationError, match="unknown GPU 'tpu'"):
+        gpu_key("tpu")
+
+
+def test_pipeline_context_and_expert_fields_are_read_when_present() -> None:
+    """PP/CP/EP layouts from the config fields (set directly: the estimate needs no validation of them)."""
+    cfg = tiny_llama_pretrain_config(global_batch_size=64, micro_batch_size=1).validate(world_size=1)
+    base = estimate_memory(cfg, 1)
+    cfg.model.pipeline_model_parallel_size = 2
+    pp = estimate_memory(cfg, 2)
+    assert pp.layout.pipeline_schedule == "1f1b" and pp.activations.in_flight == 2
+    assert pp.params.total < base.params.total  # two of four blocks per stage
+    cfg.model.virtual_pipeline_model_parallel_size = 2
+    assert estimate_memory(cfg, 2).activations.in_flight == 2 * (1 + 1 / 4)
+    cfg.model.pipeline_model_parallel_size, cfg.model.virtual_pipeline_model_parallel_size = 1, None
+    cfg.model.context_parallel_size = 2
+    assert estimate_memory(cfg, 2).layout.tokens_per_microbatch == 64
+    cfg.model.context_parallel_size = 1
+    cfg.model.num_moe_experts, cfg.model.moe_ffn_hidden_size, cfg.model.expert_model_parallel_size = 8, 64, 2
+    moe = estimate_memory(cfg, 2)
+    assert moe.params.expert == 4 * 8 * 3 * 128 * 64 // 2
+    assert moe.params.model_total == base.params.total + 4 * (8 * 3 * 128 * 64 + 128 * 8 - 3 * 128 * 352)
+
+
+def test_every_recipe_has_a_dry_run_table() -> None:
+    for name, info in RECIPES.items():
+        cfg = info.fn().validate(world_size=info.world_size)
+        report = dry_run_report(cfg, info.world_size)
+        assert all(line.startswith("# ") for line in report.splitlines()), name
+        for row in ("parameters", "gradients", "optimizer state", "activations", "peak", "model FLOPs per step"):
+            assert row in report, (name, row)
+        assert yaml.safe_load(report) is None  # comments only: the dry-run output stays YAML
+
+
+def test_warning_names_the_knobs_that_help() -> None:
+    cfg = RECIPES["llama3_8b"].fn().validate(world_size=2)
+    report = dry_run_report(cfg, 2, "h100")
+    assert "WARNING: the largest rank needs" in report and "dist.use_torch_fsdp2=true" in report
+    assert knobs(cfg, estimate_memory(cfg, 2))[0].startswith("dist.use_torch_fsdp2")
+    assert "WARNING" not in dry_run_report(tiny_llama_pretrain_config().validate(world_size=1), 1)
+
+
+def test_layout_reads_missing_fields_as_off() -> None:
+    """A model section without the parallelism fields (an older or newer config) reads as 1 / off."""
+    cfg = tiny_llama_pretrain_config().validate(world_size=2)
+    cfg.model = type("M", (), {"seq_length": 128})()  # type: ignore[assignment]
+    lay = layout_of(cfg, 2)
+    assert (lay.tp, lay.pp, lay.cp, lay.ep, lay.vp, lay.dp) == (1, 1, 1, 1, 1, 2)
+
+
+def test_run_recipe_dry_run_prints_yaml_then_the_table() -> None:
+    out = subprocess.run([sys.executable, "scripts/training/run_recipe.py", "--recipe", "tiny_llama", "--dry-run",
+                          "profiling.estimate_gpu=b200"], cwd=REPO, capture_output=True, text=True, check=True,
+                         timeout=120).stdout
+    assert yaml.safe_load(out)["model"]["hidden_size"] == 128
+    assert "# on B200" in out and "#   peak" in out
