@@ -5,3 +5,12 @@ imported by the submodules that need them.
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``megatron_bridge.AutoBridge``, imported on first use (the package import stays light)."""
+    if name == "AutoBridge":
+        from megatron_bridge.bridge import AutoBridge
+
+        return AutoBridge
+    raise AttributeError(f"module 'megatron_bridge' has no attribute {name!r}")

@@ -33,6 +33,11 @@ class CheckpointError(MegatronBridgeError):
     """A checkpoint folder is missing, truncated, corrupt, or does not fit the model it is loaded into."""
 
 
+class BridgeError(CheckpointError):
+    """A Hugging Face folder or config cannot be converted exactly: an unknown architecture, an unsupported config
+    value (e.g. an unknown rope_type), missing or unexpected weights, or a config that does not match the model."""
+
+
 class DataError(MegatronBridgeError):
     """A dataset file is missing or malformed, or a data config does not fit the files."""
 

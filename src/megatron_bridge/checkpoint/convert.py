@@ -1,18 +1,17 @@
-"""Full-weight import and export: checkpoint folders ↔ one ``torch`` file ↔ a Hugging Face Llama folder.
+"""Full-weight conversion between our checkpoints, one ``torch`` file and Hugging Face folders.
 
 Everything here works in one process without a model instance; ``scripts/checkpoint/convert.py`` is the CLI.
+Hugging Face folders are read and written by the Bridge (:mod:`megatron_bridge.bridge`): every family it knows,
+every folder layout, streamed, all-or-nothing output folders. This module keeps the entry points the CLI and the
+loader call:
 
 * :func:`read_model_weights` reads the model weights (full tensors, our parameter names) from any source: a
   checkpoint root (its latest step), an ``iter_NNNNNNN`` folder of any format, a weights file written by
   :func:`write_torch_weights`, or a Hugging Face folder.
 * :func:`write_torch_weights` writes ``{"model": {name: tensor}}`` (loads with ``torch.load(weights_only=True)``).
-* :func:`write_hf_folder` writes ``model.safetensors`` + ``config.json`` with HF Llama names
-  (``model.embed_tokens.weight``, ``model.layers.N.self_attn.q_proj.weight``, ..., ``lm_head.weight``), the padded
-  vocabulary rows cut back to ``vocab_size``. :func:`read_hf_folder` does the reverse; loading into a model pads
-  the vocabulary rows with zeros to its ``padded_vocab_size`` (:func:`pad_vocab`).
+* :func:`convert_weights` converts any source to a ``torch`` file, a HF folder or one of our checkpoints.
 """
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +32,18 @@ from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import CheckpointError
 
 
-HF_WEIGHTS_FILENAME = "model.safetensors"
-HF_CONFIG_FILENAME = "config.json"
 VOCAB_KEYS = ("embed_tokens.weight", "lm_head.weight")
 """Our parameters whose rows are the (padded) vocabulary."""
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+TARGETS = ("torch", "hf", "megatron")
+"""What :func:`convert_weights` writes: a torch file, a HF folder, one of our checkpoints."""
 
 
 # ------------------------------------------------------------------------------------------------- detection
 def is_hf_folder(path: str | Path) -> bool:
-    """True for a folder with ``config.json`` and ``model.safetensors``."""
-    path = Path(path)
-    return (path / HF_CONFIG_FILENAME).is_file() and (path / HF_WEIGHTS_FILENAME).is_file()
+    """True for a folder with ``config.json`` and HF weights (single or sharded safetensors, or ``.bin``)."""
+    from megatron_bridge.bridge.hf_reader import is_hf_folder as _is_hf_folder
+
+    return _is_hf_folder(path)
 
 
 def resolve_checkpoint_folder(path: str | Path, step: int | None = None) -> Path:
@@ -124,119 +123,26 @@ def read_model_config(folder: str | Path) -> ModelConfig:
 
 
 # ------------------------------------------------------------------------------------------------------ HF
-def to_hf_name(name: str) -> str:
-    """Our parameter name → HF Llama name (``lm_head.weight`` stays, everything else gets ``model.``)."""
-    return name if name.startswith("lm_head.") else f"model.{name}"
+def write_hf_folder(weights: dict[str, torch.Tensor], config: ModelConfig, out_dir: str | Path,
+                    **options: Any) -> Path:
+    """Write ``weights`` (our names) as a HF folder of the family that fits ``config`` (vocabulary unpadded to
+    ``config.vocab_size``); ``options`` go to :func:`megatron_bridge.bridge.exporting.write_hf_pretrained`."""
+    from megatron_bridge.bridge.exporting import write_hf_pretrained
+    from megatron_bridge.bridge.families import family_for_model_config
 
-
-def from_hf_name(name: str) -> str:
-    """HF Llama name → our parameter name."""
-    return name[len("model.") :] if name.startswith("model.") else name
-
-
-def hf_config(config: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """A ``LlamaForCausalLM`` config.json dict for ``config``; CheckpointError for non-Llama architectures."""
-    if config.normalization != "RMSNorm" or config.activation != "swiglu" or config.qk_layernorm:
-        raise CheckpointError(
-            "HF export supports the Llama architecture only (RMSNorm, SwiGLU, no qk_layernorm); got "
-            f"normalization={config.normalization!r}, activation={config.activation!r}, "
-            f"qk_layernorm={config.qk_layernorm}"
-        )
-    out: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.ffn_hidden_size,
-        "num_hidden_layers": config.num_layers,
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_dim,
-        "vocab_size": config.vocab_size,
-        "max_position_embeddings": config.seq_length,
-        "rms_norm_eps": config.layernorm_epsilon,
-        "rope_theta": config.rotary_base,
-        "tie_word_embeddings": config.share_embeddings_and_output_weights,
-        "attention_bias": config.add_qkv_bias,
-        "mlp_bias": config.add_bias_linear,
-        "hidden_act": "silu",
-        "torch_dtype": _DTYPE_NAMES.get(dtype, "float32"),
-    }
-    if config.rope_scaling:
-        out["rope_scaling"] = {
-            "rope_type": "llama3",
-            "factor": config.rope_scaling_factor,
-            "low_freq_factor": config.rope_low_freq_factor,
-            "high_freq_factor": config.rope_high_freq_factor,
-            "original_max_position_embeddings": config.rope_original_max_position_embeddings,
-        }
-    return out
-
-
-def model_config_from_hf(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
-    """A :class:`ModelConfig` for a HF Llama ``config.json`` dict (``overrides`` win)."""
-    try:
-        fields: dict[str, Any] = {
-            "num_layers": int(hf["num_hidden_layers"]),
-            "hidden_size": int(hf["hidden_size"]),
-            "ffn_hidden_size": int(hf["intermediate_size"]),
-            "num_attention_heads": int(hf["num_attention_heads"]),
-            "num_query_groups": int(hf.get("num_key_value_heads") or hf["num_attention_heads"]),
-            "vocab_size": int(hf["vocab_size"]),
-            "seq_length": int(hf.get("max_position_embeddings", 2048)),
-            "layernorm_epsilon": float(hf.get("rms_norm_eps", 1e-5)),
-            "rotary_base": float(hf.get("rope_theta", 10000.0)),
-            "share_embeddings_and_output_weights": bool(hf.get("tie_word_embeddings", False)),
-            "add_qkv_bias": bool(hf.get("attention_bias", False)),
-            "add_bias_linear": bool(hf.get("mlp_bias", False)),
-        }
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"HF config.json lacks or has a bad Llama field: {exc}") from exc
-    if hf.get("head_dim"):
-        fields["kv_channels"] = int(hf["head_dim"])
-    return ModelConfig(**{**fields, **overrides})
-
-
-def write_hf_folder(weights: dict[str, torch.Tensor], config: ModelConfig, out_dir: str | Path) -> Path:
-    """Write ``model.safetensors`` (HF names, vocabulary unpadded to ``config.vocab_size``) and ``config.json``."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for name, tensor in weights.items():
-        if name in VOCAB_KEYS:
-            tensor = tensor[: config.vocab_size]
-        tensors[to_hf_name(name)] = tensor.detach().cpu().contiguous()
-    dtype = next(iter(weights.values())).dtype
-    save_file(tensors, str(out_dir / HF_WEIGHTS_FILENAME), metadata={"format": "pt"})
-    (out_dir / HF_CONFIG_FILENAME).write_text(json.dumps(hf_config(config, dtype), indent=2) + "\n")
-    return out_dir
-
-
-def read_hf_config(folder: str | Path) -> dict[str, Any]:
-    """Parse a HF folder's ``config.json``."""
-    path = Path(folder) / HF_CONFIG_FILENAME
-    try:
-        content = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{str(path)!r} is missing or not JSON: {exc}") from exc
-    if not isinstance(content, dict):
-        raise CheckpointError(f"{str(path)!r} is not a JSON object")
-    return content
+    return write_hf_pretrained(out_dir, family_for_model_config(config), config, weights.items(), **options)
 
 
 def read_hf_folder(folder: str | Path, padded_vocab_size: int | None = None) -> dict[str, torch.Tensor]:
-    """Weights of a HF Llama folder under our names; vocabulary rows zero-padded to ``padded_vocab_size`` when
+    """Weights of a HF folder under our names; vocabulary rows zero-padded to ``padded_vocab_size`` when
     given (None keeps the HF rows)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from megatron_bridge.bridge import AutoBridge
+    from megatron_bridge.bridge.hf_reader import HFWeightsReader
+    from megatron_bridge.bridge.weights import HFModelWeights
 
-    folder = Path(folder)
-    try:
-        tensors = load_file(str(folder / HF_WEIGHTS_FILENAME))
-    except (OSError, SafetensorError) as exc:
-        raise CheckpointError(f"{str(folder / HF_WEIGHTS_FILENAME)!r} is unreadable: {exc}") from exc
-    weights = {from_hf_name(name): tensor for name, tensor in tensors.items()}
+    bridge = AutoBridge.from_hf_pretrained(folder)
+    weights = dict(HFModelWeights(HFWeightsReader(folder), bridge.family, bridge.to_megatron_provider(),
+                                  pad_vocab=False))
     return pad_vocab(weights, padded_vocab_size) if padded_vocab_size is not None else weights
 
 
@@ -263,17 +169,28 @@ def write_torch_weights(weights: dict[str, torch.Tensor], path: str | Path) -> P
 
 
 def convert_weights(src: str | Path, dst: str | Path, to: str, *, step: int | None = None,
-            model_config: ModelConfig | None = None) -> Path:
-    """Convert ``src`` (any source :func:`read_model_weights` accepts) to ``to`` = "torch" (a file) or "hf" (a
-    folder). HF export needs the model config: ``model_config``, else the checkpoint's run_config.yaml."""
-    weights = read_model_weights(src, step=step)
+                    model_config: ModelConfig | None = None, **hf_options: Any) -> Path:
+    """Convert ``src`` (any source :func:`read_model_weights` accepts) to ``to`` = "torch" (a file), "hf" (a
+    folder) or "megatron" (one of our checkpoints, from a HF folder). HF export of a checkpoint takes the model
+    config from its run_config.yaml (``model_config`` for a weights file); ``hf_options`` (``weight_dtype``,
+    ``max_shard_size``, ``overwrite``, ``rope_format``, ``source_path``, ``family``) go to the Bridge."""
+    from megatron_bridge.bridge import AutoBridge
+
+    src_path = Path(src)
     if to == "torch":
-        return write_torch_weights(weights, dst)
+        return write_torch_weights(read_model_weights(src, step=step), dst)
+    if to == "megatron":
+        if not is_hf_folder(src_path):
+            raise CheckpointError(f"--to megatron converts a Hugging Face folder; {str(src)!r} is not one")
+        dtype = hf_options.get("weight_dtype")
+        return AutoBridge.import_ckpt(src_path, dst, overwrite=bool(hf_options.get("overwrite")),
+                                      **({"dtype": dtype} if dtype else {}))
     if to == "hf":
-        if model_config is None:
-            src_path = Path(src)
-            if src_path.is_file() or is_hf_folder(src_path):
-                raise CheckpointError("HF export of a weights file needs the model config (--config run_config.yaml)")
-            model_config = read_model_config(resolve_checkpoint_folder(src_path, step))
-        return write_hf_folder(weights, model_config, dst)
-    raise CheckpointError(f"unknown conversion target {to!r}: use 'torch' or 'hf'")
+        if is_hf_folder(src_path):
+            bridge = AutoBridge.from_hf_pretrained(src_path)
+            options = {k: v for k, v in hf_options.items() if k != "family"}
+            return bridge.save_hf_pretrained(bridge.to_megatron_model(), dst, **options)
+        if src_path.is_file() and model_config is None:
+            raise CheckpointError("HF export of a weights file needs the model config (--config run_config.yaml)")
+        return AutoBridge.export_ckpt(src_path, dst, step=step, model_config=model_config, **hf_options)
+    raise CheckpointError(f"unknown conversion target {to!r}: use one of {TARGETS}")

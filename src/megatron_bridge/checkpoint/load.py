@@ -11,6 +11,7 @@ any backend and world size (plain tensors, DTensor shards, by fully qualified pa
 hold full tensors that are sliced locally into each rank's shards.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from megatron_bridge.checkpoint.reader import (
     read_dcp_metadata,
 )
 from megatron_bridge.config.checkpoint import CheckpointConfig
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.utils.logging import get_logger
 
@@ -186,9 +188,15 @@ def load_dcp(source: LoadSource, state: dict[str, Any], group: dist.ProcessGroup
         raise CheckpointError(f"loading {source.path!r} failed: {dcp_error_message(exc)}") from exc
 
 
-def full_state_of(source: LoadSource, padded_vocab_size: int | None) -> dict[str, Any]:
+def full_state_of(source: LoadSource, padded_vocab_size: int | None,
+                  model_config: ModelConfig | None = None) -> dict[str, Any]:
     """Full-tensor state of a non-DCP source: ``{"model": ...}`` (+ optimizer and scheduler for torch folders).
-    Weights files and HF folders get their vocabulary rows zero-padded to ``padded_vocab_size``."""
+    Weights files and HF folders get their vocabulary rows zero-padded to ``padded_vocab_size``. A HF folder with
+    ``model_config`` is first checked against it (the first differing field is named) and read lazily."""
+    if source.kind == "hf" and model_config is not None:
+        from megatron_bridge.bridge.pretrained import hf_weights_for_model
+
+        return {"model": hf_weights_for_model(source.path, model_config)}
     if source.kind == "torch":
         content = load_torch_file(Path(source.path) / layout.TORCH_FILENAME, "checkpoint")
         if not isinstance(content, dict) or "model" not in content:
@@ -204,7 +212,7 @@ def fill_from_full(target: Any, full: Any, path: str) -> Any:
     Returns the filled structure; non-tensor leaves (hyper-parameters) are taken from ``full``.
     """
     if isinstance(target, dict):
-        if not isinstance(full, dict):
+        if not isinstance(full, Mapping):
             raise CheckpointError(f"checkpoint entry {path!r} is not a mapping")
         absent = [k for k in target if k not in full]
         if absent:
@@ -236,14 +244,18 @@ def _copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
             target.copy_(full)
 
 
-def load_full(source: LoadSource, state: dict[str, Any], padded_vocab_size: int | None) -> None:
-    """Fill ``state`` in place from a ``torch`` folder, a weights file or a HF folder."""
-    full = full_state_of(source, padded_vocab_size)
+def load_full(source: LoadSource, state: dict[str, Any], padded_vocab_size: int | None,
+              model_config: ModelConfig | None = None) -> None:
+    """Fill ``state`` in place from a ``torch`` folder, a weights file or a HF folder (checked against
+    ``model_config`` when given)."""
+    full = full_state_of(source, padded_vocab_size, model_config)
     for chunk_key, chunk_state in state.items():
         if chunk_key.startswith("model"):
             if chunk_key not in full:
                 raise CheckpointError(f"checkpoint {source.path!r} holds no {chunk_key!r} weights")
-            found = {k: tuple(v.shape) for k, v in full[chunk_key].items() if isinstance(v, torch.Tensor)}
+            weights = full[chunk_key]
+            found = (weights.tensor_shapes() if hasattr(weights, "tensor_shapes")
+                     else {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)})
             check_shapes(global_shapes(chunk_state), found, source.path)
     for key in state:
         if key not in full:

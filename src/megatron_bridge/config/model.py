@@ -44,6 +44,9 @@ class ModelConfig:
     """Llama 3.1 RoPE high-frequency factor; used only when rope_scaling is True."""
     rope_original_max_position_embeddings: int = 8192
     """Context length the RoPE scaling was derived for; used only when rope_scaling is True."""
+    max_position_embeddings: int | None = None
+    """Longest sequence the positional encoding is meant for (Hugging Face's max_position_embeddings, e.g. 131072
+    for Llama 3.1); None means seq_length. Only recorded and exported; training uses seq_length."""
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
     """Normalization layer type."""
     layernorm_epsilon: float = 1e-5
@@ -54,6 +57,9 @@ class ModelConfig:
     """Apply an RMSNorm to queries and keys per head before RoPE (Qwen3)."""
     add_bias_linear: bool = False
     """Add biases to the attention output and MLP linear layers."""
+    attention_output_bias: bool | None = None
+    """Bias on the attention output projection (o_proj); None follows add_bias_linear. Hugging Face's
+    attention_bias sets the q/k/v and o_proj biases together, independently of the MLP (mlp_bias)."""
     add_qkv_bias: bool = False
     """Add biases to the query/key/value projections (Qwen2)."""
     share_embeddings_and_output_weights: bool = False
@@ -97,6 +103,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one attention head."""
         return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def has_attention_output_bias(self) -> bool:
+        """Whether o_proj has a bias (attention_output_bias, else add_bias_linear)."""
+        return self.add_bias_linear if self.attention_output_bias is None else self.attention_output_bias
 
     @property
     def num_kv_heads(self) -> int:

@@ -44,7 +44,7 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     attn = h * nq * d + 2 * h * nkv * d + nq * d * h
     if config.add_qkv_bias:
         attn += nq * d + 2 * nkv * d
-    if config.add_bias_linear:
+    if config.has_attention_output_bias:
         attn += h
     qk_norms = 2 * d if config.qk_layernorm else 0
 

@@ -54,7 +54,8 @@ class LlamaAttention(nn.Module):
         self.q_proj = _linear(h, self.num_heads * d, config.add_qkv_bias, dtype=dtype)
         self.k_proj = _linear(h, self.num_kv_heads * d, config.add_qkv_bias, dtype=dtype)
         self.v_proj = _linear(h, self.num_kv_heads * d, config.add_qkv_bias, dtype=dtype)
-        self.o_proj = _linear(self.num_heads * d, h, config.add_bias_linear, dtype=dtype, output_projection=True)
+        self.o_proj = _linear(self.num_heads * d, h, config.has_attention_output_bias, dtype=dtype,
+                              output_projection=True)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_layernorm:

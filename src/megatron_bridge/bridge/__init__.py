@@ -1,0 +1,23 @@
+"""The Bridge: Hugging Face folders in and out of megatron-bridge, exact, for every model family we ship.
+
+``from megatron_bridge import AutoBridge`` (lazy) or ``from megatron_bridge.bridge import AutoBridge``. Modules:
+
+| module | concern |
+|---|---|
+| ``auto_bridge.py`` | :class:`AutoBridge`, Megatron-Bridge's entry points |
+| ``families/`` | one mapping module per family (config both ways, weight names) and the registry |
+| ``rope.py`` | RoPE base and scaling in both transformers config formats |
+| ``hf_reader.py`` / ``hf_writer.py`` | HF folder layouts in; sharded safetensors + index out |
+| ``weights.py`` | name mapping, vocabulary (un)padding, checks of missing/unknown/mis-shaped tensors |
+| ``checkpoints.py`` | our checkpoints, read tensor by tensor; streamed ``torch_dist`` writing |
+| ``exporting.py`` / ``assets.py`` | the HF folder an export writes; tokenizer, generation config, token ids |
+| ``pretrained.py`` | ``checkpoint.pretrained_checkpoint`` = HF folder: config check against ``cfg.model`` |
+| ``model_io.py`` / ``output.py`` / ``memory.py`` | model fill/read, all-or-nothing output folders, memory meter |
+"""
+
+from megatron_bridge.bridge.auto_bridge import AutoBridge
+from megatron_bridge.bridge.families import ModelFamily, register_family, supported_architectures
+from megatron_bridge.bridge.hf_reader import is_hf_folder
+
+
+__all__ = ["AutoBridge", "ModelFamily", "is_hf_folder", "register_family", "supported_architectures"]

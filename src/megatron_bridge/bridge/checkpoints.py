@@ -1,0 +1,177 @@
+"""Our side of a conversion: reading one tensor at a time from any of our checkpoints, and writing an imported
+model as a step-0 ``torch_dist`` checkpoint without holding it whole.
+
+Reading: a DCP folder (``torch_dist``/``fsdp_dtensor``, any backend, world size and TP/FSDP sharding — DCP stores
+global tensors by name) is read tensor by tensor with ``dcp.load`` of a one-entry state dict; a ``torch`` folder or
+a weights file is opened with ``torch.load(mmap=True, weights_only=True)``.
+
+Writing: DCP's save planner is handed meta tensors (shapes only) and fetches each tensor from the HF folder when
+the writer asks for it (:class:`StreamingSavePlanner`); one file per tensor, so a written tensor is freed at once.
+"""
+
+import io
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.planner import WriteItem
+
+from megatron_bridge.bridge.memory import track
+from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint.reader import (
+    DCP_ERRORS,
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    check_dcp_storage,
+    dcp_error_message,
+    load_torch_file,
+    read_dcp_metadata,
+)
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.errors import BridgeError, CheckpointError
+
+
+class CheckpointTensors:
+    """Names, shapes and tensors (full, our names) of one of our checkpoints or weights files."""
+
+    def __init__(self, path: str | Path, step: int | None = None) -> None:
+        from megatron_bridge.checkpoint.convert import resolve_checkpoint_folder
+
+        path = Path(path)
+        self.folder: Path | None = None
+        self._dcp_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self._dcp_chunk: dict[str, str] = {}
+        self._tensors: dict[str, torch.Tensor] = {}
+        if path.is_file():
+            self._tensors = _weights_of(load_torch_mmap(path), path)
+            return
+        self.folder = resolve_checkpoint_folder(path, step)
+        manifest = layout.verify_manifest(self.folder)
+        if manifest.get("format") == "torch" or (self.folder / layout.TORCH_FILENAME).is_file():
+            self._tensors = _weights_of(load_torch_mmap(self.folder / layout.TORCH_FILENAME), self.folder)
+            return
+        metadata = read_dcp_metadata(self.folder)
+        check_dcp_storage(self.folder, metadata)
+        for key, item in metadata.state_dict_metadata.items():
+            if key.startswith("model") and isinstance(item, TensorStorageMetadata):
+                chunk, _, name = key.partition(".")
+                if name in self._dcp_chunk:
+                    raise CheckpointError(f"{str(self.folder)!r}: {name!r} is stored by two model chunks")
+                self._dcp_shapes[name] = (tuple(item.size), item.properties.dtype)
+                self._dcp_chunk[name] = chunk
+        if not self._dcp_shapes:
+            raise CheckpointError(f"DCP checkpoint {str(self.folder)!r} holds no model tensors")
+
+    def names(self) -> list[str]:
+        """Parameter names, in checkpoint order."""
+        return list(self._dcp_shapes or self._tensors)
+
+    def get(self, name: str) -> torch.Tensor:
+        """One full tensor."""
+        if self._tensors:
+            return track(self._tensors[name])
+        shape, dtype = self._dcp_shapes[name]
+        chunk = self._dcp_chunk[name]
+        target = {chunk: {name: track(torch.empty(shape, dtype=dtype))}}
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(target, storage_reader=SafeFileSystemReader(self.folder), planner=SafeLoadPlanner(),
+                         no_dist=True)
+        except CheckpointError:
+            raise
+        except DCP_ERRORS as exc:
+            message = dcp_error_message(exc)
+            raise CheckpointError(f"reading {name!r} from {str(self.folder)!r} failed: {message}") from exc
+        return target[chunk][name]
+
+    def items(self) -> Any:
+        """``(name, tensor)`` pairs, one tensor read at a time."""
+        for name in self.names():
+            yield name, self.get(name)
+
+    def run_config(self) -> ConfigContainer | None:
+        """The checkpoint's ``run_config.yaml`` (None for a weights file)."""
+        if self.folder is None:
+            return None
+        path = self.folder / layout.RUN_CONFIG_FILENAME
+        if not path.is_file():
+            raise CheckpointError(f"{str(path)!r} does not exist: the checkpoint does not say its model config")
+        try:
+            return ConfigContainer.from_yaml(path)
+        except ValueError as exc:
+            raise CheckpointError(f"{str(path)!r} is not a valid run config: {exc}") from exc
+
+
+def load_torch_mmap(path: Path) -> Any:
+    """``torch.load(path, weights_only=True, mmap=True)`` with a named error."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return load_torch_file(path, "weights")  # not a zip file (old format): read normally, or name the error
+
+
+def _weights_of(content: Any, where: Path) -> dict[str, torch.Tensor]:
+    weights = content.get("model", content) if isinstance(content, dict) else None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"{str(where)!r} holds no {{name: tensor}} model weights")
+    return weights
+
+
+# ------------------------------------------------------------------------------------------------ writing
+class StreamingSavePlanner(DefaultSavePlanner):
+    """DCP save planner whose state dict holds meta tensors; each tensor is fetched when DCP writes it."""
+
+    def __init__(self, fetch: Callable[[str], torch.Tensor], prefix: str = "model") -> None:
+        super().__init__()
+        self.fetch = fetch
+        self.prefix = prefix + "."
+
+    def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
+        """The real tensor of ``write_item`` (read now from the source)."""
+        fqn = write_item.index.fqn
+        if fqn.startswith(self.prefix):
+            return self.fetch(fqn[len(self.prefix):])
+        return super().resolve_data(write_item)
+
+
+def write_streaming_checkpoint(root: Path, cfg: ConfigContainer, shapes: dict[str, tuple[tuple[int, ...],
+                               torch.dtype]], fetch: Callable[[str], torch.Tensor],
+                               extra: Callable[[Path], None] | None = None) -> Path:
+    """Write ``root/iter_0000000`` (``torch_dist``, model only, step 0) plus trackers; ``extra(folder)`` may add
+    files before the commit. Returns the committed folder."""
+    from megatron_bridge.checkpoint.save import serialize
+    from megatron_bridge.training.state import TrainState
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = layout.temporary_dir(root, 0, layout.new_save_id())
+    tmp.mkdir()
+    state = {"model": {name: torch.empty(shape, dtype=dtype, device="meta") for name, (shape, dtype) in shapes.items()}}
+    writer = FileSystemWriter(tmp, single_file_per_rank=False, sync_files=True, overwrite=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(state, storage_writer=writer, planner=StreamingSavePlanner(fetch), no_dist=True)
+    except DCP_ERRORS as exc:
+        if isinstance(exc, BridgeError):
+            raise
+        cause = exc.failures.get(0, (None,))[0] if hasattr(exc, "failures") else None
+        if isinstance(cause, BridgeError):
+            raise cause from exc
+        raise CheckpointError(f"writing {str(tmp)!r} failed: {dcp_error_message(exc)}") from exc
+    train_state = serialize(TrainState().state_dict())
+    (tmp / layout.TRAIN_STATE_FILENAME).write_bytes(train_state)
+    (tmp / layout.RUN_CONFIG_FILENAME).write_text(cfg.to_yaml())
+    if extra is not None:
+        extra(tmp)
+    final = layout.iteration_dir(root, 0)
+    layout.commit(tmp, final, {"step": 0, "format": "torch_dist", "backend": "bridge_import", "world_size": 1,
+                               "has_optimizer": False, "has_rng": False})
+    layout.write_trackers(root, 0, train_state)
+    return final

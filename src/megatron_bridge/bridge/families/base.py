@@ -1,0 +1,234 @@
+"""What a model family's mapping states, the shared Llama-style mapping, and the registry of families.
+
+A family (one module per family in this package) is a :class:`ModelFamily` subclass registered with
+:func:`register_family`. It states its HF ``architectures`` and ``model_type``, which :class:`ModelConfig` it
+covers (:meth:`ModelFamily.matches`), the config mapping both ways and the weight-name mapping. Everything the
+HF config says is either mapped, checked against the one value we support (:attr:`ModelFamily.fixed_hf_values`)
+or listed as harmless (:attr:`ModelFamily.ignored_hf_keys`); anything else is a :class:`BridgeError`.
+"""
+
+from typing import Any, ClassVar
+
+from megatron_bridge.bridge.rope import RopeFormat, rope_fields_from_hf, rope_to_hf
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.errors import BridgeError
+
+
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+COMMON_IGNORED_KEYS = frozenset({
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "use_cache", "_name_or_path",
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "output_attentions", "output_hidden_states",
+    "return_dict", "tie_word_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
+})
+"""Keys every family reads elsewhere (RoPE, token ids) or that do not change the weights' meaning."""
+
+
+class ModelFamily:
+    """Base class of a family mapping (see the module docstring); subclasses set the class attributes."""
+
+    name: ClassVar[str]
+    """Short name used by the CLI's --family and in messages, e.g. "llama"."""
+    architectures: ClassVar[tuple[str, ...]]
+    """HF ``architectures`` entries this family reads; the first one is written on export."""
+    model_type: ClassVar[str]
+    """HF ``model_type`` written on export."""
+    qk_layernorm: ClassVar[bool] = False
+    """Whether the family has per-head q/k RMSNorm (Qwen3)."""
+    hf_defaults: ClassVar[dict[str, Any]] = {}
+    """transformers' class defaults for keys a config.json may omit (max_position_embeddings, rms_norm_eps, ...)."""
+    fixed_hf_values: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "hidden_act": ("silu",), "attention_dropout": (0, 0.0, None), "pretraining_tp": (1, None),
+    }
+    """HF keys whose only supported values are listed (absent keys are fine)."""
+    ignored_hf_keys: ClassVar[frozenset[str]] = frozenset()
+    """Family keys that do not change the weights' meaning."""
+    mapped_hf_keys: ClassVar[frozenset[str]] = frozenset({
+        *_REQUIRED, "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "attention_bias",
+        "mlp_bias",
+    })
+
+    # --------------------------------------------------------------------------------------------- config in
+    def config_from_hf(self, hf: dict[str, Any]) -> ModelConfig:
+        """The :class:`ModelConfig` of a HF config dict; BridgeError for unknown or unsupported settings."""
+        self.check_hf_config(hf)
+        get = lambda key: hf.get(key) if hf.get(key) is not None else self.hf_defaults.get(key)  # noqa: E731
+        try:
+            heads = int(hf["num_attention_heads"])
+            hidden = int(hf["hidden_size"])
+            max_pos = int(get("max_position_embeddings"))
+            fields: dict[str, Any] = {
+                "num_layers": int(hf["num_hidden_layers"]),
+                "hidden_size": hidden,
+                "ffn_hidden_size": int(hf["intermediate_size"]),
+                "num_attention_heads": heads,
+                "num_query_groups": int(get("num_key_value_heads") or heads),
+                "kv_channels": int(get("head_dim") or hidden // heads),
+                "vocab_size": int(hf["vocab_size"]),
+                "seq_length": max_pos,
+                "max_position_embeddings": max_pos,
+                "layernorm_epsilon": float(get("rms_norm_eps")),
+                "normalization": "RMSNorm",
+                "activation": "swiglu",
+                "qk_layernorm": self.qk_layernorm,
+                "add_qkv_bias": bool(get("attention_bias")),
+                "attention_output_bias": bool(get("attention_bias")),
+                "add_bias_linear": bool(get("mlp_bias")),
+                "share_embeddings_and_output_weights": bool(get("tie_word_embeddings")),
+                "init_method_std": float(hf.get("initializer_range") or 0.02),
+                **rope_fields_from_hf(hf),
+            }
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BridgeError(f"{self.name} config.json lacks or has a bad field: {type(exc).__name__}: {exc}") from exc
+        return ModelConfig(**fields)
+
+    def check_hf_config(self, hf: dict[str, Any]) -> None:
+        """BridgeError naming the first key that is missing, unknown, or set to a value we cannot convert."""
+        missing = [k for k in _REQUIRED if hf.get(k) is None]
+        if missing:
+            raise BridgeError(f"{self.name} config.json lacks required key(s) {missing}")
+        for key, allowed in self.fixed_hf_values.items():
+            if key in hf and hf[key] not in allowed:
+                raise BridgeError(f"config.json {key}={hf[key]!r} is not supported for {self.name}; supported: "
+                                  f"{[v for v in allowed if v is not None]}")
+        known = COMMON_IGNORED_KEYS | self.mapped_hf_keys | self.ignored_hf_keys | set(self.fixed_hf_values)
+        unknown = sorted(k for k in hf if k not in known and not k.startswith("_"))
+        if unknown:
+            raise BridgeError(f"config.json has key(s) the {self.name} mapping does not know: {unknown}; they may "
+                              "change the model, so the conversion stops (extend the family mapping to support them)")
+
+    # -------------------------------------------------------------------------------------------- config out
+    def matches(self, config: ModelConfig) -> bool:
+        """Whether this family can express ``config`` (used to pick the family of one of our checkpoints)."""
+        return (config.normalization == "RMSNorm" and config.activation == "swiglu"
+                and config.qk_layernorm == self.qk_layernorm)
+
+    def config_to_hf(self, config: ModelConfig, *, rope_format: RopeFormat = "rope_parameters",
+                     dtype: str = "float32") -> dict[str, Any]:
+        """config.json for ``config`` (token ids are added by the caller); BridgeError when not expressible."""
+        if not self.matches(config):
+            raise BridgeError(f"the model (normalization={config.normalization!r}, activation={config.activation!r}, "
+                              f"qk_layernorm={config.qk_layernorm}) is not a {self.name} model")
+        if config.add_qkv_bias != config.has_attention_output_bias:
+            raise BridgeError(
+                f"{self.name} export: HF attention_bias sets q/k/v and o_proj biases together, but the model has "
+                f"add_qkv_bias={config.add_qkv_bias} and an o_proj bias={config.has_attention_output_bias}")
+        max_pos = config.max_position_embeddings or config.seq_length
+        return {
+            "architectures": [self.architectures[0]],
+            "model_type": self.model_type,
+            "hidden_size": config.hidden_size,
+            "intermediate_size": config.ffn_hidden_size,
+            "num_hidden_layers": config.num_layers,
+            "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": config.num_kv_heads,
+            "head_dim": config.head_dim,
+            "vocab_size": config.vocab_size,
+            "max_position_embeddings": max_pos,
+            "rms_norm_eps": config.layernorm_epsilon,
+            "hidden_act": "silu",
+            "attention_bias": config.add_qkv_bias,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": config.share_embeddings_and_output_weights,
+            "initializer_range": config.init_method_std,
+            "use_cache": True,
+            "dtype": dtype,
+            **rope_to_hf(config, rope_format),
+            **self.extra_hf_config(config),
+        }
+
+    def extra_hf_config(self, config: ModelConfig) -> dict[str, Any]:
+        """Family-specific config.json keys (subclasses)."""
+        return {}
+
+    # --------------------------------------------------------------------------------------------- weights
+    def weight_names(self, config: ModelConfig) -> dict[str, str]:
+        """Our parameter name → HF name, for every parameter the model built from ``config`` has."""
+        names = {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+        if not config.share_embeddings_and_output_weights:
+            names["lm_head.weight"] = "lm_head.weight"
+        for i in range(config.num_layers):
+            for ours in self.layer_weight_names(config):
+                names[f"layers.{i}.{ours}"] = f"model.layers.{i}.{ours}"
+        return names
+
+    def layer_weight_names(self, config: ModelConfig) -> list[str]:
+        """Names inside one decoder layer (identical on both sides for the Llama-style families)."""
+        out = ["input_layernorm.weight", "post_attention_layernorm.weight"]
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            out.append(f"self_attn.{proj}.weight")
+            if config.add_qkv_bias:
+                out.append(f"self_attn.{proj}.bias")
+        out.append("self_attn.o_proj.weight")
+        if config.has_attention_output_bias:
+            out.append("self_attn.o_proj.bias")
+        if config.qk_layernorm:
+            out += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            out.append(f"mlp.{proj}.weight")
+            if config.add_bias_linear:
+                out.append(f"mlp.{proj}.bias")
+        return out
+
+    def ignorable_hf_weight(self, name: str, config: ModelConfig) -> bool:
+        """HF tensors that are dropped on import: RoPE ``inv_freq`` buffers of old checkpoints, and a stray
+        ``lm_head.weight`` stored next to tied embeddings (transformers ignores it as well)."""
+        if name.endswith("rotary_emb.inv_freq"):
+            return True
+        return name == "lm_head.weight" and config.share_embeddings_and_output_weights
+
+
+# ------------------------------------------------------------------------------------------------- registry
+_BY_ARCHITECTURE: dict[str, ModelFamily] = {}
+_FAMILIES: dict[str, ModelFamily] = {}
+
+
+def register_family(cls: type[ModelFamily]) -> type[ModelFamily]:
+    """Class decorator: make a family known to :class:`AutoBridge` under its architectures and name."""
+    family = cls()
+    if cls.name in _FAMILIES:
+        raise BridgeError(f"model family {cls.name!r} is registered twice")
+    _FAMILIES[cls.name] = family
+    for arch in cls.architectures:
+        _BY_ARCHITECTURE[arch] = family
+    return cls
+
+
+def supported_architectures() -> list[str]:
+    """Every HF architecture a registered family reads."""
+    return sorted(_BY_ARCHITECTURE)
+
+
+def family_names() -> list[str]:
+    """Names of the registered families."""
+    return list(_FAMILIES)
+
+
+def family_by_name(name: str) -> ModelFamily:
+    """The family registered as ``name``."""
+    if name not in _FAMILIES:
+        raise BridgeError(f"model family {name!r} is unknown; known: {family_names()}")
+    return _FAMILIES[name]
+
+
+def family_for_hf_config(hf: dict[str, Any]) -> ModelFamily:
+    """The family of a HF config dict, from its ``architectures`` (else its ``model_type``)."""
+    archs = hf.get("architectures") or []
+    for arch in archs if isinstance(archs, list) else []:
+        if arch in _BY_ARCHITECTURE:
+            return _BY_ARCHITECTURE[arch]
+    if not archs:
+        for family in _FAMILIES.values():
+            if family.model_type == hf.get("model_type"):
+                return family
+    raise BridgeError(f"architecture {archs or hf.get('model_type')!r} is not supported; supported: "
+                      f"{supported_architectures()}")
+
+
+def family_for_model_config(config: ModelConfig) -> ModelFamily:
+    """The first registered family that can express ``config``."""
+    for family in _FAMILIES.values():
+        if family.matches(config):
+            return family
+    raise BridgeError(f"no Hugging Face family fits this model (normalization={config.normalization!r}, "
+                      f"activation={config.activation!r}, qk_layernorm={config.qk_layernorm}); families: "
+                      f"{family_names()}")

@@ -1,0 +1,155 @@
+"""Reading a Hugging Face model folder without executing anything and without loading it whole.
+
+Layouts (the four ``save_pretrained`` writes): ``model.safetensors``; ``model.safetensors.index.json`` + shards;
+``pytorch_model.bin``; ``pytorch_model.bin.index.json`` + shards. Safetensors tensors are read one at a time from
+their shard; ``.bin`` files are read with ``torch.load(weights_only=True, mmap=True)``, one shard at a time. Every
+tensor handed out is registered with :func:`megatron_bridge.bridge.memory.track`.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_bridge.bridge.memory import track
+from megatron_bridge.errors import BridgeError
+
+
+CONFIG_FILENAME = "config.json"
+SAFETENSORS_SINGLE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_SINGLE = "pytorch_model.bin"
+BIN_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_LAYOUTS = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, BIN_INDEX, BIN_SINGLE)
+"""Weight files looked for, in this order of preference."""
+
+
+def weights_layout(folder: str | Path) -> str | None:
+    """The first of :data:`WEIGHT_LAYOUTS` present in ``folder``, else None."""
+    folder = Path(folder)
+    return next((name for name in WEIGHT_LAYOUTS if (folder / name).is_file()), None)
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """True for a folder with ``config.json`` and weights in one of the four layouts."""
+    path = Path(path)
+    return path.is_dir() and (path / CONFIG_FILENAME).is_file() and weights_layout(path) is not None
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from ``path``; BridgeError naming ``what`` when missing or malformed."""
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BridgeError(f"{what} {str(path)!r} is missing or not valid JSON: {exc}") from exc
+    if not isinstance(content, dict):
+        raise BridgeError(f"{what} {str(path)!r} is not a JSON object")
+    return content
+
+
+class HFWeightsReader:
+    """Names, shapes and tensors of a HF folder's weights, at most one ``.bin`` shard loaded at a time."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        layout = weights_layout(self.folder)
+        if layout is None:
+            raise BridgeError(f"{str(self.folder)!r} has no weights: expected one of {', '.join(WEIGHT_LAYOUTS)}")
+        self.layout = layout
+        self.is_safetensors = layout.startswith("model.safetensors")
+        self.weight_map = self._weight_map()
+        self._bin_file: str | None = None
+        self._bin_tensors: dict[str, torch.Tensor] = {}
+
+    def _weight_map(self) -> dict[str, str]:
+        if self.layout in (SAFETENSORS_SINGLE, BIN_SINGLE):
+            names = self._names_in(self.layout)
+            return dict.fromkeys(names, self.layout)
+        index = read_json(self.folder / self.layout, "weights index")
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise BridgeError(f"{str(self.folder / self.layout)!r} has no valid 'weight_map' {{name: file}}")
+        for shard in sorted(set(weight_map.values())):
+            if "/" in shard or shard.startswith(".") or not (self.folder / shard).is_file():
+                raise BridgeError(f"shard {shard!r} listed in {str(self.folder / self.layout)!r} is missing")
+        for shard in sorted(set(weight_map.values())):
+            absent = set(k for k, v in weight_map.items() if v == shard) - set(self._names_in(shard))
+            if absent:
+                raise BridgeError(f"shard {str(self.folder / shard)!r} lacks {len(absent)} tensor(s) its index "
+                                  f"lists, e.g. {sorted(absent)[:3]}")
+        return dict(weight_map)
+
+    # ------------------------------------------------------------------------------------------ file access
+    def _open_safetensors(self, shard: str) -> Any:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            return safe_open(str(self.folder / shard), framework="pt")
+        except (OSError, SafetensorError) as exc:
+            raise BridgeError(f"shard {str(self.folder / shard)!r} is unreadable (truncated or not safetensors): "
+                              f"{exc}") from exc
+
+    def _load_bin(self, shard: str) -> dict[str, torch.Tensor]:
+        path = self.folder / shard
+        try:
+            content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:
+            raise BridgeError(f"shard {str(path)!r} is unreadable (truncated, or holds objects weights_only=True "
+                              f"refuses): {exc}") from exc
+        if not isinstance(content, dict) or not all(isinstance(v, torch.Tensor) for v in content.values()):
+            raise BridgeError(f"shard {str(path)!r} holds no {{name: tensor}} mapping")
+        return content
+
+    def _names_in(self, shard: str) -> list[str]:
+        if shard.endswith(".safetensors"):
+            with self._open_safetensors(shard) as f:
+                return list(f.keys())
+        return list(self._load_bin(shard))
+
+    # ------------------------------------------------------------------------------------------- public API
+    def names(self) -> list[str]:
+        """Every tensor name, in file order."""
+        return list(self.weight_map)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shape of every tensor, read from the safetensors headers (``.bin``: from the mmapped shards)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for shard in dict.fromkeys(self.weight_map.values()):
+            if shard.endswith(".safetensors"):
+                with self._open_safetensors(shard) as f:
+                    for name in f.keys():
+                        out[name] = tuple(f.get_slice(name).get_shape())
+            else:
+                out.update({k: tuple(v.shape) for k, v in self._load_bin(shard).items()})
+        return {name: out[name] for name in self.weight_map}
+
+    def get(self, name: str) -> torch.Tensor:
+        """One tensor (a fresh CPU tensor for safetensors; from the cached shard for ``.bin``)."""
+        shard = self.weight_map.get(name)
+        if shard is None:
+            raise BridgeError(f"{str(self.folder)!r} holds no tensor {name!r}")
+        if shard.endswith(".safetensors"):
+            from safetensors import SafetensorError
+
+            with self._open_safetensors(shard) as f:
+                try:
+                    return track(f.get_tensor(name))
+                except (OSError, SafetensorError) as exc:
+                    raise BridgeError(f"tensor {name!r} of {str(self.folder / shard)!r} is unreadable: {exc}") from exc
+        if self._bin_file != shard:
+            self._bin_tensors = {}  # drop the previous shard before loading the next
+            self._bin_file = None
+            self._bin_tensors = {k: track(v) for k, v in self._load_bin(shard).items()}
+            self._bin_file = shard
+        return self._bin_tensors[name]
+
+    def order(self, names: list[str]) -> list[str]:
+        """``names`` sorted shard by shard (so ``.bin`` shards are each loaded once)."""
+        rank = {shard: i for i, shard in enumerate(dict.fromkeys(self.weight_map.values()))}
+        return sorted(names, key=lambda n: rank.get(self.weight_map.get(n, ""), len(rank)))
+
+    def release(self) -> None:
+        """Drop the cached ``.bin`` shard."""
+        self._bin_tensors = {}
+        self._bin_file = None

@@ -1,0 +1,121 @@
+"""Weight mapping between a HF folder and our parameter names, one tensor at a time.
+
+Import: :class:`HFModelWeights` is a read-only mapping ``our name → tensor`` over a HF folder, checked up front
+(every expected tensor present with its shape, nothing unknown) and read lazily: the vocabulary rows are
+zero-padded to the model's ``padded_vocab_size`` and the dtype cast when asked, as each tensor is read.
+Export: :func:`to_hf_tensors` turns ``(our name, tensor)`` pairs into ``(HF name, tensor)`` pairs with the padded
+vocabulary rows cut back to ``vocab_size``.
+"""
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import torch
+
+from megatron_bridge.bridge.families.base import ModelFamily
+from megatron_bridge.bridge.hf_reader import HFWeightsReader
+from megatron_bridge.bridge.memory import track
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.errors import BridgeError
+from megatron_bridge.utils.logging import get_logger
+
+
+logger = get_logger(__name__)
+
+VOCAB_PARAMS = ("embed_tokens.weight", "lm_head.weight")
+"""Our parameters whose rows are the (padded) vocabulary."""
+_MAX_NAMED = 6
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Our parameter shapes for ``config`` (a model built on the meta device: no memory, exact)."""
+    from megatron_bridge.models.llama import LlamaModel
+
+    model = LlamaModel(config, device="meta")
+    return {name: tuple(p.shape) for name, p in model.state_dict().items()}
+
+
+def hf_shape(name: str, shape: tuple[int, ...], config: ModelConfig) -> tuple[int, ...]:
+    """The HF shape of our parameter ``name``: vocabulary rows unpadded."""
+    return (config.vocab_size, *shape[1:]) if name in VOCAB_PARAMS else shape
+
+
+class HFModelWeights(Mapping[str, torch.Tensor]):
+    """The weights of a HF folder under our names for the model ``config`` describes (see the module docstring)."""
+
+    def __init__(self, reader: HFWeightsReader, family: ModelFamily, config: ModelConfig,
+                 dtype: torch.dtype | None = None, *, pad_vocab: bool = True) -> None:
+        self.reader, self.family, self.config, self.dtype = reader, family, config, dtype
+        self.pad_vocab = pad_vocab
+        self.names = family.weight_names(config)
+        self.shapes = expected_shapes(config)
+        if set(self.names) != set(self.shapes):
+            raise BridgeError(f"the {family.name} mapping and the model disagree on the parameters: "
+                              f"{sorted(set(self.names) ^ set(self.shapes))[:_MAX_NAMED]}")
+        self._check(reader.shapes())
+
+    def _check(self, found: dict[str, tuple[int, ...]]) -> None:
+        where = str(self.reader.folder)
+        wanted = set(self.names.values())
+        missing = sorted(wanted - set(found))
+        if missing:
+            raise BridgeError(f"{where!r} lacks {len(missing)} tensor(s) the {self.family.name} model needs: "
+                              f"{missing[:_MAX_NAMED]}")
+        unknown = sorted(n for n in set(found) - wanted if not self.family.ignorable_hf_weight(n, self.config))
+        if unknown:
+            raise BridgeError(f"{where!r} holds {len(unknown)} tensor(s) the {self.family.name} mapping does not "
+                              f"know: {unknown[:_MAX_NAMED]}")
+        if "lm_head.weight" in found and self.config.share_embeddings_and_output_weights:
+            logger.info("%s: ignoring lm_head.weight (tie_word_embeddings=true: the embedding is the output layer, "
+                        "as in transformers)", where)
+        for ours, hf in self.names.items():
+            want = hf_shape(ours, self.shapes[ours], self.config)
+            if tuple(found[hf]) != want:
+                raise BridgeError(f"{where!r}: tensor {hf!r} has shape {list(found[hf])} but the config says "
+                                  f"{list(want)}")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise KeyError(name)
+        tensor = self.reader.get(self.names[name])
+        if self.dtype is not None and tensor.dtype != self.dtype:
+            tensor = track(tensor.to(self.dtype))
+        rows = self.shapes[name][0]
+        if self.pad_vocab and name in VOCAB_PARAMS and tensor.shape[0] < rows:
+            padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+            padded[: tensor.shape[0]] = tensor
+            tensor = track(padded)
+        return tensor
+
+    def __iter__(self) -> Iterator[str]:
+        order = self.reader.order(list(self.names.values()))
+        back = {hf: ours for ours, hf in self.names.items()}
+        return iter([back[hf] for hf in order])
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Our shape of every tensor (vocabulary rows padded unless ``pad_vocab=False``)."""
+        if self.pad_vocab:
+            return dict(self.shapes)
+        return {name: hf_shape(name, shape, self.config) for name, shape in self.shapes.items()}
+
+
+def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily,
+                  config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(our name, tensor)`` → ``(HF name, tensor)``, vocabulary rows cut to ``config.vocab_size``; BridgeError
+    for a parameter the mapping does not know or one it expects but never sees."""
+    names = family.weight_names(config)
+    seen = set()
+    for name, tensor in pairs:
+        if name not in names:
+            raise BridgeError(f"parameter {name!r} has no {family.name} Hugging Face name (the model and the "
+                              f"{family.name} mapping disagree)")
+        seen.add(name)
+        if name in VOCAB_PARAMS:
+            tensor = tensor[: config.vocab_size]
+        yield names[name], tensor
+    missing = sorted(set(names) - seen)
+    if missing:
+        raise BridgeError(f"the model has no {len(missing)} parameter(s) the {family.name} mapping needs: "
+                          f"{missing[:_MAX_NAMED]}")

@@ -1,0 +1,106 @@
+"""Tiny random Hugging Face models of every family and variant we convert, built locally from configs."""
+
+import json
+from pathlib import Path
+
+import torch
+
+
+VOCAB = 120
+"""Not a multiple of make_vocab_size_divisible_by: imports pad the vocabulary, exports cut it back."""
+
+_BASE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": VOCAB, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+_LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 64}
+
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "llama3": ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+                         "max_position_embeddings": 256}),
+    "llama3.1": ("llama", {"rope_parameters": {**_LLAMA31_ROPE, "rope_theta": 500000.0},
+                           "max_position_embeddings": 512}),
+    "llama3.2-tied": ("llama", {"rope_parameters": {**_LLAMA31_ROPE, "factor": 32.0, "rope_theta": 500000.0},
+                                "max_position_embeddings": 512, "tie_word_embeddings": True}),
+    "llama3-biases": ("llama", {"attention_bias": True, "mlp_bias": False, "rms_norm_eps": 1e-5}),
+    "qwen3-tied": ("qwen3", {"head_dim": 16, "tie_word_embeddings": True,
+                             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    "qwen3": ("qwen3", {"head_dim": 16, "tie_word_embeddings": False, "attention_bias": True}),
+}
+
+
+def hf_config(variant: str):  # noqa: ANN201  (a transformers config)
+    """The transformers config of ``variant``."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    family, extra = VARIANTS[variant]
+    cls = LlamaConfig if family == "llama" else Qwen3Config
+    return cls(**_BASE, **extra)
+
+
+def hf_model(variant: str, seed: int = 0):  # noqa: ANN201
+    """A random fp32 ``*ForCausalLM`` of ``variant``; norms and biases are random too (so no mapping hides)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(variant), dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.05 * torch.randn_like(param))
+    return model.eval()
+
+
+def to_rope_scaling_format(folder: Path) -> None:
+    """Rewrite a folder's config.json as transformers 4.x wrote it: top-level ``rope_theta`` and ``rope_scaling``
+    (null without scaling)."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    params = config.pop("rope_parameters")
+    config["rope_theta"] = params.pop("rope_theta")
+    config["rope_scaling"] = None if params.get("rope_type") == "default" else params
+    path.write_text(json.dumps(config, indent=2))
+
+
+def to_bin(folder: Path, shards: int = 1) -> None:
+    """Replace a folder's safetensors by ``pytorch_model.bin`` (or ``shards`` bin shards + index)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    names = list(tensors)
+    if shards == 1:
+        torch.save(tensors, folder / "pytorch_model.bin")
+        return
+    weight_map = {}
+    for i in range(shards):
+        part = names[i::shards]
+        file = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+        torch.save({k: tensors[k] for k in part}, folder / file)
+        weight_map.update(dict.fromkeys(part, file))
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+@torch.no_grad()
+def hf_logits(model, tokens: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """Logits of a transformers model."""
+    return model(input_ids=tokens).logits
+
+
+@torch.no_grad()
+def our_logits(model, tokens: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """Logits of our model over the real vocabulary (padding rows dropped)."""
+    return model(tokens)[..., :VOCAB]
+
+
+@torch.no_grad()
+def our_greedy(model, prompt: torch.Tensor, new_tokens: int, eos: int | None) -> list[int]:
+    """Greedy decoding with our model (full recompute per token), stopping after ``eos`` as HF generate does."""
+    ids = prompt.clone()
+    for _ in range(new_tokens):
+        nxt = our_logits(model, ids)[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], dim=1)
+        if eos is not None and int(nxt) == eos:
+            break
+    return ids[0].tolist()
