@@ -136,7 +136,44 @@ def _legacy_nan_check(cfg: "ConfigContainer") -> None:
         )
 
 
+@_adjustment(
+    "warmup_capped",
+    "Warmup as long as the decay or longer (scheduler.lr_warmup_iters >= lr_decay_iters, default train_iters) is "
+    "capped to decay - 1 steps, with a warning, as Megatron-Bridge does.",
+)
+def _cap_warmup(cfg: "ConfigContainer") -> None:
+    s = cfg.scheduler
+    if s.lr_warmup_fraction is not None or not isinstance(s.lr_warmup_iters, int):
+        return
+    decay = cfg.lr_decay_iters
+    if isinstance(decay, int) and decay > 0 and s.lr_warmup_iters >= decay:
+        _set(cfg, "scheduler.lr_warmup_iters", decay - 1,
+             f"warmup must be shorter than the {decay} decay steps (scheduler.lr_decay_iters or the run length)")
+
+
+@_adjustment(
+    "megatron_fsdp_average_in_collective",
+    "With Megatron FSDP, ddp.average_in_collective=True is set False (logged), as Megatron-Bridge does: the gradients "
+    "are the same (divided by the data-parallel size before the sum).",
+)
+def _mfsdp_average_in_collective(cfg: "ConfigContainer") -> None:
+    if cfg.dist.use_megatron_fsdp and cfg.ddp.average_in_collective:
+        _set(cfg, "ddp.average_in_collective", False,
+             "Megatron FSDP averages by dividing before the reduce-scatter (megatron-fsdp sizes an expert group "
+             "for average_in_collective)")
+
+
 def apply_adjustments(cfg: "ConfigContainer") -> None:
     """Apply every adjustment in order."""
     for adjustment in ADJUSTMENTS:
         adjustment.apply(cfg)
+
+
+def apply_adjustment(cfg: "ConfigContainer", adjustment_id: str) -> None:
+    """Apply one adjustment by id (a backend reached without ``validate()`` makes the same adjustment, logged once).
+
+    Raises:
+        KeyError: no adjustment has that id (a programming error).
+    """
+    by_id = {a.id: a for a in ADJUSTMENTS}
+    by_id[adjustment_id].apply(cfg)

@@ -3,8 +3,9 @@
 * construct: recipes and users build and mutate the tree freely (``cfg.train.train_iters = 10``).
 * ``finalize()``: resolves the mixed-precision preset and applies the few documented adjustments
   (each logged once, never silent). Idempotent.
-* ``validate()``: ``finalize()`` then every cross-field rule of :mod:`megatron_bridge.config.rules`; all
-  violations are reported together in one :class:`~megatron_bridge.errors.ConfigValidationError`.
+* ``validate()``: the ``field_types`` rule (every field against its annotation), ``finalize()``, then every rule of
+  :mod:`megatron_bridge.config.rules` (and ``rules_model``, ``rules_distributed``); all violations are reported
+  together in one :class:`~megatron_bridge.errors.ConfigValidationError`.
 """
 
 from dataclasses import dataclass, field
@@ -70,12 +71,15 @@ class ConfigContainer:
         return self
 
     def validate(self, world_size: int | None = None) -> "ConfigContainer":
-        """Finalize, then check every cross-field rule for ``world_size`` (default: the process group's, else
-        ``WORLD_SIZE``, else 1). Raises ConfigValidationError naming every violated rule. Returns self."""
+        """Type-check every field, finalize, then check every rule for ``world_size`` (default: the process
+        group's, else ``WORLD_SIZE``, else 1). Raises ConfigValidationError naming every violated rule. Returns
+        self."""
         from megatron_bridge.config.rules import check_rules
 
+        ws = world_size if world_size is not None else get_world_size()
+        check_rules(self, ws, only=("field_types",))  # adjustments and rules may assume well-typed values
         self.finalize()
-        check_rules(self, world_size if world_size is not None else get_world_size())
+        check_rules(self, ws)
         return self
 
     # ------------------------------------------------------------------------------------------ derived values

@@ -26,8 +26,6 @@ class DistributedInitConfig:
     """Wrap the model with Megatron FSDP (the megatron-fsdp package). Cannot be used together with use_torch_fsdp2."""
     use_torch_fsdp2: bool = False
     """Wrap the model with PyTorch FSDP2 (fully_shard). Cannot be used together with use_megatron_fsdp."""
-    use_tp_pp_dp_mapping: bool = False
-    """Order ranks TP-PP-DP instead of the default TP-CP-EP-DP-PP (not supported with Megatron FSDP)."""
 
 
 @dataclass(kw_only=True)

@@ -66,6 +66,7 @@ class SchedulerConfig:
     weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
     """How weight decay moves from start_weight_decay to end_weight_decay."""
     override_opt_param_scheduler: bool = False
-    """On resume, take the schedule from this config instead of the checkpoint."""
+    """On resume, take the schedule constants (lr, min_lr, warmup, decay, weight decay) from this config instead of
+    the checkpoint. With neither this nor use_checkpoint_opt_param_scheduler, they must agree (as in Megatron)."""
     use_checkpoint_opt_param_scheduler: bool = False
-    """On resume, take the schedule from the checkpoint (excludes override_opt_param_scheduler)."""
+    """On resume, take the schedule constants from the checkpoint (excludes override_opt_param_scheduler)."""

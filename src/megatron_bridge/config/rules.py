@@ -35,6 +35,14 @@ class Rule:
 
 
 RULES: list[Rule] = []
+_MODULE_ORDER = ("megatron_bridge.config.rules", "megatron_bridge.config.rules_model",
+                 "megatron_bridge.config.rules_distributed")
+"""Rules run (and the docs table lists them) module by module in this order, whatever the import order."""
+
+
+def _module_rank(r: "Rule") -> int:
+    module = r.check.__module__
+    return _MODULE_ORDER.index(module) if module in _MODULE_ORDER else len(_MODULE_ORDER)
 
 
 def rule(id: str, paths: tuple[str, ...], summary: str) -> Callable:
@@ -42,9 +50,18 @@ def rule(id: str, paths: tuple[str, ...], summary: str) -> Callable:
 
     def wrap(fn: Callable[["ConfigContainer", int], None]) -> Callable[["ConfigContainer", int], None]:
         RULES.append(Rule(id, paths, summary, fn))
+        RULES.sort(key=_module_rank)  # stable: registration order within a module
         return fn
 
     return wrap
+
+
+def enforce(cfg: "ConfigContainer", *rule_ids: str) -> None:
+    """Run the named rules at build or wrap time (for callers that skipped ``validate()``): the same check and
+    message as ``validate()``, never a second copy of it."""
+    from megatron_bridge.utils.dist_env import get_world_size
+
+    check_rules(cfg, get_world_size(), only=rule_ids)
 
 
 def fail(message: str, *paths: str) -> None:
@@ -52,12 +69,13 @@ def fail(message: str, *paths: str) -> None:
     raise RuleViolation(message, *paths)
 
 
-def check_rules(cfg: "ConfigContainer", world_size: int) -> None:
-    """Run every rule; raise one ConfigValidationError listing all violations."""
-    import megatron_bridge.config.rules_distributed  # noqa: F401  (registers its rules)
-
+def check_rules(cfg: "ConfigContainer", world_size: int, only: tuple[str, ...] | None = None) -> None:
+    """Run every rule (or the rules whose ids are in ``only``); raise one ConfigValidationError listing all
+    violations. Build and wrap time call it with ``only`` to enforce the same rule, with the same message."""
     problems: list[tuple[str, RuleViolation]] = []
     for r in RULES:
+        if only is not None and r.id not in only:
+            continue
         try:
             r.check(cfg, world_size)
         except RuleViolation as v:
@@ -72,6 +90,18 @@ def check_rules(cfg: "ConfigContainer", world_size: int) -> None:
     raise ConfigValidationError(f"{len(problems)} config problems:\n{lines}", paths)
 
 
+# ------------------------------------------------------------------------------------------------ field types
+@rule("field_types", ("*",),
+      "Every field has the type of its annotation (Literal choices, bool/int/float/str, lists, nested configs); "
+      "floats are finite (no NaN/Inf).")
+def _field_types(cfg: "ConfigContainer", world_size: int) -> None:
+    from megatron_bridge.config.typecheck import dataclass_problems
+
+    found = dataclass_problems(cfg)
+    if found:
+        fail("; ".join(message for _, message in found), *(path for path, _ in found))
+
+
 # ------------------------------------------------------------------------------------------------ basic ranges
 _POSITIVE_FIELDS = (
     "train.micro_batch_size",
@@ -81,6 +111,7 @@ _POSITIVE_FIELDS = (
     "model.ffn_hidden_size",
     "model.num_attention_heads",
     "model.vocab_size",
+    "model.make_vocab_size_divisible_by",
     "model.seq_length",
     "model.tensor_model_parallel_size",
     "model.pipeline_model_parallel_size",
@@ -102,6 +133,8 @@ _POSITIVE_OR_NONE_FIELDS = (
     "model.kv_channels",
     "model.virtual_pipeline_model_parallel_size",
     "scheduler.lr_decay_iters",
+    "ddp.bucket_size",
+    "ddp.bucket_cap_mb",
 )
 
 
@@ -249,7 +282,7 @@ def _offload_layers(cfg: "ConfigContainer", world_size: int) -> None:
 
 
 @rule("recompute_settings", ("model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"),
-      "model.recompute_method 'block' needs 0 < recompute_num_layers <= num_layers; method needs granularity 'full'.")
+      "model.recompute_method 'block' needs 0 <= recompute_num_layers <= num_layers; method needs granularity 'full'.")
 def _recompute(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if m.recompute_method is not None and m.recompute_granularity != "full":
@@ -257,9 +290,10 @@ def _recompute(cfg: "ConfigContainer", world_size: int) -> None:
              f"(got {m.recompute_granularity!r})", "model.recompute_method", "model.recompute_granularity")
     if m.recompute_method == "block":
         n = m.recompute_num_layers
-        if n is None or not 0 < n <= m.num_layers:
-            fail(f"model.recompute_num_layers={n!r} must be in 1..model.num_layers={m.num_layers} with "
-                 "recompute_method='block'", "model.recompute_num_layers")
+        if n is None or not 0 <= n <= m.num_layers:
+            fail(f"model.recompute_num_layers={n!r} must be in 0..model.num_layers={m.num_layers} with "
+                 "recompute_method='block' (the number of leading blocks recomputed; 0 recomputes none)",
+                 "model.recompute_num_layers")
 
 
 # --------------------------------------------------------------------------------------- training schedule
@@ -319,15 +353,11 @@ def _warmup_exclusive(cfg: "ConfigContainer", world_size: int) -> None:
                  "scheduler.lr_warmup_fraction")
 
 
-@rule("scheduler_warmup_lt_decay", ("scheduler.lr_warmup_iters", "scheduler.lr_decay_iters"),
-      "Warmup steps are fewer than decay steps (lr_decay_iters, default train_iters), and WSD decay fits in them.")
-def _warmup_lt_decay(cfg: "ConfigContainer", world_size: int) -> None:
-    warmup, decay = cfg.lr_warmup_iters, cfg.lr_decay_iters
-    if decay > 0 and warmup >= decay:
-        fail(f"scheduler warmup ({warmup} steps) must be shorter than the decay ({decay} steps, "
-             "scheduler.lr_decay_iters or the run length): lower scheduler.lr_warmup_iters",
-             "scheduler.lr_warmup_iters", "scheduler.lr_decay_iters")
+@rule("scheduler_wsd_decay", ("scheduler.lr_wsd_decay_iters", "scheduler.lr_decay_style"),
+      "With lr_decay_style 'WSD', lr_wsd_decay_iters is set and fits in the decay steps after warmup.")
+def _wsd_decay(cfg: "ConfigContainer", world_size: int) -> None:
     s = cfg.scheduler
+    warmup, decay = cfg.lr_warmup_iters, cfg.lr_decay_iters
     if s.lr_decay_style == "WSD" and (s.lr_wsd_decay_iters is None or s.lr_wsd_decay_iters > decay - warmup):
         fail(f"scheduler.lr_decay_style='WSD' needs scheduler.lr_wsd_decay_iters in 0..{decay - warmup} "
              f"(decay minus warmup; got {s.lr_wsd_decay_iters!r})", "scheduler.lr_wsd_decay_iters")
@@ -365,3 +395,8 @@ def _precision(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.optimizer.bf16 and cfg.optimizer.fp16:
         fail("optimizer.bf16 and optimizer.fp16 are both True: choose one (or a mixed_precision preset)",
              "optimizer.bf16", "optimizer.fp16")
+
+
+# The other rule modules register after this one's rules, in a fixed order (the docs table follows it).
+import megatron_bridge.config.rules_model  # noqa: E402, F401, I001
+import megatron_bridge.config.rules_distributed  # noqa: E402, F401

@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
 
 AC_SCOPES = ("all", "language", "vision", "audio", "multimodal")
+TP_STYLES = ("colwise", "rowwise", "sequence_parallel", "replicate")
+"""Styles of a custom ``fsdp2.tp_plan`` entry."""
 
 
 @rule("fsdp_backends_exclusive", ("dist.use_megatron_fsdp", "dist.use_torch_fsdp2"),
@@ -28,14 +30,6 @@ def _mfsdp_format(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.dist.use_megatron_fsdp and (c.save or c.load) and c.ckpt_format != "fsdp_dtensor":
         fail(f"dist.use_megatron_fsdp=True requires checkpoint.ckpt_format='fsdp_dtensor' (got {c.ckpt_format!r}) "
              "when checkpoint.save or checkpoint.load is set", "dist.use_megatron_fsdp", "checkpoint.ckpt_format")
-
-
-@rule("megatron_fsdp_rank_mapping", ("dist.use_megatron_fsdp", "dist.use_tp_pp_dp_mapping"),
-      "Megatron FSDP does not support dist.use_tp_pp_dp_mapping.")
-def _mfsdp_mapping(cfg: "ConfigContainer", world_size: int) -> None:
-    if cfg.dist.use_megatron_fsdp and cfg.dist.use_tp_pp_dp_mapping:
-        fail("dist.use_tp_pp_dp_mapping=True is not supported with Megatron FSDP: set it to False",
-             "dist.use_tp_pp_dp_mapping", "dist.use_megatron_fsdp")
 
 
 @rule("megatron_fsdp_device_connections", ("dist.use_megatron_fsdp",),
@@ -149,3 +143,77 @@ def _ac_single(cfg: "ConfigContainer", world_size: int) -> None:
     if granularity is not None and backend_value not in (False, None):
         fail(f"model.recompute_granularity={granularity!r} and {backend_path}={backend_value!r} both ask for "
              "activation checkpointing: keep one of them", "model.recompute_granularity", backend_path)
+
+
+# ------------------------------------------------------------------------------------ tensor parallelism
+@rule("tensor_parallel_backend", ("model.tensor_model_parallel_size", "dist.use_torch_fsdp2", "dist.use_megatron_fsdp"),
+      "Tensor parallelism (TP > 1) runs with the FSDP2 backend: torch DDP cannot wrap DTensor parameters and the "
+      "Megatron FSDP backend does not apply TP in this version.")
+def _tp_backend(cfg: "ConfigContainer", world_size: int) -> None:
+    tp = cfg.model.tensor_model_parallel_size
+    if tp <= 1 or cfg.dist.use_torch_fsdp2:
+        return
+    backend = "dist.use_megatron_fsdp=True" if cfg.dist.use_megatron_fsdp else "the DDP backend"
+    fail(f"model.tensor_model_parallel_size={tp} is not supported with {backend}: set dist.use_torch_fsdp2=True "
+         "(FSDP2 applies tensor parallelism and works with one data-parallel rank too) or "
+         "model.tensor_model_parallel_size=1", "model.tensor_model_parallel_size", "dist.use_torch_fsdp2")
+
+
+@rule("tensor_parallel_divisible", ("model.ffn_hidden_size", "model.seq_length", "model.tensor_model_parallel_size"),
+      "With TP > 1, model.ffn_hidden_size (and model.seq_length with sequence parallelism) is divisible by TP.")
+def _tp_divisible(cfg: "ConfigContainer", world_size: int) -> None:
+    m, tp = cfg.model, cfg.model.tensor_model_parallel_size
+    if tp <= 1:
+        return
+    checks = [("model.ffn_hidden_size", m.ffn_hidden_size)]
+    if m.sequence_parallel:
+        checks.append(("model.seq_length", m.seq_length))
+    for path, value in checks:
+        if value % tp:
+            fail(f"{path}={value} must be divisible by model.tensor_model_parallel_size={tp} (tensor parallelism "
+                 "shards it evenly): change one of them", path, "model.tensor_model_parallel_size")
+
+
+def tp_plan_problems(plan: dict[str, str], *, sequence_parallel: bool) -> list[str]:
+    """What is wrong with the entries of a custom ``fsdp2.tp_plan`` (empty when nothing is)."""
+    problems = []
+    for pattern, style in plan.items():
+        if style not in TP_STYLES:
+            problems.append(f"fsdp2.tp_plan[{pattern!r}]={style!r}: unknown style; use one of {', '.join(TP_STYLES)}")
+        elif style == "sequence_parallel" and not sequence_parallel:
+            problems.append(f"fsdp2.tp_plan[{pattern!r}]={style!r}: needs model.sequence_parallel=True (the residual "
+                            "stream is sharded over the sequence only then); set it, or use 'replicate' for this "
+                            "module")
+    return problems
+
+
+@rule("tp_plan_styles", ("fsdp2.tp_plan",),
+      "Entries of fsdp2.tp_plan are colwise/rowwise/sequence_parallel/replicate; sequence_parallel needs "
+      "model.sequence_parallel.")
+def _tp_plan(cfg: "ConfigContainer", world_size: int) -> None:
+    plan = cfg.fsdp2.tp_plan
+    if isinstance(plan, dict):
+        problems = tp_plan_problems(plan, sequence_parallel=cfg.model.sequence_parallel)
+        if problems:
+            fail("; ".join(problems), "fsdp2.tp_plan")
+
+
+@rule("autocast_dtype", ("ddp.autocast_dtype", "fsdp2.autocast_dtype"),
+      "Autocast dtypes are 'bfloat16' or 'float16' (None disables autocast); 'float32' is not an autocast dtype.")
+def _autocast(cfg: "ConfigContainer", world_size: int) -> None:
+    for path, value in (("ddp.autocast_dtype", cfg.ddp.autocast_dtype),
+                        ("fsdp2.autocast_dtype", cfg.fsdp2.autocast_dtype)):
+        if value == "float32":
+            fail(f"{path}='float32' is not an autocast dtype: use 'bfloat16' or 'float16', or None to disable "
+                 "autocast", path)
+
+
+@rule("megatron_fsdp_meta_init", ("model.init_model_with_meta_device", "ddp.data_parallel_sharding_strategy"),
+      "Megatron FSDP initializes meta-device models only when it shards parameters (strategy other than no_shard).")
+def _mfsdp_meta(cfg: "ConfigContainer", world_size: int) -> None:
+    if (cfg.dist.use_megatron_fsdp and cfg.model.init_model_with_meta_device
+            and cfg.ddp.data_parallel_sharding_strategy == "no_shard"):
+        fail("model.init_model_with_meta_device=True with ddp.data_parallel_sharding_strategy='no_shard': "
+             "megatron-fsdp initializes meta models only when it shards parameters. Fix: use a sharding strategy "
+             "(e.g. 'optim_grads_params') or set model.init_model_with_meta_device=False",
+             "model.init_model_with_meta_device", "ddp.data_parallel_sharding_strategy")

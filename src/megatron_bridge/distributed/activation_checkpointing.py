@@ -28,6 +28,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from megatron_bridge.config.rules import enforce
 from megatron_bridge.distributed.common import BlockRef, find_decoder_blocks, has_trainable_params, unwrap_checkpoint
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
@@ -76,18 +77,15 @@ def ac_settings(cfg: "ConfigContainer", section: Literal["ddp", "fsdp2"]) -> ACS
     """The activation-checkpointing request of the ``ddp`` or ``fsdp2`` section, or of ``model.recompute_*``.
 
     Raises:
-        ConfigValidationError: ``recompute_method="block"`` without a positive ``recompute_num_layers``.
+        ConfigValidationError: ``recompute_method="block"`` without 0 <= ``recompute_num_layers`` <= num_layers
+            (rule ``recompute_settings``).
     """
     m = cfg.model
     if m.recompute_granularity is not None:
         mode = normalize_mode(m.recompute_granularity, "model.recompute_granularity")
         max_blocks = None
         if mode == "full" and m.recompute_method == "block":
-            if m.recompute_num_layers is None or m.recompute_num_layers < 0:
-                raise ConfigValidationError(
-                    "model.recompute_method='block' needs model.recompute_num_layers >= 0 (the number of leading "
-                    f"blocks to recompute); got {m.recompute_num_layers!r}.", ("model.recompute_num_layers",),
-                )
+            enforce(cfg, "recompute_settings")
             max_blocks = m.recompute_num_layers
         return ACSettings(mode, ("all",), False, max_blocks, "model.recompute_granularity")
     options = getattr(cfg, section)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from megatron_bridge.errors import ConfigValidationError, TrainingError
+from megatron_bridge.errors import TrainingError
 from megatron_bridge.utils.logging import get_logger, warn_once
 
 
@@ -94,30 +94,7 @@ def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     yield from module.buffers()
 
 
-# ------------------------------------------------------------------------------------------ config-level checks
-def check_no_tensor_parallel(cfg: "ConfigContainer") -> None:
-    """For backends that do not apply tensor parallelism (Megatron FSDP): TP > 1 raises."""
-    tp = cfg.model.tensor_model_parallel_size
-    if tp > 1:
-        raise ConfigValidationError(
-            f"model.tensor_model_parallel_size={tp} is not supported by this data-parallel backend in this version: "
-            "set model.tensor_model_parallel_size=1, or use dist.use_torch_fsdp2=True for tensor parallelism.",
-            ("model.tensor_model_parallel_size",),
-        )
-
-
-def check_tensor_parallel_needs_fsdp2(cfg: "ConfigContainer") -> None:
-    """The DDP backend cannot wrap tensor-parallel (DTensor) parameters: TP > 1 raises, naming FSDP2 as the fix."""
-    tp = cfg.model.tensor_model_parallel_size
-    if tp > 1:
-        raise ConfigValidationError(
-            f"model.tensor_model_parallel_size={tp} needs dist.use_torch_fsdp2=True: torch DDP does not support "
-            "tensor-parallel (DTensor) parameters. Set dist.use_torch_fsdp2=True (FSDP2 shards over the data-parallel "
-            "ranks and works with one data-parallel rank too) or model.tensor_model_parallel_size=1.",
-            ("dist.use_torch_fsdp2", "model.tensor_model_parallel_size"),
-        )
-
-
+# ------------------------------------------------------------------------------------------ autocast and NaN
 def resolve_autocast_dtype(
     path: str, explicit: str | torch.dtype | None, cfg: "ConfigContainer", *, use_preset: bool
 ) -> torch.dtype | None:
@@ -125,19 +102,17 @@ def resolve_autocast_dtype(
     ``use_preset`` — bfloat16/float16 when ``optimizer.bf16``/``optimizer.fp16`` is set, else None.
 
     Raises:
-        ConfigValidationError: ``explicit`` is float32 (autocast to float32 is not a thing; use None).
+        ConfigValidationError: ``explicit`` is float32 (rule ``autocast_dtype``).
     """
+    from megatron_bridge.config.rules import enforce
+
+    enforce(cfg, "autocast_dtype")
     dtype = to_torch_dtype(explicit)
     if dtype is None and use_preset:
         if cfg.optimizer.bf16:
             dtype = torch.bfloat16
         elif cfg.optimizer.fp16:
             dtype = torch.float16
-    if dtype == torch.float32:
-        raise ConfigValidationError(
-            f"{path}='float32' is not an autocast dtype: use 'bfloat16' or 'float16', or None to disable autocast.",
-            (path,),
-        )
     return dtype
 
 

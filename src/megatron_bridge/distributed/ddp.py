@@ -30,12 +30,12 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from megatron_bridge.config.rules import enforce
 from megatron_bridge.distributed.activation_checkpointing import ac_settings, apply_ac_settings
 from megatron_bridge.distributed.base import DataParallelBackend
 from megatron_bridge.distributed.common import (
     autocast_context,
     check_grad_norm_finite,
-    check_tensor_parallel_needs_fsdp2,
     has_meta_params,
     resolve_autocast_dtype,
 )
@@ -94,7 +94,7 @@ class DDPBackend(DataParallelBackend):
 
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
         """Materialize meta chunks, apply activation checkpointing, wrap each chunk in DDP."""
-        check_tensor_parallel_needs_fsdp2(self.cfg)
+        enforce(self.cfg, "tensor_parallel_backend", "engine_parallel_layout")
         if self.cfg.optimizer.use_distributed_optimizer:
             warn_once(logger, "ddp_distributed_optimizer",
                       "optimizer.use_distributed_optimizer=True has no effect with the DDP backend: optimizer state "

@@ -127,18 +127,13 @@ def build_device_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
     """The device mesh of the parallel layout: ``("dp",)``, or ``("dp", "tp")`` when TP > 1.
 
     Raises:
-        ConfigValidationError: pipeline or context parallelism is asked for (not part of these meshes), or the
+        ConfigValidationError: a layout the engine does not build (rule ``engine_parallel_layout``), or the
             world size is not a multiple of the TP size.
     """
-    m = cfg.model
-    for path, size in (("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size),
-                       ("model.context_parallel_size", m.context_parallel_size)):
-        if size > 1:
-            raise ConfigValidationError(
-                f"{path}={size} is not supported by the data-parallel backends (DDP/FSDP2) in this version: set "
-                "it to 1.", (path,),
-            )
-    tp = m.tensor_model_parallel_size
+    from megatron_bridge.config.rules import enforce
+
+    enforce(cfg, "engine_parallel_layout")
+    tp = cfg.model.tensor_model_parallel_size
     if env.world_size % tp != 0:
         raise ConfigValidationError(
             f"model.tensor_model_parallel_size={tp} does not divide the world size {env.world_size}: pick a TP size "

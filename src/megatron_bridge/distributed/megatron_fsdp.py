@@ -18,12 +18,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from megatron_bridge.config.adjustments import apply_adjustment
+from megatron_bridge.config.rules import enforce
 from megatron_bridge.distributed import megatron_fsdp_compat as compat
 from megatron_bridge.distributed.activation_checkpointing import ACSettings, ac_settings, apply_ac_settings
 from megatron_bridge.distributed.base import DataParallelBackend, _by_chunk, _from_chunks
 from megatron_bridge.distributed.common import (
     autocast_context,
-    check_no_tensor_parallel,
     has_meta_params,
     resolve_autocast_dtype,
 )
@@ -48,16 +49,8 @@ __all__ = ["MegatronFSDPBackend", "megatron_fsdp_kwargs"]
 # ------------------------------------------------------------------------------------------ config helpers
 def warn_legacy_nan_check(cfg: "ConfigContainer") -> None:
     """The once-per-process warning for ``ddp.check_for_nan_in_grad`` (never passed to megatron-fsdp), also when
-    ``validate()`` was skipped: the same adjustment (and key) as the config layer's."""
-    from megatron_bridge.config.adjustments import ADJUSTMENTS
-
-    for adjustment in ADJUSTMENTS:
-        if adjustment.id == "legacy_check_for_nan_in_grad":
-            adjustment.apply(cfg)
-            return
-    if cfg.ddp.check_for_nan_in_grad:  # the adjustment was renamed: still warn once
-        warn_once(logger, "legacy_check_for_nan_in_grad", "ddp.check_for_nan_in_grad=True has no effect with "
-                  "Megatron FSDP; set ddp.report_nan_in_param_grad=True for the per-parameter check.")
+    ``validate()`` was skipped: the config layer's ``legacy_check_for_nan_in_grad`` adjustment."""
+    apply_adjustment(cfg, "legacy_check_for_nan_in_grad")
 
 
 def activation_checkpointing_settings(cfg: "ConfigContainer") -> ACSettings | None:
@@ -192,16 +185,11 @@ class MegatronFSDPBackend(DataParallelBackend):
 
         cfg = self.cfg
         warn_legacy_nan_check(cfg)
-        check_no_tensor_parallel(cfg)
+        apply_adjustment(cfg, "megatron_fsdp_average_in_collective")
+        enforce(cfg, "tensor_parallel_backend", "engine_parallel_layout", "megatron_fsdp_async_save",
+                "megatron_fsdp_meta_init")
         if len(model_chunks) != 1:
-            raise MegatronBridgeError(f"Megatron FSDP wraps one model chunk; got {len(model_chunks)} (pipeline "
-                                      "parallelism is not supported): set model.pipeline_model_parallel_size=1.")
-        if cfg.checkpoint.async_save:
-            raise MegatronBridgeError(
-                "checkpoint.async_save=True does not work with Megatron FSDP: DCP's async staging copies each "
-                "DTensor shard and drops the uneven-shard metadata megatron-fsdp attaches for the save plan (on CPU "
-                "the copy fails outright). Fix: set checkpoint.async_save=False (synchronous fsdp_dtensor saves)."
-            )
+            raise MegatronBridgeError(f"Megatron FSDP wraps one model chunk; got {len(model_chunks)}.")
         compat.require_cuda(self.device)
         mfsdp = compat.import_megatron_fsdp()
         compat.check_ddp_config_compatible(mfsdp.fully_shard_model)

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from megatron_bridge.config.adjustments import apply_adjustment
+from megatron_bridge.config.rules import enforce
 from megatron_bridge.distributed.common import no_split_module_names
 from megatron_bridge.errors import MegatronBridgeError, MissingDependencyError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
@@ -284,17 +286,9 @@ def megatron_fsdp_kwargs(cfg: "ConfigContainer", model: nn.Module,
     mfsdp = import_megatron_fsdp()
     names = frozenset(params) if params is not None else accepted_parameters(mfsdp.fully_shard_model)
     d = cfg.ddp
+    enforce(cfg, "field_types", "megatron_fsdp_meta_init", "positive_sizes")
     strategy = d.data_parallel_sharding_strategy
-    if strategy not in SHARDING_STRATEGY_IDS:
-        raise MegatronBridgeError(f"ddp.data_parallel_sharding_strategy={strategy!r} is not one of "
-                                  f"{list(SHARDING_STRATEGY_IDS)}.")
     meta = cfg.model.init_model_with_meta_device
-    if meta and strategy == "no_shard":
-        raise MegatronBridgeError(
-            "model.init_model_with_meta_device=True with ddp.data_parallel_sharding_strategy='no_shard': megatron-fsdp "
-            "initializes meta models only when it shards parameters. Fix: use a sharding strategy "
-            "(e.g. 'optim_grads_params') or set model.init_model_with_meta_device=False."
-        )
     kwargs: dict[str, Any] = {
         "fsdp_unit_modules": resolve_unit_modules(d.megatron_fsdp_unit_modules, model),
         "dp_shard_dim": MESH_DIM_NAMES[0],
@@ -314,12 +308,8 @@ def megatron_fsdp_kwargs(cfg: "ConfigContainer", model: nn.Module,
     }
     require_policy_api(names)
     if d.average_in_collective and average_in_collective_needs_experts(mfsdp):
-        raise MegatronBridgeError(
-            f"ddp.average_in_collective=True crashes megatron-fsdp {installed_version()} without expert parallelism "
-            "(it sizes the expert data-parallel group, which is None: AttributeError in MegatronFSDP.__init__). Fix: "
-            "set ddp.average_in_collective=False; the gradients are the same (divided by the data-parallel size "
-            "before the sum instead of averaged in the collective)."
-        )
+        apply_adjustment(cfg, "megatron_fsdp_average_in_collective")  # as validate() does; logged once
+        kwargs["average_in_collective"] = d.average_in_collective
     fp32 = torch.float32
     kwargs["mixed_precision_policy"] = mfsdp.MixedPrecisionPolicy(
         main_params_dtype=fp32 if d.preserve_fp32_weights else None,
@@ -339,7 +329,7 @@ def apply_communication_unit_size(wrapped: nn.Module, size: int | None) -> None:
     """
     if size is None:
         return
-    if size <= 0:
+    if size <= 0:  # the positive_sizes rule of validate() refuses it first
         raise MegatronBridgeError(f"ddp.bucket_size={size} must be a positive number of elements, or None.")
     names = ("suggested_RS_queue_capacity", "suggested_AG_prefetch_size")
     if not all(hasattr(wrapped, n) for n in names):

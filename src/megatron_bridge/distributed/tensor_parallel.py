@@ -46,6 +46,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn import functional as F
 
+from megatron_bridge.config.rules import enforce
+from megatron_bridge.config.rules_distributed import TP_STYLES, tp_plan_problems
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
@@ -55,7 +57,6 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-TP_STYLES = ("colwise", "rowwise", "sequence_parallel", "replicate")
 """Style names accepted in ``fsdp2.tp_plan``."""
 
 
@@ -187,27 +188,21 @@ def llama_tp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, Par
     return plan
 
 
-def _bad_entry(pattern: str, style: object, why: str) -> ConfigValidationError:
-    return ConfigValidationError(f"fsdp2.tp_plan[{pattern!r}]={style!r}: {why}", ("fsdp2.tp_plan",))
-
-
 def validate_tp_plan(patterns: dict[str, str], *, sequence_parallel: bool) -> None:
-    """Check the style names of a custom plan.
+    """Check the style names of a custom plan (the ``tp_plan_styles`` rule of ``validate()``).
 
     Raises:
-        ConfigValidationError: an unknown style, or "sequence_parallel" without ``model.sequence_parallel``.
+        ConfigValidationError: not a dict, an unknown style, or "sequence_parallel" without
+            ``model.sequence_parallel``.
     """
     if not isinstance(patterns, dict):
         raise ConfigValidationError(
             f"fsdp2.tp_plan={patterns!r} must be a dict of module-name pattern to style ({', '.join(TP_STYLES)}), "
             "or None for the auto-selected plan.", ("fsdp2.tp_plan",),
         )
-    for pattern, style in patterns.items():
-        if style not in TP_STYLES:
-            raise _bad_entry(pattern, style, f"unknown style; use one of {', '.join(TP_STYLES)}.")
-        if style == "sequence_parallel" and not sequence_parallel:
-            raise _bad_entry(pattern, style, "needs model.sequence_parallel=True (the residual stream is sharded "
-                             "over the sequence only then); set it, or use 'replicate' for this module.")
+    problems = tp_plan_problems(patterns, sequence_parallel=sequence_parallel)
+    if problems:
+        raise ConfigValidationError("; ".join(problems), ("fsdp2.tp_plan",))
 
 
 def _style_for(module: nn.Module, style: str, model: nn.Module, sp: bool) -> ParallelStyle:
@@ -264,19 +259,6 @@ def plan_from_patterns(model: nn.Module, patterns: dict[str, str], *, sequence_p
 
 
 # -------------------------------------------------------------------------------------------------- applying
-def _check_divisible(cfg: "ConfigContainer") -> None:
-    m, tp = cfg.model, cfg.model.tensor_model_parallel_size
-    checks = [("model.ffn_hidden_size", m.ffn_hidden_size)]
-    if m.sequence_parallel:
-        checks.append(("model.seq_length", m.seq_length))
-    for path, value in checks:
-        if value % tp:
-            raise ConfigValidationError(
-                f"{path}={value} must be divisible by model.tensor_model_parallel_size={tp} (tensor parallelism "
-                "shards it evenly): change one of them.", (path, "model.tensor_model_parallel_size"),
-            )
-
-
 def divide_attention_heads(model: nn.Module, plan: dict[str, Any], tp: int) -> int:
     """Divide ``num_heads``/``num_kv_heads`` by ``tp`` on attention modules whose ``q_proj`` is column-wise;
     returns how many modules changed.
@@ -346,7 +328,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg: "ConfigCon
             f"the TP mesh has {tp_mesh.size()} ranks but model.tensor_model_parallel_size={tp}.",
             ("model.tensor_model_parallel_size",),
         )
-    _check_divisible(cfg)
+    enforce(cfg, "tensor_parallel_divisible")
     custom = cfg.fsdp2.tp_plan
     if custom is not None:
         plan = plan_from_patterns(model, custom, sequence_parallel=sp)

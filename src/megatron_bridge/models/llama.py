@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, build_norm
-from megatron_bridge.models.validation import check_transformer_impl, validate_model_config
+from megatron_bridge.models.validation import validate_model_config
 from megatron_bridge.utils.logging import get_logger, warn_once
 
 
@@ -135,7 +135,6 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: ModelConfig, *, device: torch.device | str | None = None) -> None:
         super().__init__()
-        check_transformer_impl(config)
         validate_model_config(config)
         self.config = config
         dtype = params_dtype_of(config)

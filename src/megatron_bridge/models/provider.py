@@ -4,8 +4,8 @@ import torch
 from torch import nn
 
 from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.rules_model import check_model_buildable
 from megatron_bridge.models.llama import LlamaModel
-from megatron_bridge.models.validation import check_parallel_layout, check_transformer_impl, validate_model_config
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
@@ -24,13 +24,11 @@ def build_model_chunks(config: ModelConfig, *, device: torch.device | str | None
         device: where to build when not on the meta device; None means torch's current default device.
 
     Raises:
-        ConfigValidationError: pipeline, virtual-pipeline, context or expert parallelism is asked for, or a field
-            cannot form a model.
-        MissingDependencyError: ``config.transformer_impl`` names a GPU engine that is not installed.
+        ConfigValidationError: a model rule of ``validate()`` fails (:mod:`megatron_bridge.config.rules_model`):
+            a layout the engine does not build, an engine that is not installed or wired, or fields that cannot
+            form a model.
     """
-    check_transformer_impl(config)
-    check_parallel_layout(config)
-    validate_model_config(config)
+    check_model_buildable(config)  # the model rules of validate(), for callers that skipped it
     build_device = torch.device("meta") if config.init_model_with_meta_device else device
     model = LlamaModel(config, device=build_device)
     log_rank_0(

@@ -19,10 +19,30 @@ from megatron_bridge.config.train import RNGConfig, TrainingConfig, ValidationCo
 from megatron_bridge.errors import ConfigValidationError
 
 
+DEFAULT_RUN_DIR = os.path.join("nemo_experiments", "default")
+"""The run folder of a recipe called without ``dir``, under the working directory (Megatron-Bridge's default):
+checkpoints in ``<run>/checkpoints`` (saved and resumed), TensorBoard in ``<run>/tb_logs``."""
+
+
+def default_run_dir() -> str:
+    """``<cwd>/nemo_experiments/default``, resolved when the recipe is called (as Megatron-Bridge does)."""
+    return os.path.join(os.getcwd(), DEFAULT_RUN_DIR)
+
+
+def set_run_dir(cfg: ConfigContainer, run_dir: str) -> None:
+    """Checkpoints (save and resume) in ``<run_dir>/checkpoints``, TensorBoard in ``<run_dir>/tb_logs``."""
+    cfg.checkpoint.save = cfg.checkpoint.load = os.path.join(run_dir, "checkpoints")
+    cfg.logger.tensorboard_dir = os.path.join(run_dir, "tb_logs")
+
+
 def pretrain_common(model: ModelConfig) -> ConfigContainer:
-    """Megatron-Bridge's shared pretrain defaults (reference §4) around ``model``: mock data, bf16 mixed precision,
-    AdamW 3e-4 → 3e-5 cosine with 2000 warmup steps, distributed optimizer, DDP with overlapped communication."""
-    return ConfigContainer(
+    """Megatron-Bridge's Llama 3 pretrain defaults (reference §4) around ``model``: mock data, bf16 mixed precision,
+    AdamW 3e-4 → 3e-5 cosine with 2000 warmup steps, distributed optimizer, DDP with overlapped communication, and
+    the default run folder (:func:`default_run_dir`; a recipe's ``dir`` keyword replaces it).
+
+    Tensor parallelism runs on the FSDP2 backend here (rule ``tensor_parallel_backend``): a model with TP > 1 gets
+    ``dist.use_torch_fsdp2=True`` (Megatron-Bridge uses Megatron DDP; see docs/megatron-bridge-differences.md)."""
+    cfg = ConfigContainer(
         model=model,
         train=TrainingConfig(train_iters=1_168_251, global_batch_size=512, micro_batch_size=1, manual_gc=True,
                              manual_gc_interval=100),
@@ -42,6 +62,9 @@ def pretrain_common(model: ModelConfig) -> ConfigContainer:
         mixed_precision="bf16_mixed",
         rng=RNGConfig(seed=1234),
     )
+    cfg.dist.use_torch_fsdp2 = model.tensor_model_parallel_size > 1
+    set_run_dir(cfg, default_run_dir())
+    return cfg
 
 
 @dataclass(frozen=True)
@@ -83,8 +106,7 @@ def apply_common_overrides(cfg: ConfigContainer, **overrides: Any) -> ConfigCont
         if value is None:
             continue
         if key == "dir":
-            cfg.checkpoint.save = cfg.checkpoint.load = os.path.join(value, "checkpoints")
-            cfg.logger.tensorboard_dir = os.path.join(value, "tb_logs")
+            set_run_dir(cfg, value)
         elif key == "seq_length":
             cfg.model.seq_length = cfg.dataset.seq_length = value
         elif key == "lr_warmup_iters":

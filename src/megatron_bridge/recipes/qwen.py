@@ -8,15 +8,24 @@ from megatron_bridge.recipes.base import apply_common_overrides, pretrain_common
 
 
 def _qwen3(num_layers: int, hidden: int, ffn: int, heads: int, *, tied: bool, tp: int = 1, pp: int = 1,
-           **overrides: Any) -> ConfigContainer:
-    """A Qwen3 dense model: head dim 128, 8 KV heads, QK-norm, RoPE base 1e6, vocab 151936, seq 4096."""
+           recompute: bool = False, **overrides: Any) -> ConfigContainer:
+    """A Qwen3 dense model (head dim 128, 8 KV heads, QK-norm, RoPE base 1e6, vocab 151936, seq 4096) with
+    Megatron-Bridge's Qwen3 training values: its ``_pretrain_common`` (300000 steps of 32 samples, micro-batch 2,
+    500 warmup steps, eval every 500 steps over 32 batches, lr 3e-4 → 3e-5), no sequence parallelism, recompute
+    only for 32B (full, uniform, 1 layer)."""
     model = ModelConfig(num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
                         num_query_groups=8, kv_channels=128, vocab_size=151936, seq_length=4096,
                         rotary_base=1_000_000.0, normalization="RMSNorm", layernorm_epsilon=1e-6,
                         activation="swiglu", qk_layernorm=True, share_embeddings_and_output_weights=tied,
-                        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                        sequence_parallel=tp > 1)
-    return apply_common_overrides(pretrain_common(model), **overrides)
+                        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False)
+    if recompute:
+        model.recompute_granularity, model.recompute_method, model.recompute_num_layers = "full", "uniform", 1
+    cfg = pretrain_common(model)
+    cfg.train.train_iters, cfg.train.global_batch_size, cfg.train.micro_batch_size = 300_000, 32, 2
+    cfg.scheduler.lr_warmup_iters = 500
+    cfg.validation.eval_interval, cfg.validation.eval_iters = 500, 32
+    cfg.ddp.data_parallel_sharding_strategy = "optim_grads_params"
+    return apply_common_overrides(cfg, **overrides)
 
 
 def qwen3_600m_pretrain_config(**overrides: Any) -> ConfigContainer:
@@ -30,20 +39,20 @@ def qwen3_1p7b_pretrain_config(**overrides: Any) -> ConfigContainer:
 
 
 def qwen3_4b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Qwen3 4B (36 layers, hidden 2560, FFN 9728, 32 heads, tied embeddings); TP2 on 2 GPUs."""
+    """Qwen3 4B (36 layers, hidden 2560, FFN 9728, 32 heads, tied embeddings); TP2 (on FSDP2) on 2 GPUs."""
     return _qwen3(36, 2560, 9728, 32, tied=True, tp=2, **overrides)
 
 
 def qwen3_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Qwen3 8B (36 layers, hidden 4096, FFN 12288, 32 heads); TP4 on 4 GPUs."""
+    """Qwen3 8B (36 layers, hidden 4096, FFN 12288, 32 heads); TP4 (on FSDP2) on 4 GPUs."""
     return _qwen3(36, 4096, 12288, 32, tied=False, tp=4, **overrides)
 
 
 def qwen3_14b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Qwen3 14B (40 layers, hidden 5120, FFN 17408, 40 heads); TP8 on 8 GPUs."""
+    """Qwen3 14B (40 layers, hidden 5120, FFN 17408, 40 heads); TP8 (on FSDP2) on 8 GPUs."""
     return _qwen3(40, 5120, 17408, 40, tied=False, tp=8, **overrides)
 
 
 def qwen3_32b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Qwen3 32B (64 layers, hidden 5120, FFN 25600, 64 heads); TP8 PP2 on 16 GPUs."""
-    return _qwen3(64, 5120, 25600, 64, tied=False, tp=8, pp=2, **overrides)
+    """Qwen3 32B (64 layers, hidden 5120, FFN 25600, 64 heads); TP8 PP2 on 16 GPUs, full recompute (uniform, 1)."""
+    return _qwen3(64, 5120, 25600, 64, tied=False, tp=8, pp=2, recompute=True, **overrides)

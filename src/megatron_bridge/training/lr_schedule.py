@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.errors import CheckpointError
 
 
 class OptimizerParamScheduler:
@@ -33,6 +34,7 @@ class OptimizerParamScheduler:
         self.end_wd = s.end_weight_decay if s.end_weight_decay is not None else o.weight_decay
         self.wd_incr_style = s.weight_decay_incr_style
         self.override_from_config = s.override_opt_param_scheduler
+        self.use_checkpoint = s.use_checkpoint_opt_param_scheduler
         self.num_steps = 0
         for group in optimizer.param_groups:
             group.setdefault("decays", group.get("weight_decay", 0.0) > 0)
@@ -97,13 +99,34 @@ class OptimizerParamScheduler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the step; schedule constants come from the checkpoint unless override_opt_param_scheduler."""
-        if not self.override_from_config:
-            for key in ("max_lr", "min_lr", "warmup_steps", "decay_steps", "decay_style", "start_wd", "end_wd"):
-                if key in state:
-                    setattr(self, key, state[key])
+        """Restore the step and the schedule constants, as Megatron does: with
+        ``scheduler.override_opt_param_scheduler`` the config's constants win, with
+        ``scheduler.use_checkpoint_opt_param_scheduler`` the checkpoint's; with neither they must agree.
+
+        Raises:
+            CheckpointError: neither option is set and a constant differs between the config and the checkpoint.
+        """
+        for key, path in _SCHEDULE_CONSTANTS.items():
+            if key not in state or self.override_from_config:
+                continue
+            if self.use_checkpoint:
+                setattr(self, key, state[key])
+            elif state[key] != getattr(self, key):
+                raise CheckpointError(
+                    f"the checkpoint's learning-rate schedule has {key}={state[key]!r} but the config gives "
+                    f"{getattr(self, key)!r} ({path}): set scheduler.override_opt_param_scheduler=True to use the "
+                    "config's schedule, or scheduler.use_checkpoint_opt_param_scheduler=True to keep the checkpoint's."
+                )
         self.num_steps = 0
         self.step(int(state["num_steps"]))
+
+
+_SCHEDULE_CONSTANTS: dict[str, str] = {
+    "max_lr": "optimizer.lr", "min_lr": "optimizer.min_lr", "warmup_steps": "scheduler.lr_warmup_iters",
+    "decay_steps": "scheduler.lr_decay_iters", "decay_style": "scheduler.lr_decay_style",
+    "start_wd": "scheduler.start_weight_decay", "end_wd": "scheduler.end_weight_decay",
+}
+"""Schedule constants saved in checkpoints, and the config field each one comes from."""
 
 
 def _wsd_coeff(style: str, ratio: float) -> float:

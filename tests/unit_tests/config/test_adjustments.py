@@ -93,3 +93,36 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def test_warmup_longer_than_decay_is_capped_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Megatron-Bridge caps warmup to decay - 1 with a warning: llama3_8b (2000 warmup steps) with 100 steps runs."""
+    from megatron_bridge.recipes import llama3_8b_pretrain_config
+
+    cfg = llama3_8b_pretrain_config(train_iters=100)
+    with caplog.at_level(logging.WARNING, logger="megatron_bridge"):
+        cfg.validate(world_size=2)
+    assert cfg.scheduler.lr_warmup_iters == 99 and cfg.lr_warmup_iters == 99
+    assert [r for r in caplog.records if "scheduler.lr_warmup_iters=99 (was 2000)" in r.getMessage()]
+    cfg.scheduler.lr_decay_iters = 50  # an explicit decay length caps too
+    cfg.validate(world_size=2)
+    assert cfg.scheduler.lr_warmup_iters == 49
+
+
+def test_warmup_shorter_than_decay_is_untouched() -> None:
+    cfg = tiny_llama_pretrain_config(train_iters=100, lr_warmup_iters=99)
+    cfg.validate(world_size=1)
+    assert cfg.scheduler.lr_warmup_iters == 99
+
+
+def test_megatron_fsdp_average_in_collective_is_set_false(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = tiny_llama_pretrain_config()
+    cfg.dist.use_megatron_fsdp = True
+    cfg.ddp.average_in_collective = True
+    with caplog.at_level(logging.WARNING, logger="megatron_bridge"):
+        cfg.validate(world_size=1)
+    assert cfg.ddp.average_in_collective is False
+    assert [r for r in caplog.records if "ddp.average_in_collective=False (was True)" in r.getMessage()]
+    ddp_cfg = tiny_llama_pretrain_config()
+    ddp_cfg.ddp.average_in_collective = True  # DDP keeps it (it means the same there)
+    assert ddp_cfg.validate(world_size=1).ddp.average_in_collective is True

@@ -1,6 +1,7 @@
 """Every validation rule: one config that violates it (the error names the rule and the config path) and one that
 passes. A test also checks that every registered rule has a case here."""
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -31,7 +32,7 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
     "positive_sizes": (_set(train__micro_batch_size=0), 1, "train.micro_batch_size", _set(train__micro_batch_size=2)),
     "nonnegative_values": (_set(optimizer__min_lr=1.0), 1, "optimizer.min_lr", _set(optimizer__min_lr=1e-5)),
     "world_size_divisible": (_set(model__tensor_model_parallel_size=2), 3, "model.tensor_model_parallel_size",
-                             _set(model__tensor_model_parallel_size=2)),
+                             _set(model__tensor_model_parallel_size=2, dist__use_torch_fsdp2=True)),
     "global_batch_divisible": (_set(train__global_batch_size=12), 2, "train.global_batch_size",
                                _set(train__global_batch_size=24)),
     "context_parallel_seq_length": (_set(model__context_parallel_size=3), 3, "model.seq_length",
@@ -42,7 +43,8 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
     "tensor_parallel_heads": (_set(model__num_query_groups=3), 1, "model.num_query_groups",
                               _set(model__num_query_groups=4)),
     "sequence_parallel_needs_tp": (_set(model__sequence_parallel=True), 1, "model.sequence_parallel",
-                                   _set(model__sequence_parallel=True, model__tensor_model_parallel_size=2)),
+                                   _set(model__sequence_parallel=True, model__tensor_model_parallel_size=2,
+                                        dist__use_torch_fsdp2=True)),
     "cpu_offloading_pipeline": (_set(model__cpu_offloading=True, model__cpu_offloading_num_layers=1,
                                      model__pipeline_model_parallel_size=2), 2, "model.cpu_offloading",
                                 _set(model__cpu_offloading=True, model__cpu_offloading_num_layers=1)),
@@ -65,9 +67,8 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                        _set(tokenizer__tokenizer_type="huggingface", tokenizer__tokenizer_file="t.json")),
     "scheduler_warmup_exclusive": (_set(scheduler__lr_warmup_iters=10), 1, "scheduler.lr_warmup_fraction",
                                    _set(scheduler__lr_warmup_fraction=None, scheduler__lr_warmup_iters=10)),
-    "scheduler_warmup_lt_decay": (_set(scheduler__lr_warmup_fraction=None, scheduler__lr_warmup_iters=300), 1,
-                                  "scheduler.lr_warmup_iters",
-                                  _set(scheduler__lr_warmup_fraction=None, scheduler__lr_warmup_iters=299)),
+    "scheduler_wsd_decay": (_set(scheduler__lr_decay_style="WSD"), 1, "scheduler.lr_wsd_decay_iters",
+                            _set(scheduler__lr_decay_style="WSD", scheduler__lr_wsd_decay_iters=50)),
     "weight_decay_schedule": (_set(scheduler__weight_decay_incr_style="linear", scheduler__start_weight_decay=0.1,
                                    scheduler__end_weight_decay=0.01), 1, "scheduler.end_weight_decay",
                               _set(scheduler__weight_decay_incr_style="linear", scheduler__start_weight_decay=0.01,
@@ -84,8 +85,6 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                   "checkpoint.ckpt_format",
                                   _set(dist__use_megatron_fsdp=True, checkpoint__save="/tmp/x",
                                        checkpoint__ckpt_format="fsdp_dtensor")),
-    "megatron_fsdp_rank_mapping": (_set(ddp__use_megatron_fsdp=True, dist__use_tp_pp_dp_mapping=True), 1,
-                                   "dist.use_tp_pp_dp_mapping", _set(dist__use_tp_pp_dp_mapping=True)),
     "megatron_fsdp_device_connections": (_set(dist__use_megatron_fsdp=True), 1, "dist.use_megatron_fsdp",
                                          _set(dist__use_megatron_fsdp=True)),
     "fsdp_dtensor_needs_fsdp": (_set(checkpoint__ckpt_format="fsdp_dtensor", checkpoint__save="/tmp/x"), 1,
@@ -105,10 +104,10 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                        "model.pipeline_model_parallel_size", _set(model__pipeline_model_parallel_size=2)),
     "fsdp2_prefetch_depths": (_set(fsdp2__fsdp2_backward_prefetch_depth=-1), 1, "fsdp2.fsdp2_backward_prefetch_depth",
                               _set(fsdp2__fsdp2_backward_prefetch_depth=0)),
-    "async_tp_needs_compile": (_set(fsdp2__enable_async_tensor_parallel=True, model__tensor_model_parallel_size=2), 2,
-                               "fsdp2.enable_async_tensor_parallel",
+    "async_tp_needs_compile": (_set(fsdp2__enable_async_tensor_parallel=True, model__tensor_model_parallel_size=2,
+                                    dist__use_torch_fsdp2=True), 2, "fsdp2.enable_async_tensor_parallel",
                                _set(fsdp2__enable_async_tensor_parallel=True, model__tensor_model_parallel_size=2,
-                                    fsdp2__enable_compile=True)),
+                                    fsdp2__enable_compile=True, dist__use_torch_fsdp2=True)),
     "activation_checkpointing_scope": (_set(fsdp2__activation_checkpointing_scope=["all", "vision"]), 1,
                                        "fsdp2.activation_checkpointing_scope",
                                        _set(fsdp2__activation_checkpointing_scope=["language", "vision"])),
@@ -116,7 +115,35 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                                   ddp__activation_checkpointing="selective"), 1,
                                              "ddp.activation_checkpointing",
                                              _set(ddp__activation_checkpointing="selective")),
+    "field_types": (_set(ddp__data_parallel_sharding_strategy="zero3"), 1, "ddp.data_parallel_sharding_strategy",
+                    _set(ddp__data_parallel_sharding_strategy="optim")),
+    "model_head_dim": (_set(model__hidden_size=130), 1, "model.num_attention_heads",
+                       _set(model__hidden_size=130, model__kv_channels=32)),
+    "rope_scaling": (_set(model__rope_scaling=True, model__rope_low_freq_factor=5.0), 1, "model.rope_high_freq_factor",
+                     _set(model__rope_scaling=True)),
+    "cpu_offloading_weights": (_set(model__cpu_offloading=True, model__cpu_offloading_weights=True), 1,
+                               "model.cpu_offloading_weights", _set(model__cpu_offloading=True)),
+    "transformer_impl_available": (_set(model__transformer_impl="transformer_engine"), 1, "model.transformer_impl",
+                                   _set(model__transformer_impl="local")),
+    "engine_parallel_layout": (_set(model__expert_model_parallel_size=2), 2, "model.expert_model_parallel_size",
+                               _set(model__expert_model_parallel_size=1)),
+    "tensor_parallel_backend": (_set(model__tensor_model_parallel_size=2), 2, "model.tensor_model_parallel_size",
+                                _set(model__tensor_model_parallel_size=2, dist__use_torch_fsdp2=True)),
+    "tensor_parallel_divisible": (_set(model__tensor_model_parallel_size=2, dist__use_torch_fsdp2=True,
+                                       model__ffn_hidden_size=351), 2, "model.ffn_hidden_size",
+                                  _set(model__tensor_model_parallel_size=2, dist__use_torch_fsdp2=True)),
+    "tp_plan_styles": (_set(fsdp2__tp_plan={"layers.*.mlp.up_proj": "sequence_parallel"}), 1, "fsdp2.tp_plan",
+                       _set(fsdp2__tp_plan={"layers.*.mlp.up_proj": "colwise"})),
+    "autocast_dtype": (_set(ddp__autocast_dtype="float32"), 1, "ddp.autocast_dtype",
+                       _set(ddp__autocast_dtype="bfloat16")),
+    "megatron_fsdp_meta_init": (_set(dist__use_megatron_fsdp=True, model__init_model_with_meta_device=True), 1,
+                                "model.init_model_with_meta_device",
+                                _set(dist__use_megatron_fsdp=True, model__init_model_with_meta_device=True,
+                                     ddp__data_parallel_sharding_strategy="optim_grads_params")),
 }
+
+NOT_YET_BUILT = "engine_parallel_layout"
+"""Passing cases of layout rules (PP, CP) may still violate this rule until those layouts are built."""
 
 
 def test_every_rule_has_a_case() -> None:
@@ -146,7 +173,12 @@ def test_rule_passing_case(rule_id: str, monkeypatch: pytest.MonkeyPatch) -> Non
     cfg = tiny_llama_pretrain_config()
     ok(cfg)
     m = cfg.model
-    cfg.validate(world_size=m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size)
+    world_size = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    try:
+        cfg.validate(world_size=world_size)
+    except ConfigValidationError as exc:
+        assert set(re.findall(r"\[rule (\w+)\]", str(exc))) == {NOT_YET_BUILT}, exc
+        assert rule_id != NOT_YET_BUILT
 
 
 def test_all_violations_reported_together() -> None:

@@ -125,4 +125,5 @@ def test_tensor_parallel_is_rejected() -> None:
     cfg.model.tensor_model_parallel_size = 2
     with pytest.raises(ConfigValidationError) as info:
         ddp_wrap(build(tiny_cfg()), cfg, CPU)
-    assert info.value.paths == ("dist.use_torch_fsdp2", "model.tensor_model_parallel_size")
+    assert set(info.value.paths) == {"dist.use_torch_fsdp2", "model.tensor_model_parallel_size"}
+    assert "[rule tensor_parallel_backend]" in str(info.value)

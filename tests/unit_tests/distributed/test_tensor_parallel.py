@@ -13,7 +13,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-from megatron_bridge.distributed.common import check_no_tensor_parallel
 from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.distributed.init import data_parallel_rank, split_mesh
 from megatron_bridge.distributed.tensor_parallel import (
@@ -267,8 +266,9 @@ def test_ddp_with_tensor_parallel_asks_for_fsdp2() -> None:
 
 def test_backends_without_tp_still_reject_it() -> None:
     cfg = tiny_cfg(tensor_model_parallel_size=2)
-    with pytest.raises(ConfigValidationError, match="use_torch_fsdp2"):
-        check_no_tensor_parallel(cfg)
+    cfg.dist.use_megatron_fsdp = True
+    with pytest.raises(ConfigValidationError, match=r"use_torch_fsdp2.*\[rule tensor_parallel_backend\]"):
+        cfg.validate(world_size=2)
 
 
 def test_async_tp_is_a_logged_no_op_on_cpu(caplog: pytest.LogCaptureFixture) -> None:

@@ -271,7 +271,7 @@ def test_cpu_offloading_bad_values_raise() -> None:
 def test_invalid_architecture_raises(overrides: dict[str, object], path: str) -> None:
     with pytest.raises(ConfigValidationError) as err:
         LlamaModel(tiny(**overrides))
-    assert err.value.paths == (path,)
+    assert path in err.value.paths
     assert path in str(err.value)
 
 

@@ -8,8 +8,9 @@ import torch
 from tests.unit_tests.models.configs import tiny
 from torch import nn
 
-from megatron_bridge.errors import ConfigValidationError, MissingDependencyError
-from megatron_bridge.models import build_model_chunks, materialize_meta_model, validation
+from megatron_bridge.config import rules_model
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.models import build_model_chunks, materialize_meta_model
 from megatron_bridge.models.llama import LlamaModel
 
 
@@ -115,27 +116,27 @@ def test_tensor_parallel_size_is_accepted_and_pads_vocab() -> None:
     [("transformer_engine", "transformer_engine", "[te]"), ("megatron_core", "megatron.core", "[mcore]")],
 )
 def test_missing_engine_error_message(impl: str, module: str, extra: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validation.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(MissingDependencyError) as err:
+    monkeypatch.setattr(rules_model.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigValidationError) as err:
         build_model_chunks(tiny(transformer_impl=impl))
     message = str(err.value)
-    assert f"model.transformer_impl='{impl}'" in message and module in message
+    assert f"model.transformer_impl='{impl}'" in message and module in message and "not installed" in message
     assert f"pip install 'megatron-bridge{extra}'" in message and "model.transformer_impl='local'" in message
-    assert isinstance(err.value, ImportError)
+    assert "[rule transformer_impl_available]" in message
 
 
 def test_engine_whose_lookup_raises_counts_as_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(name: str) -> None:
         raise RuntimeError("CUDA not found")
 
-    monkeypatch.setattr(validation.importlib.util, "find_spec", broken)
-    with pytest.raises(MissingDependencyError, match="transformer_engine"):
+    monkeypatch.setattr(rules_model.importlib.util, "find_spec", broken)
+    with pytest.raises(ConfigValidationError, match="transformer_engine.*not installed"):
         LlamaModel(tiny(transformer_impl="transformer_engine"))
 
 
 def test_installed_engine_is_not_wired(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = importlib.machinery.ModuleSpec("transformer_engine", None)
-    monkeypatch.setattr(validation.importlib.util, "find_spec", lambda name: spec)
+    monkeypatch.setattr(rules_model.importlib.util, "find_spec", lambda name: spec)
     with pytest.raises(ConfigValidationError, match="not wired") as err:
         build_model_chunks(tiny(transformer_impl="transformer_engine"))
     assert err.value.paths == ("model.transformer_impl",)
@@ -143,5 +144,5 @@ def test_installed_engine_is_not_wired(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_real_lookup_on_this_machine() -> None:
     # Without monkeypatching: whatever is installed, a GPU engine never silently builds the local model.
-    with pytest.raises((MissingDependencyError, ConfigValidationError), match="model.transformer_impl"):
+    with pytest.raises(ConfigValidationError, match="model.transformer_impl"):
         build_model_chunks(tiny(transformer_impl="megatron_core"))

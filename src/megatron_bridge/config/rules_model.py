@@ -1,0 +1,124 @@
+"""Validation rules of the model build: architecture the local engine can form, engines and parallel layouts it can
+build. ``build_model_chunks`` enforces the same rules (:func:`check_model_buildable`), so ``validate()`` and
+``--dry-run`` refuse exactly what the build would refuse.
+
+The layout rule states what the engine builds today; pipeline, context and expert parallelism relax it as they land.
+"""
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from megatron_bridge.config.rules import check_rules, fail, rule
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.config.model import ModelConfig
+
+ENGINE_MODULES: dict[str, str] = {"transformer_engine": "transformer_engine", "megatron_core": "megatron.core"}
+ENGINE_INSTALL: dict[str, str] = {
+    "transformer_engine": "pip install 'megatron-bridge[te]' on a machine with CUDA",
+    "megatron_core": "pip install 'megatron-bridge[mcore]' in its own environment (see docs/installation.md)",
+}
+
+ARCHITECTURE_RULES = ("field_types", "positive_sizes", "model_head_dim", "tensor_parallel_heads", "rope_scaling",
+                      "cpu_offloading_weights", "cpu_offloading_num_layers", "transformer_impl_available")
+"""The rules a model config must pass to be built at all (``LlamaModel`` enforces them)."""
+LAYOUT_RULES = ("engine_parallel_layout",)
+"""The rules of the parallel layout the engine builds (``build_model_chunks`` enforces them too)."""
+
+
+def is_importable(module_name: str) -> bool:
+    """Whether ``module_name`` can be found, without importing it.
+
+    Only the parent packages of a dotted name are imported. Errors while looking it up (a missing parent, or a
+    package such as transformer-engine that raises ``RuntimeError`` on a machine without CUDA) count as "no".
+    """
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError, RuntimeError, OSError):
+        return False
+
+
+@rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),
+      "Without model.kv_channels, hidden_size is divisible by num_attention_heads; the head width is even (RoPE).")
+def _head_dim(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
+        fail(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
+             f"{m.num_attention_heads}: change one of them, or set model.kv_channels", "model.num_attention_heads",
+             "model.hidden_size")
+    elif m.head_dim < 2 or m.head_dim % 2:
+        fail(f"head width {m.head_dim} (model.kv_channels, or hidden_size // num_attention_heads) must be even and "
+             ">= 2 for rotary embeddings: set model.kv_channels to an even number", "model.kv_channels")
+
+
+@rule("rope_scaling", ("model.rope_scaling_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor"),
+      "With model.rope_scaling, rope_scaling_factor > 0 and rope_high_freq_factor > rope_low_freq_factor > 0.")
+def _rope(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if not m.rope_scaling:
+        return
+    if m.rope_scaling_factor <= 0:
+        fail(f"model.rope_scaling_factor={m.rope_scaling_factor!r} must be > 0 (Llama 3.1 uses 8.0)",
+             "model.rope_scaling_factor")
+    if not m.rope_high_freq_factor > m.rope_low_freq_factor > 0:
+        fail(f"model.rope_high_freq_factor={m.rope_high_freq_factor!r} must be greater than "
+             f"model.rope_low_freq_factor={m.rope_low_freq_factor!r} > 0 (Llama 3.1 uses 4.0 and 1.0)",
+             "model.rope_high_freq_factor", "model.rope_low_freq_factor")
+
+
+@rule("cpu_offloading_weights", ("model.cpu_offloading_weights",),
+      "model.cpu_offloading_weights=True is not supported by the local engine (activations only).")
+def _offload_weights(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.cpu_offloading and cfg.model.cpu_offloading_weights:
+        fail("model.cpu_offloading_weights=True is not supported by the local engine (only activations are "
+             "offloaded): set model.cpu_offloading_weights=False", "model.cpu_offloading_weights")
+
+
+@rule("transformer_impl_available", ("model.transformer_impl",),
+      "model.transformer_impl is an engine this version builds ('local'); a GPU engine must be installed and wired.")
+def _transformer_impl(cfg: "ConfigContainer", world_size: int) -> None:
+    impl = cfg.model.transformer_impl
+    if impl == "local" or impl not in ENGINE_MODULES:  # unknown names: the field_types rule
+        return
+    module = ENGINE_MODULES[impl]
+    if not is_importable(module):
+        fail(f"model.transformer_impl={impl!r} needs the package '{module}', which is not installed: "
+             f"{ENGINE_INSTALL[impl]}, or set model.transformer_impl='local' (plain PyTorch, runs on CPU and GPU)",
+             "model.transformer_impl")
+    fail(f"model.transformer_impl={impl!r}: '{module}' is installed, but that engine is not wired into this version "
+         "of megatron-bridge: set model.transformer_impl='local'", "model.transformer_impl")
+
+
+@rule("engine_parallel_layout", ("model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
+                                 "model.context_parallel_size", "model.expert_model_parallel_size"),
+      "The layout is one the engine builds today: PP, virtual PP, CP and EP are not (yet) built.")
+def _engine_layout(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    unsupported = [
+        ("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, m.pipeline_model_parallel_size > 1, 1),
+        ("model.virtual_pipeline_model_parallel_size", m.virtual_pipeline_model_parallel_size,
+         m.virtual_pipeline_model_parallel_size is not None, None),
+        ("model.context_parallel_size", m.context_parallel_size, m.context_parallel_size > 1, 1),
+        ("model.expert_model_parallel_size", m.expert_model_parallel_size, m.expert_model_parallel_size > 1, 1),
+    ]
+    bad = [(path, value, fix) for path, value, is_bad, fix in unsupported if is_bad]
+    if bad:
+        what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
+        fixes = ", ".join(f"{path}={fix!r}" for path, _, fix in bad)
+        fail(f"{what}: not supported by the local engine in this version (it builds the whole model on every rank; "
+             f"use data parallelism, FSDP or tensor parallelism): set {fixes}", *(path for path, _, _ in bad))
+
+
+def check_model_buildable(model: "ModelConfig", rules: tuple[str, ...] = ARCHITECTURE_RULES + LAYOUT_RULES) -> None:
+    """Enforce ``rules`` on ``model`` alone (model builds without ``validate()``), with the errors ``validate()``
+    gives for them.
+
+    Raises:
+        ConfigValidationError: a violated rule, naming the field and the fix.
+    """
+    from megatron_bridge.config.container import ConfigContainer
+
+    cfg = ConfigContainer(model=model)
+    check_rules(cfg, 1, only=rules)
