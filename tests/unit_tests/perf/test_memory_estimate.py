@@ -102,7 +102,7 @@ def test_pipeline_context_and_expert_fields_are_read_when_present() -> None:
 
 def test_every_recipe_has_a_dry_run_table() -> None:
     for name, info in RECIPES.items():
-        cfg = info.fn().validate(world_size=info.world_size)
+        cfg = info.fn().finalize()  # PP/CP recipes fail validate() (engine_parallel_layout) until they are built
         report = dry_run_report(cfg, info.world_size)
         assert all(line.startswith("# ") for line in report.splitlines()), name
         for row in ("parameters", "gradients", "optimizer state", "activations", "peak", "model FLOPs per step"):
