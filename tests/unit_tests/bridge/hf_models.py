@@ -104,3 +104,21 @@ def our_greedy(model, prompt: torch.Tensor, new_tokens: int, eos: int | None) ->
         if eos is not None and int(nxt) == eos:
             break
     return ids[0].tolist()
+
+
+def write_tokenizer(folder: Path) -> None:
+    """A tiny word-level ``tokenizer.json`` of ``VOCAB`` ids (0 <pad>, 1 <|begin_of_text|>, 2 <|end_of_text|>)
+    with ``tokenizer_config.json`` and ``generation_config.json``, as a HF model folder carries them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"<pad>": 0, "<|begin_of_text|>": 1, "<|end_of_text|>": 2, "[UNK]": 3}
+    vocab.update({f"w{i}": i for i in range(4, VOCAB)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                                       special_tokens=[("<|begin_of_text|>", 1)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "pad_token": "<pad>"}))
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2,
+                                                               "pad_token_id": 0, "do_sample": False}))

@@ -1,0 +1,119 @@
+"""The one-call flows and training from HF weights: import_ckpt → pretrain's loader, pretrained_checkpoint = HF
+folder (checked against cfg.model), tokenizer files and token ids carried from import to export, the CLI."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_bridge import AutoBridge
+from megatron_bridge.config.checkpoint import CheckpointConfig
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.errors import BridgeError
+from tests.unit_tests.bridge.hf_models import VOCAB, hf_logits, hf_model, our_logits, write_tokenizer
+from tests.unit_tests.checkpoint.toy import build_run
+
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "scripts" / "checkpoint" / "convert.py"
+TOKENS = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> Path:  # noqa: ANN001
+    """A Llama 3.2-style (tied, scaled RoPE) HF folder with a tokenizer."""
+    folder = tmp_path_factory.mktemp("hf")
+    hf_model("llama3.2-tied").save_pretrained(folder)
+    write_tokenizer(folder)
+    return folder
+
+
+def _run_from(cfg: ConfigContainer, **ckpt: object):  # noqa: ANN202
+    cfg.checkpoint = CheckpointConfig(**ckpt)  # type: ignore[arg-type]
+    run = build_run(cfg, seed=7)
+    assert run.manager.load()
+    return run
+
+
+def test_import_ckpt_trains_from_and_resumes(hf_folder, tmp_path) -> None:  # noqa: ANN001
+    root = AutoBridge.import_ckpt(hf_folder, tmp_path / "imported")
+    folder = root / "iter_0000000"
+    assert (folder / "hf_assets" / "tokenizer.json").is_file() and (folder / "hf_assets" / "config.json").is_file()
+    cfg = ConfigContainer.from_yaml(folder / "run_config.yaml")
+    assert cfg.tokenizer.tokenizer_type == "huggingface" and Path(cfg.tokenizer.tokenizer_file).is_file()
+    expected = hf_logits(hf_model("llama3.2-tied"), TOKENS)
+    for ckpt in ({"pretrained_checkpoint": str(root)}, {"load": str(root)}):
+        run = _run_from(ConfigContainer.from_yaml(folder / "run_config.yaml"), **ckpt)
+        assert run.state.step == 0
+        assert (our_logits(run.backend.chunks[0], TOKENS) - expected).abs().max() <= 1e-5
+
+
+def test_pretrained_checkpoint_hf_folder_is_checked_against_the_model(hf_folder) -> None:  # noqa: ANN001
+    model = AutoBridge.from_hf_pretrained(hf_folder).to_megatron_provider()
+    run = _run_from(ConfigContainer(model=model), pretrained_checkpoint=str(hf_folder))
+    expected = hf_logits(hf_model("llama3.2-tied"), TOKENS)
+    assert (our_logits(run.backend.chunks[0], TOKENS) - expected).abs().max() <= 1e-5
+
+    for field, value in (("ffn_hidden_size", 96), ("rotary_base", 10000.0), ("rope_scaling_factor", 8.0),
+                         ("share_embeddings_and_output_weights", False)):
+        wrong = AutoBridge.from_hf_pretrained(hf_folder).to_megatron_provider()
+        setattr(wrong, field, value)
+        cfg = ConfigContainer(model=wrong, checkpoint=CheckpointConfig(pretrained_checkpoint=str(hf_folder)))
+        with pytest.raises(BridgeError, match=rf"model\.{field}={value!r} but the folder's config.json says"):
+            build_run(cfg).manager.load()
+
+
+def test_tokenizer_and_token_ids_survive_import_train_export(hf_folder, tmp_path) -> None:  # noqa: ANN001
+    """HF → import_ckpt → a run started from it saves → export: tokenizer files, generation config and token ids
+    come along through the run's pretrained_checkpoint."""
+    root = AutoBridge.import_ckpt(hf_folder, tmp_path / "imported")
+    cfg = ConfigContainer.from_yaml(root / "iter_0000000" / "run_config.yaml")
+    run = _run_from(cfg, pretrained_checkpoint=str(root), save=str(tmp_path / "run"))
+    run.state.step = 3
+    run.manager.save()
+    out = AutoBridge.export_ckpt(tmp_path / "run", tmp_path / "out")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (hf_folder / name).read_bytes(), name
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0)
+    assert config["max_position_embeddings"] == 512 and config["tie_word_embeddings"] is True
+
+
+def test_export_without_a_source_takes_token_ids_from_the_tokenizer(tmp_path) -> None:  # noqa: ANN001
+    """A run trained from scratch with the byte tokenizer: eos = <eod> (256), pad = <pad> (257)."""
+    from megatron_bridge.recipes.tiny import tiny_llama_pretrain_config
+
+    cfg = tiny_llama_pretrain_config()
+    cfg.model.num_layers, cfg.model.hidden_size, cfg.model.ffn_hidden_size = 1, 32, 64
+    cfg.checkpoint = CheckpointConfig(save=str(tmp_path / "run"))
+    build_run(cfg).manager.save()
+    out = AutoBridge.export_ckpt(tmp_path / "run", tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["eos_token_id"], config["pad_token_id"], config["bos_token_id"]) == (256, 257, None)
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 256
+
+
+def test_cli_import_export_and_errors(hf_folder, tmp_path) -> None:  # noqa: ANN001
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import convert as cli  # the script's main(), in-process
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert cli.main([str(hf_folder), str(tmp_path / "ck"), "--to", "megatron"]) == 0
+    assert cli.main([str(tmp_path / "ck"), str(tmp_path / "hf"), "--to", "hf", "--dtype", "bfloat16",
+                     "--max-shard-size", "20KB", "--rope-format", "rope_scaling"]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and config["rope_scaling"]["rope_type"] == "llama3"
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    # the output exists: refused without --overwrite, nothing touched
+    assert cli.main([str(tmp_path / "ck"), str(tmp_path / "hf"), "--to", "hf"]) == 1
+    assert cli.main([str(tmp_path / "ck"), str(tmp_path / "hf"), "--to", "hf", "--overwrite"]) == 0
+    assert cli.main([str(tmp_path / "nothing"), str(tmp_path / "x"), "--to", "megatron"]) == 1
+    assert not (tmp_path / "x").exists()
+    help_text = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, cwd=REPO)
+    assert help_text.returncode == 0
+    assert "--to megatron" in help_text.stdout and "--max-shard-size" in help_text.stdout
