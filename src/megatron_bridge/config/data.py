@@ -46,3 +46,7 @@ class TokenizerConfig:
     """Additional special tokens appended to the byte tokenizer's vocabulary."""
     eod_token: str | None = None
     """End-of-document token of a huggingface tokenizer.json whose eos token has an unusual name, e.g. "<|end|>"."""
+    add_bos: bool | None = None
+    """Prepend the beginning-of-sequence token to every document (huggingface tokenizers). None does what the
+    Hugging Face tokenizer does: BOS when its tokenizer.json post-processor adds one (Llama 3's <|begin_of_text|>),
+    none otherwise (Qwen3). True needs a BOS token (tokenizer_config.json bos_token); the byte tokenizer has none."""

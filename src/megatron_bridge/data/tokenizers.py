@@ -133,10 +133,12 @@ class HuggingFaceTokenizer(Tokenizer):
     """A Hugging Face ``tokenizer.json`` read with ``tokenizers.Tokenizer.from_file``.
 
     The end-of-document id is ``eod_token`` when given, else the ``eos_token`` of a ``tokenizer_config.json``
-    next to the file, else the first of :data:`HF_EOD_CANDIDATES` in the vocabulary.
+    next to the file, else the first of :data:`HF_EOD_CANDIDATES` in the vocabulary. The BOS id is the
+    ``bos_token`` of ``tokenizer_config.json``, else the token the file's post-processor puts before the text.
+    ``add_bos`` (None: as the post-processor does) makes :meth:`tokenize` prepend it, as ``AutoTokenizer`` does.
     """
 
-    def __init__(self, tokenizer_file: str, eod_token: str | None = None) -> None:
+    def __init__(self, tokenizer_file: str, eod_token: str | None = None, add_bos: bool | None = None) -> None:
         from tokenizers import Tokenizer as _HFTokenizer
 
         path = Path(tokenizer_file)
@@ -153,6 +155,37 @@ class HuggingFaceTokenizer(Tokenizer):
         self._vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self._eod = self._find_eod(path, eod_token)
         self._pad = self._find_pad()
+        prefix = self._post_processor_prefix()
+        self._bos = self._find_bos(path, prefix)
+        self.add_bos = bool(prefix) if add_bos is None else add_bos
+        if self.add_bos and self._bos is None:
+            raise ConfigValidationError(
+                f"tokenizer.add_bos=True but {str(path)!r} has no BOS token (no bos_token in tokenizer_config.json, "
+                "no post-processor prefix); set tokenizer.add_bos=False.",
+                ("tokenizer.add_bos",),
+            )
+
+    def _post_processor_prefix(self) -> list[int]:
+        """Ids the file's post-processor puts before the text (e.g. ``[<|begin_of_text|>]``)."""
+        plain = self._tok.encode("a b", add_special_tokens=False).ids
+        full = self._tok.encode("a b", add_special_tokens=True).ids
+        for start in range(len(full) - len(plain) + 1):
+            if full[start : start + len(plain)] == plain:
+                return list(full[:start])
+        return []
+
+    def _find_bos(self, path: Path, prefix: list[int]) -> int | None:
+        config_path = path.with_name("tokenizer_config.json")
+        if config_path.is_file():
+            try:
+                bos = json.loads(config_path.read_text(encoding="utf-8")).get("bos_token")
+            except (OSError, ValueError):
+                bos = None
+            if isinstance(bos, dict):
+                bos = bos.get("content")
+            if isinstance(bos, str) and self._tok.token_to_id(bos) is not None:
+                return int(self._tok.token_to_id(bos))
+        return prefix[0] if len(prefix) == 1 else None
 
     def _find_eod(self, path: Path, eod_token: str | None) -> int:
         if eod_token is not None:
@@ -208,9 +241,15 @@ class HuggingFaceTokenizer(Tokenizer):
         """Id of the padding token (the eod id when the file has none)."""
         return self._pad
 
+    @property
+    def bos(self) -> int | None:
+        """Id of the beginning-of-sequence token (None when the file has none)."""
+        return self._bos
+
     def tokenize(self, text: str) -> list[int]:
-        """Ids of ``text`` without the tokenizer's post-processing (no BOS/EOS added)."""
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        """Ids of ``text``, with the BOS id first when :attr:`add_bos` (no EOS: the data pipeline appends eod)."""
+        ids = list(self._tok.encode(text, add_special_tokens=False).ids)
+        return [self._bos, *ids] if self.add_bos and self._bos is not None else ids
 
     def detokenize(self, ids: list[int]) -> str:
         """Text of ids, special tokens kept."""
@@ -263,6 +302,11 @@ def build_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
         DataError: the tokenizer file is missing or unreadable, or has no end-of-document token.
     """
     kind = cfg.tokenizer_type
+    if cfg.add_bos and kind != "huggingface":
+        raise ConfigValidationError(
+            f"tokenizer.add_bos=True needs a huggingface tokenizer; the {kind} tokenizer has no BOS token.",
+            ("tokenizer.add_bos",),
+        )
     if kind == "byte":
         tok: Tokenizer = ByteTokenizer(cfg.extra_special_tokens)
     elif kind == "huggingface":
@@ -277,7 +321,7 @@ def build_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
                 "tokenizer.json instead.",
                 ("tokenizer.extra_special_tokens",),
             )
-        tok = HuggingFaceTokenizer(cfg.tokenizer_file, eod_token=cfg.eod_token)
+        tok = HuggingFaceTokenizer(cfg.tokenizer_file, eod_token=cfg.eod_token, add_bos=cfg.add_bos)
     elif kind == "null":
         if cfg.vocab_size is None:
             raise ConfigValidationError(

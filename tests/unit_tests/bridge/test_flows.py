@@ -117,3 +117,31 @@ def test_cli_import_export_and_errors(hf_folder, tmp_path) -> None:  # noqa: ANN
     help_text = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, cwd=REPO)
     assert help_text.returncode == 0
     assert "--to megatron" in help_text.stdout and "--max-shard-size" in help_text.stdout
+
+
+def test_data_tokenizer_adds_bos_as_the_hf_tokenizer_does(hf_folder, tmp_path) -> None:  # noqa: ANN001
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from megatron_bridge.config.data import TokenizerConfig
+    from megatron_bridge.data.tokenizers import build_tokenizer
+
+    text = "w5 w6 w7"
+    file = str(hf_folder / "tokenizer.json")
+    expected = AutoTokenizer.from_pretrained(hf_folder)(text).input_ids
+    assert expected == [1, 5, 6, 7]
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="huggingface", tokenizer_file=file))
+    assert tok.bos == 1 and tok.tokenize(text) == expected
+    no_bos = build_tokenizer(TokenizerConfig(tokenizer_type="huggingface", tokenizer_file=file, add_bos=False))
+    assert no_bos.tokenize(text) == [5, 6, 7]
+
+    plain = Tokenizer.from_file(file)  # a Qwen3-style file: no post-processor, no bos_token
+    plain.post_processor = None
+    plain.save(str(tmp_path / "tokenizer.json"))
+    plain_file = str(tmp_path / "tokenizer.json")
+    qwen = build_tokenizer(TokenizerConfig(tokenizer_type="huggingface", tokenizer_file=plain_file))
+    assert qwen.bos is None and qwen.tokenize(text) == [5, 6, 7]
+    with pytest.raises(ValueError, match="tokenizer.add_bos=True"):
+        build_tokenizer(TokenizerConfig(tokenizer_type="huggingface", tokenizer_file=plain_file, add_bos=True))
+    with pytest.raises(ValueError, match="tokenizer.add_bos=True needs a huggingface tokenizer"):
+        build_tokenizer(TokenizerConfig(tokenizer_type="byte", add_bos=True))
