@@ -111,8 +111,8 @@ class AutoBridge:
 
     @classmethod
     def from_hf_config(cls, config: Any) -> "AutoBridge":
-        """A config-only bridge from a config dict or a ``transformers`` config object (``to_dict()``)."""
-        hf = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        """A config-only bridge from a config dict or a ``transformers`` config object."""
+        hf = _config_dict(config)
         return cls(family_for_hf_config(hf), hf)
 
     @classmethod
@@ -123,7 +123,7 @@ class AutoBridge:
     @classmethod
     def supports(cls, config: Any) -> bool:
         """Whether a config (dict or ``transformers`` config) names a supported architecture."""
-        hf = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        hf = _config_dict(config)
         return any(arch in supported_architectures() for arch in hf.get("architectures") or [])
 
     @classmethod
@@ -259,6 +259,11 @@ class AutoBridge:
 
     def __repr__(self) -> str:
         return f"AutoBridge(family={self.family.name!r}, path={str(self.hf_path) if self.hf_path else None!r})"
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    """A config dict from a dict or a ``transformers`` config object (its ``to_dict()``)."""
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
 def _config_of(model: list[nn.Module] | nn.Module) -> ModelConfig | None:

@@ -59,6 +59,7 @@ def write_hf_pretrained(path: str | Path, family: ModelFamily, config: ModelConf
     sources = [Path(s) for s in asset_sources if Path(s).is_dir()]
     base = next((read_json(s / CONFIG_FILENAME, "config") for s in sources if (s / CONFIG_FILENAME).is_file()), None)
     ids = next((t for t in (token_ids_from_config(s) for s in sources) if t), None) or dict(token_ids or {})
+    ids = _valid_token_ids(ids, config.vocab_size)
     fmt = rope_format or (rope_format_of(base) if base else "rope_parameters")
     dtype = weight_dtype or params_dtype_of(config)
     path = Path(path)
@@ -79,6 +80,18 @@ def write_hf_pretrained(path: str | Path, family: ModelFamily, config: ModelConf
             write_json(tmp / GENERATION_CONFIG_FILENAME, generation_config(ids))
     logger.info("wrote %s: %s weight file(s), tokenizer from %s", path, len(files), tokenizer_src or "nowhere")
     return path
+
+
+def _valid_token_ids(ids: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """``ids`` without those outside ``[0, vocab_size)`` (warned: transformers would refuse them)."""
+    out = {}
+    for key, value in ids.items():
+        values = value if isinstance(value, list) else [value]
+        if all(isinstance(v, int) and 0 <= v < vocab_size for v in values):
+            out[key] = value
+        else:
+            logger.warning("not writing %s=%s: outside the vocabulary [0, %d)", key, value, vocab_size)
+    return out
 
 
 def copy_assets_file(src: Path, dst: Path, name: str) -> None:

@@ -15,10 +15,10 @@ def _llama3(num_layers: int, hidden: int, ffn: int, heads: int, **extra: Any) ->
                        init_method_std=0.02, **extra)
 
 
-_LLAMA31_ROPE = {"rope_scaling": True, "rope_scaling_factor": 8.0}
+_LLAMA31_ROPE = {"rope_scaling": True, "rope_scaling_factor": 8.0, "max_position_embeddings": 131072}
 SEQ_128K = 131072
 """Sequence length of Megatron-Bridge's Llama 3.1 70B/405B pretrain recipes."""
-_LLAMA32_ROPE = {"rope_scaling": True, "rope_scaling_factor": 32.0}
+_LLAMA32_ROPE = {"rope_scaling": True, "rope_scaling_factor": 32.0, "max_position_embeddings": 131072}
 
 
 def llama3_8b_pretrain_config(**overrides: Any) -> ConfigContainer:

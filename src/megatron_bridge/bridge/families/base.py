@@ -19,8 +19,17 @@ COMMON_IGNORED_KEYS = frozenset({
     "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "use_cache", "_name_or_path",
     "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "output_attentions", "output_hidden_states",
     "return_dict", "tie_word_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
+    # generic PretrainedConfig keys (a transformers config object's to_dict()) that a causal LM's weights ignore
+    "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "torchscript", "tokenizer_class", "prefix",
+    "sep_token_id", "decoder_start_token_id", "task_specific_params", "finetuning_task", "use_bfloat16",
+    "tf_legacy_loss", "is_decoder", "cross_attention_hidden_size",
 })
 """Keys every family reads elsewhere (RoPE, token ids) or that do not change the weights' meaning."""
+GENERIC_FIXED_VALUES: dict[str, tuple[Any, ...]] = {
+    "is_encoder_decoder": (False, None), "add_cross_attention": (False, None), "tie_encoder_decoder": (False, None),
+    "pruned_heads": ({}, None),
+}
+"""Generic PretrainedConfig keys a decoder-only model must leave at their defaults."""
 
 
 class ModelFamily:
@@ -38,6 +47,7 @@ class ModelFamily:
     """transformers' class defaults for keys a config.json may omit (max_position_embeddings, rms_norm_eps, ...)."""
     fixed_hf_values: ClassVar[dict[str, tuple[Any, ...]]] = {
         "hidden_act": ("silu",), "attention_dropout": (0, 0.0, None), "pretraining_tp": (1, None),
+        **GENERIC_FIXED_VALUES,
     }
     """HF keys whose only supported values are listed (absent keys are fine)."""
     ignored_hf_keys: ClassVar[frozenset[str]] = frozenset()
