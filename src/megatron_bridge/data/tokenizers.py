@@ -174,17 +174,24 @@ class HuggingFaceTokenizer(Tokenizer):
                 return list(full[:start])
         return []
 
-    def _find_bos(self, path: Path, prefix: list[int]) -> int | None:
+    def _config_token_id(self, path: Path, key: str) -> int | None:
+        """Id of the token ``tokenizer_config.json`` (next to ``path``) names under ``key``, if in the vocabulary."""
         config_path = path.with_name("tokenizer_config.json")
-        if config_path.is_file():
-            try:
-                bos = json.loads(config_path.read_text(encoding="utf-8")).get("bos_token")
-            except (OSError, ValueError):
-                bos = None
-            if isinstance(bos, dict):
-                bos = bos.get("content")
-            if isinstance(bos, str) and self._tok.token_to_id(bos) is not None:
-                return int(self._tok.token_to_id(bos))
+        if not config_path.is_file():
+            return None
+        try:
+            token = json.loads(config_path.read_text(encoding="utf-8")).get(key)
+        except (OSError, ValueError, AttributeError):
+            return None
+        if isinstance(token, dict):
+            token = token.get("content")
+        tid = self._tok.token_to_id(token) if isinstance(token, str) else None
+        return int(tid) if tid is not None else None
+
+    def _find_bos(self, path: Path, prefix: list[int]) -> int | None:
+        bos = self._config_token_id(path, "bos_token")
+        if bos is not None:
+            return bos
         return prefix[0] if len(prefix) == 1 else None
 
     def _find_eod(self, path: Path, eod_token: str | None) -> int:
@@ -196,16 +203,9 @@ class HuggingFaceTokenizer(Tokenizer):
                     "set it to the file's end-of-text token."
                 )
             return int(tid)
-        config_path = path.with_name("tokenizer_config.json")
-        if config_path.is_file():
-            try:
-                eos = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token")
-            except (OSError, ValueError):
-                eos = None
-            if isinstance(eos, dict):
-                eos = eos.get("content")
-            if isinstance(eos, str) and self._tok.token_to_id(eos) is not None:
-                return int(self._tok.token_to_id(eos))
+        eos = self._config_token_id(path, "eos_token")
+        if eos is not None:
+            return eos
         for name in HF_EOD_CANDIDATES:
             tid = self._tok.token_to_id(name)
             if tid is not None:
