@@ -5,9 +5,9 @@ Counted per token of one block of the local engine (``a`` = compute-dtype bytes,
 
 * the two RMSNorms save their fp32 input and normalized output: ``2 × 2h × 4`` bytes (divided by TP with sequence
   parallelism, whose norms see a sequence shard);
-* attention: the q/k/v input ``h``, q, k, v as saved by ``scaled_dot_product_attention`` (``(nq + 2 nkv) d``; with
-  CP the gathered keys and values cover the whole sequence, ``× cp``), its output and the o_proj input copy
-  (``2 nq d``), times ``a`` — head dimensions divide by TP;
+* attention: the q/k/v input ``h``, q, k, v as saved by ``scaled_dot_product_attention`` (``(nq + 2 nkv) d``;
+  with all-gather CP (``cp_comm_type``) the gathered keys and values cover the whole sequence, ``× cp``), its
+  output and the o_proj input copy (``2 nq d``), times ``a`` — head dimensions divide by TP;
 * MLP: its input ``h`` and, for SwiGLU, gate, silu(gate), up and their product (``4 f``; GELU ``2 f``), times ``a``;
   MoE layers route each token to ``moe_router_topk`` experts of width ``moe_ffn_hidden_size``.
 
@@ -79,7 +79,8 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
     nq, nkv = m.num_attention_heads * d / tp, m.num_kv_heads * d / tp
     sp = tp if layout.sequence_parallel else 1
     norms = 16 * h / sp + (8 * (nq + nkv) if m.qk_layernorm else 0)
-    attn = a * (h + nq + 2 * nkv * layout.cp + 2 * nq)
+    gathered = layout.cp if cfg_get(m, "cp_comm_type", "all_gather") == "all_gather" else 1  # ring: one shard
+    attn = a * (h + nq + 2 * nkv * gathered + 2 * nq)
     experts = int(cfg_get(m, "num_moe_experts", 0))
     f = m.ffn_hidden_size / tp
     width = 4 if m.activation == "swiglu" else 2
@@ -97,7 +98,7 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
     return {
         "none": full,
         "full": block_input,
-        "selective": block_input + a * (2 * nq + nkv * layout.cp + h / sp) + gate,
+        "selective": block_input + a * (2 * nq + nkv * gathered + h / sp) + gate,
         "mlp": norms + attn + a * h,
     }
 

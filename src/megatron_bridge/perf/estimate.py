@@ -90,9 +90,9 @@ def memory_table(est: MemoryEstimate) -> list[str]:
         f"{'  optimizer state':44s} {_gib(est.optimizer_bytes)}",
         f"{'  activations (recompute ' + acts.recompute + f', {acts.in_flight:g} in flight)':44s} "
         f"{_gib(acts.peak_bytes)}",
-        f"{'  buffers (all-gather, casts, p2p)':44s} {_gib(est.buffer_bytes)}",
+        f"{'  buffers (buckets, all-gathers, casts)':44s} {_gib(est.buffer_bytes)}",
         f"{'  optimizer step temporaries':44s} {_gib(est.optimizer_step_bytes)}",
-        f"{'  peak (state + max(acts+buffers, step))':44s} {_gib(est.peak_bytes)}",
+        f"{'  peak':44s} {_gib(est.peak_bytes)}",
         f"largest communication buffer: {est.largest_buffer[0]} {est.largest_buffer[1] / 2**20:.1f} MiB",
     ]
     if est.host_bytes:

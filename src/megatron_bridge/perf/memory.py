@@ -7,16 +7,17 @@ allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron
   PP keeps ``ceil(L / pp)`` blocks per stage, the embedding on the first stage and the output layer, final norm (and,
   when tied, an embedding copy) on the last; experts divide by EP and the expert TP size.
 * **State bytes per parameter** (``model.params_dtype`` = P bytes; torch optimizers keep state in the parameter
-  dtype): parameters P, gradients P (DDP adds its flat reducer buckets, another P, unless
-  ``ddp.gradient_as_bucket_view``), AdamW 2P (SGD with momentum P). FSDP2 shards all three over dp × cp (expert state
+  dtype): parameters P, gradients P, AdamW 2P (SGD with momentum P). FSDP2 shards all three over dp × cp (expert state
   over the expert-data-parallel group) and ``fsdp2.offload_policy`` moves them to host memory; Megatron FSDP shards
   them by ``ddp.data_parallel_sharding_strategy`` (optim → optimizer, optim_grads → + gradients,
   optim_grads_params → + parameters), gradients in fp32 with ``ddp.grad_reduce_in_fp32``, plus fp32 main weights
   when parameters are 16-bit. DDP never shards (``use_distributed_optimizer`` has no effect there).
 * **Activations**: :mod:`megatron_bridge.perf.activations`.
-* **Buffers**: transient copies that are neither state nor activations (:func:`buffer_bytes`).
+* **Buffers**: communication and cast copies that are neither state nor activations (:func:`buffer_bytes`): DDP's
+  flat gradient buckets (P per parameter, unless ``ddp.gradient_as_bucket_view``) for the whole run, the rest
+  during forward/backward.
 * **Peak** = state + max(activations + buffers, the optimizer step's temporaries (one copy of the local optimizer
-  parameters: AdamW's foreach ``sqrt(exp_avg_sq)``)).
+  parameters: AdamW's foreach ``sqrt(exp_avg_sq)``) + the persistent buffers).
 
 Measured against this library on CPU by ``scripts/performance/scaling.py`` (errors in docs/performance.md).
 """
@@ -67,7 +68,9 @@ class MemoryEstimate:
     optimizer_bytes: int
     activations: ActivationEstimate
     buffer_bytes: int
-    """Transient all-gather / reduce-scatter / cast copies (see :func:`buffer_bytes`)."""
+    """Communication and cast buffers (see :func:`buffer_bytes`), persistent ones included."""
+    persistent_buffer_bytes: int
+    """Of ``buffer_bytes``: allocated for the whole run (DDP's gradient buckets)."""
     optimizer_step_bytes: int
     """Temporaries of the optimizer step (outside the forward/backward peak)."""
     largest_buffer: tuple[str, int]
@@ -84,7 +87,8 @@ class MemoryEstimate:
     @property
     def peak_bytes(self) -> int:
         """Estimated peak of the rank."""
-        return self.state_bytes + max(self.activations.peak_bytes + self.buffer_bytes, self.optimizer_step_bytes)
+        step = self.optimizer_step_bytes + self.persistent_buffer_bytes
+        return self.state_bytes + max(self.activations.peak_bytes + self.buffer_bytes, step)
 
 
 def _moe_layers(cfg: "ConfigContainer", num_layers: int) -> int:
@@ -162,10 +166,15 @@ def state_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> t
         dense = params.dense // layout.shard_size if sharded else params.dense
         expert = params.expert // layout.expert_shard_size if sharded else params.expert
         out.append(nbytes * (dense + expert))
-    p, g, o = out
-    if layout.backend == "ddp" and not cfg.ddp.gradient_as_bucket_view:
-        g += per_param[1] * params.total  # the reducer's flat buckets, beside param.grad
-    return p, g, o
+    return out[0], out[1], out[2]
+
+
+def ddp_bucket_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> int:
+    """DDP's flat gradient buckets (allocated at wrap time, kept for the whole run), beside ``param.grad`` unless
+    ``ddp.gradient_as_bucket_view``."""
+    if layout.backend != "ddp" or cfg.ddp.gradient_as_bucket_view:
+        return 0
+    return _bytes_per_param(cfg)[1] * params.total
 
 
 def compute_bytes(cfg: "ConfigContainer") -> int:
@@ -193,8 +202,8 @@ def _fsdp2_buffers(cfg: "ConfigContainer", layout: Layout, params: RankParams) -
 def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> tuple[int, tuple[str, int]]:
     """Transient buffers of the forward/backward and the largest single communication buffer.
 
-    DDP: with a bf16/fp16 preset, autocast's cast copies of the weights (kept for backward); its gradient buckets
-    are counted in the gradients. FSDP2 / Megatron FSDP: the all-gathered parameters of the units in use and one
+    DDP: its flat gradient buckets (:func:`ddp_bucket_bytes`) and, with a bf16/fp16 preset, autocast's cast copies
+    of the weights (kept for backward). FSDP2 / Megatron FSDP: the all-gathered parameters of the units in use and one
     block's unsharded gradients. PP: send/receive buffers of one micro-batch's hidden states. SP / CP: the gathered
     sequence / keys and values (in the activations).
     """
@@ -202,6 +211,7 @@ def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> 
     hidden = layout.tokens_per_microbatch * cfg.model.hidden_size * cbytes
     total, largest = 0, ("none", 0)
     if layout.backend == "ddp":
+        total += ddp_bucket_bytes(cfg, layout, params)
         if cbytes < pbytes:
             total += (params.total - params.input_embedding) * cbytes  # the embedding lookup is not autocast
         bucket = int((cfg.ddp.bucket_cap_mb or 25) * 2**20)
@@ -238,4 +248,5 @@ def estimate_memory(cfg: "ConfigContainer", world_size: int) -> MemoryEstimate:
     opt_params = o // max(1, _bytes_per_param(cfg)[2]) if o else 0
     step_tmp = opt_params * DTYPE_BYTES[cfg.model.params_dtype] if cfg.optimizer.optimizer == "adam" else 0
     notes.extend(acts.notes)
-    return MemoryEstimate(layout, params, p, g, o, acts, buffers, step_tmp, largest, host, notes)
+    persistent = ddp_bucket_bytes(cfg, layout, params)
+    return MemoryEstimate(layout, params, p, g, o, acts, buffers, persistent, step_tmp, largest, host, notes)
