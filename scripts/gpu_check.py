@@ -2,7 +2,7 @@
 """Every GPU check in one call, within 10 minutes on one GPU, with one JSON summary.
 
     python scripts/gpu_check.py --wheels /path/to/wheels --output gpu_check.json   # on the GPU machine, offline
-    python scripts/gpu_check.py --dry-run --output plan.json                       # CPU self-check of the plan
+    python scripts/gpu_check.py --dry-run --output /tmp/gpu_check_plan.json        # CPU self-check of the plan
 
 Steps, each with its own time budget inside a 570 s deadline (a step that would overrun gets what is left, and a
 step with no time left is recorded as skipped):
@@ -354,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO / "src"))
     r = Runner(args.dry_run)
     out_dir = Path(args.output).resolve().parent / "gpu_check_work"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.dry_run:
+        out_dir.mkdir(parents=True, exist_ok=True)
     r.step("install", lambda t: install(r, args.wheels, t))
     r.step("gpu_tests", lambda t: gpu_tests(r, out_dir, t))
     r.step("matrix", lambda t: matrix(r, out_dir, t))

@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--world-sizes", nargs="+", type=int, default=[1, 2, 4])
     p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    p.add_argument("--only", nargs="+", default=None, metavar="MODEL:LAYOUT:N",
+                   help="run just these combinations (e.g. 100m:fsdp2:4), in this order")
     p.add_argument("--output-dir", default="runs/scaling")
     p.add_argument("--timeout", type=int, default=900, help="seconds per launch")
     p.add_argument("--worker", nargs=3, metavar=("MODEL", "LAYOUT", "OUT"), help=argparse.SUPPRESS)
@@ -64,13 +66,13 @@ def build_config(model: str, layout: str, steps: int | None = None):  # noqa: AN
 
     if model == "tiny":
         cfg = tiny_llama_pretrain_config(global_batch_size=16, micro_batch_size=4)
-        default_steps = 8
+        default_steps = 5
     else:  # ~100M parameters: 12 blocks of width 768, GQA 12/4 heads, SwiGLU 2048, vocabulary 16000
         cfg = tiny_llama_pretrain_config(global_batch_size=4, micro_batch_size=1, seq_length=256)
         m = cfg.model
         m.num_layers, m.hidden_size, m.ffn_hidden_size = 12, 768, 2048
         m.num_attention_heads, m.num_query_groups, m.vocab_size = 12, 4, 16000
-        default_steps = 4
+        default_steps = 3
     cfg = common_perf_overrides(cfg, train_iters=steps or default_steps, warmup_iters=1)
     cfg.logger.logging_level = "WARNING"
     cfg.logger.log_progress = False
@@ -229,16 +231,16 @@ def main(argv: list[str] | None = None) -> int:
         return worker(*args.worker)
     import torch
 
+    plan = [(m, lay, w) for m in args.models for w in args.world_sizes for lay in args.layouts
+            if w >= MIN_WORLD.get(lay, 1)]
+    if args.only:
+        plan = [(m, lay, int(w)) for m, lay, w in (x.split(":") for x in args.only)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model in args.models:
-            for world in args.world_sizes:
-                for layout in args.layouts:
-                    if world < MIN_WORLD.get(layout, 1):
-                        continue
-                    rows.append(run_one(model, layout, world, args.timeout, tmp))
-                    print(json.dumps({k: rows[-1].get(k) for k in ("model", "layout", "world_size", "status",
-                                                                  "state_error", "peak_error")}), flush=True)
+        for model, layout, world in plan:
+            rows.append(run_one(model, layout, world, args.timeout, tmp))
+            print(json.dumps({k: rows[-1].get(k) for k in ("model", "layout", "world_size", "status", "state_error",
+                                                          "peak_error")}), flush=True)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
