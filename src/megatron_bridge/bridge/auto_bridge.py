@@ -140,11 +140,13 @@ class AutoBridge:
 
     def to_megatron_model(self, load_weights: bool = True, hf_path: str | Path | None = None, *,
                           wrap_with_ddp: bool = False, provider: ModelConfig | None = None,
-                          device: torch.device | str = "cpu") -> list[nn.Module]:
+                          device: torch.device | str = "cpu", use_cpu_initialization: bool = True) -> list[nn.Module]:
         """Model chunks built from ``provider`` (default: :meth:`to_megatron_provider`) holding the HF weights.
 
         With ``wrap_with_ddp`` the chunks are wrapped by ``ddp_wrap`` (a one-process group is created when none
-        exists) with the default distributed config, and the wrapped chunks are returned.
+        exists) with the default distributed config, and the wrapped chunks are returned. The model is built on
+        ``device`` (``use_cpu_initialization`` is accepted for Megatron-Bridge scripts: weights are always read on
+        the CPU).
         """
         config = provider if provider is not None else self.to_megatron_provider()
         chunks = [build_model(config, device, init=not load_weights)]
@@ -167,10 +169,14 @@ class AutoBridge:
 
     # ---------------------------------------------------------------------------------------------- export
     def export_hf_weights(self, model: list[nn.Module] | nn.Module, cpu: bool = True, show_progress: bool = False,
-                          weight_dtype: torch.dtype | None = None, **_: Any) -> Iterator[tuple[str, torch.Tensor]]:
+                          conversion_tasks: None = None, merge_adapter_weights: bool = True,
+                          weight_dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """``(HF name, tensor)`` pairs of ``model``, one full tensor at a time (DTensors are gathered: call on
-        every rank)."""
+        every rank). ``conversion_tasks`` (Megatron-Bridge's precomputed plans) must be None: no adapters here."""
         from megatron_bridge.bridge.weights import to_hf_tensors
+
+        if conversion_tasks is not None:
+            raise BridgeError("export_hf_weights(conversion_tasks=...) is not supported: pass the model only")
 
         config = _config_of(model) or self._model_config
         for name, tensor in to_hf_tensors(iter_model_weights(model), self.family, config):
@@ -179,11 +185,15 @@ class AutoBridge:
 
     def save_hf_pretrained(self, model: list[nn.Module] | nn.Module, path: str | Path, show_progress: bool = False,
                            source_path: str | Path | None = None, strict: bool = True,
-                           weight_dtype: torch.dtype | str | None = None, *,
+                           merge_adapter_weights: bool = True, distributed_save: bool = False,
+                           save_every_n_ranks: int = 1, weight_dtype: torch.dtype | str | None = None, *,
                            max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, overwrite: bool = False,
-                           rope_format: RopeFormat | None = None, **_: Any) -> Path:
+                           rope_format: RopeFormat | None = None) -> Path:
         """Write ``model`` as a HF folder: config, generation config, sharded safetensors, tokenizer files (from
-        ``source_path``, else this bridge's folder). Collective for DTensor models; rank 0 writes."""
+        ``source_path``, else this bridge's folder). Collective for DTensor models; rank 0 writes
+        (``distributed_save`` is not supported)."""
+        if distributed_save:
+            raise BridgeError("save_hf_pretrained(distributed_save=True) is not supported: rank 0 writes")
         import torch.distributed as dist
 
         config = _config_of(model) or self._model_config
@@ -200,13 +210,14 @@ class AutoBridge:
 
     # ------------------------------------------------------------------------------------- one-call flows
     @classmethod
-    def import_ckpt(cls, hf_model_id: str | Path, megatron_path: str | Path, *, overwrite: bool = False,
-                    **kwargs: Any) -> Path:
+    def import_ckpt(cls, hf_model_id: str | Path, megatron_path: str | Path, *, low_memory_save: bool = False,
+                    overwrite: bool = False, **kwargs: Any) -> Path:
         """Convert a HF folder into one of our checkpoints (``torch_dist``, step 0, model only, streamed) that
         ``pretrain()`` resumes (``checkpoint.load``) or starts from (``checkpoint.pretrained_checkpoint``).
 
         The folder's ``config.json``, ``generation_config.json`` and tokenizer files are kept in
         ``iter_0000000/hf_assets/``; its ``run_config.yaml`` names that tokenizer. Returns the checkpoint root.
+        (``low_memory_save`` is accepted for Megatron-Bridge scripts: the import always streams.)
         """
         from megatron_bridge.config.container import ConfigContainer
         from megatron_bridge.config.data import TokenizerConfig
