@@ -89,7 +89,8 @@ class AutoBridge:
     def from_hf_pretrained(cls, path: str | Path, **kwargs: Any) -> "AutoBridge":
         """A bridge for a local HF folder (single or sharded safetensors, or ``pytorch_model.bin``).
 
-        Keyword arguments: ``torch_dtype``/``dtype`` (the dtype weights are loaded in); ``trust_remote_code=True``
+        Keyword arguments: ``torch_dtype``/``dtype`` (the dtype weights are loaded in and the model's
+        ``params_dtype``; ``"auto"``: the folder's; default float32 master weights); ``trust_remote_code=True``
         is refused (nothing in a folder is executed); ``device_map``, ``attn_implementation`` and ``revision`` are
         accepted and ignored.
         """
@@ -107,7 +108,10 @@ class AutoBridge:
             raise BridgeError(f"{str(path)!r} is not a Hugging Face model folder (config.json plus "
                               "model.safetensors[.index.json] or pytorch_model.bin[.index.json])")
         hf = read_json(path / CONFIG_FILENAME, "config")
-        return cls(family_for_hf_config(hf), hf, path, _dtype(kwargs.get("torch_dtype") or kwargs.get("dtype")))
+        dtype = kwargs.get("torch_dtype") or kwargs.get("dtype")
+        if dtype == "auto":  # as transformers: the dtype the folder's config states
+            dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+        return cls(family_for_hf_config(hf), hf, path, _dtype(dtype))
 
     @classmethod
     def from_hf_config(cls, config: Any) -> "AutoBridge":

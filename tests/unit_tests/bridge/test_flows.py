@@ -145,3 +145,14 @@ def test_data_tokenizer_adds_bos_as_the_hf_tokenizer_does(hf_folder, tmp_path) -
         build_tokenizer(TokenizerConfig(tokenizer_type="huggingface", tokenizer_file=plain_file, add_bos=True))
     with pytest.raises(ValueError, match="tokenizer.add_bos=True needs a huggingface tokenizer"):
         build_tokenizer(TokenizerConfig(tokenizer_type="byte", add_bos=True))
+
+
+def test_dtype_choice_on_import(hf_folder) -> None:  # noqa: ANN001
+    bf16 = AutoBridge.from_hf_pretrained(hf_folder, torch_dtype=torch.bfloat16)
+    assert bf16.to_megatron_provider().params_dtype == "bfloat16"
+    chunk = bf16.to_megatron_model()[0]
+    assert chunk.embed_tokens.weight.dtype == torch.bfloat16
+    auto = AutoBridge.from_hf_pretrained(hf_folder, torch_dtype="auto")  # the folder says float32
+    assert auto.to_megatron_provider().params_dtype == "float32"
+    with pytest.raises(BridgeError, match="dtype 'int8' is not supported"):
+        AutoBridge.from_hf_pretrained(hf_folder, dtype="int8")
