@@ -73,7 +73,12 @@ class ModelConfig:
     virtual_pipeline_model_parallel_size: int | None = None
     """Virtual pipeline stages per PP rank (interleaved schedule); None disables it."""
     context_parallel_size: int = 1
-    """Context-parallel size (CP): the sequence is split over this many ranks."""
+    """Context-parallel size (CP): every sequence is cut into 2×CP chunks and CP rank r holds chunks r and 2·CP−1−r
+    (zig-zag); gradients are reduced over data-parallel × CP ranks. See docs/training/context-parallel.md."""
+    cp_comm_type: Literal["all_gather", "p2p"] = "all_gather"
+    """Attention under CP: "all_gather" gathers the keys/values of the CP group (exact, every device); "p2p" is
+    PyTorch's ring attention (torch.distributed.tensor.experimental.context_parallel, CUDA only, plain causal mask).
+    Megatron's names; Megatron defaults to "p2p" (TE's ring), this library to the path that runs everywhere."""
     expert_model_parallel_size: int = 1
     """Expert-parallel size (EP), for mixture-of-experts models."""
     sequence_parallel: bool = False

@@ -195,12 +195,21 @@ def _global_batch(cfg: "ConfigContainer", world_size: int) -> None:
              "train.micro_batch_size")
 
 
-@rule("context_parallel_seq_length", ("model.context_parallel_size", "model.seq_length"),
-      "With context parallelism (CP > 1), model.seq_length is divisible by 2 × CP.")
+@rule("context_parallel_seq_length", ("model.context_parallel_size", "model.seq_length", "model.sequence_parallel",
+                                      "model.tensor_model_parallel_size"),
+      "With context parallelism (CP > 1), model.seq_length is divisible by 2 × CP (× TP with sequence parallelism).")
 def _cp_seq(cfg: "ConfigContainer", world_size: int) -> None:
-    cp, seq = cfg.model.context_parallel_size, cfg.model.seq_length
-    if cp > 1 and seq % (2 * cp):
-        fail(f"model.seq_length={seq} must be divisible by 2×model.context_parallel_size = {2 * cp}",
+    m = cfg.model
+    cp, seq = m.context_parallel_size, m.seq_length
+    if cp <= 1:
+        return
+    sp = m.sequence_parallel and m.tensor_model_parallel_size > 1
+    multiple = 2 * cp * (m.tensor_model_parallel_size if sp else 1)
+    if seq % multiple:
+        what = (f"2×model.context_parallel_size×model.tensor_model_parallel_size = 2×{cp}×"
+                f"{m.tensor_model_parallel_size} = {multiple} (zig-zag chunks, then sequence-parallel shards)" if sp
+                else f"2×model.context_parallel_size = {multiple} (the zig-zag layout cuts it into 2×CP chunks)")
+        fail(f"model.seq_length={seq} must be divisible by {what}: use a multiple of {multiple}",
              "model.seq_length", "model.context_parallel_size")
 
 

@@ -92,15 +92,14 @@ def _transformer_impl(cfg: "ConfigContainer", world_size: int) -> None:
 
 
 @rule("engine_parallel_layout", ("model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
-                                 "model.context_parallel_size", "model.expert_model_parallel_size"),
-      "The layout is one the engine builds today: PP, virtual PP, CP and EP are not (yet) built.")
+                                 "model.expert_model_parallel_size"),
+      "The layout is one the engine builds today: PP, virtual PP and EP are not (yet) built.")
 def _engine_layout(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     unsupported = [
         ("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, m.pipeline_model_parallel_size > 1, 1),
         ("model.virtual_pipeline_model_parallel_size", m.virtual_pipeline_model_parallel_size,
          m.virtual_pipeline_model_parallel_size is not None, None),
-        ("model.context_parallel_size", m.context_parallel_size, m.context_parallel_size > 1, 1),
         ("model.expert_model_parallel_size", m.expert_model_parallel_size, m.expert_model_parallel_size > 1, 1),
     ]
     bad = [(path, value, fix) for path, value, is_bad, fix in unsupported if is_bad]
@@ -108,7 +107,7 @@ def _engine_layout(cfg: "ConfigContainer", world_size: int) -> None:
         what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
         fixes = ", ".join(f"{path}={fix!r}" for path, _, fix in bad)
         fail(f"{what}: not supported by the local engine in this version (it builds the whole model on every rank; "
-             f"use data parallelism, FSDP or tensor parallelism): set {fixes}", *(path for path, _, _ in bad))
+             f"use data, tensor or context parallelism or FSDP): set {fixes}", *(path for path, _, _ in bad))
 
 
 def check_model_buildable(model: "ModelConfig", rules: tuple[str, ...] = ARCHITECTURE_RULES + LAYOUT_RULES) -> None:

@@ -21,6 +21,7 @@ from megatron_bridge.data.indexed import IndexedDataset, bin_path_of, idx_path_o
 from megatron_bridge.data.mock import MockGPTDataset
 from megatron_bridge.data.samplers import PretrainingSampler
 from megatron_bridge.data.tokenizers import Tokenizer
+from megatron_bridge.distributed.context_parallel import ContextParallelCollate
 from megatron_bridge.errors import ConfigValidationError, DataError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
@@ -34,7 +35,8 @@ class PretrainingDataLoaders:
     """The three DataLoaders of a pretraining run (None for a split with 0 samples).
 
     Every loader yields dicts of ``[micro_batch_size, seq_length]`` tensors (``tokens``, ``labels``, ``loss_mask``,
-    ``position_ids``) for this data-parallel rank. ``train`` starts at ``consumed_train_samples``.
+    ``position_ids``) for this data-parallel rank (``seq_length / CP`` tokens, its zig-zag slice, under context
+    parallelism). ``train`` starts at ``consumed_train_samples``.
 
     ``valid`` and ``test`` are plain, re-iterable DataLoaders: every ``iter(valid)`` starts again at
     ``consumed_valid_samples``, so evaluations that each take ``eval_iters`` batches from a fresh iterator score the
@@ -206,7 +208,8 @@ def _check_vocab(ds: IndexedDataset, vocab_size: int) -> None:
 
 
 def _loader(
-    dataset: Dataset | None, cfg: DatasetConfig, consumed: int, micro_batch_size: int, rank: int, size: int
+    dataset: Dataset | None, cfg: DatasetConfig, consumed: int, micro_batch_size: int, rank: int, size: int,
+    cp: tuple[int, int] = (1, 0),
 ) -> DataLoader | None:
     if dataset is None:
         return None
@@ -229,6 +232,7 @@ def _loader(
         num_workers=cfg.num_workers,
         pin_memory=cfg.pin_memory and torch.cuda.is_available(),
         persistent_workers=cfg.num_workers > 0,
+        collate_fn=ContextParallelCollate(*cp) if cp[0] > 1 else None,
     )
 
 
@@ -244,6 +248,8 @@ def build_pretraining_data_loaders(
     data_parallel_size: int,
     consumed_train_samples: int = 0,
     consumed_valid_samples: int = 0,
+    context_parallel_size: int = 1,
+    context_parallel_rank: int = 0,
 ) -> PretrainingDataLoaders:
     """The train/valid/test DataLoaders of this data-parallel rank (see :class:`PretrainingDataLoaders`).
 
@@ -256,6 +262,9 @@ def build_pretraining_data_loaders(
         data_parallel_rank, data_parallel_size: this rank's place among the data-parallel ranks.
         consumed_train_samples: samples of the train split already consumed (from a checkpoint).
         consumed_valid_samples: samples of the valid split already consumed (taken modulo the split's size).
+        context_parallel_size, context_parallel_rank: with CP > 1 every batch entry ``[b, s]`` (tokens, labels,
+            loss_mask, position_ids) is cut to this CP rank's zig-zag slice ``[b, s / CP]`` (every CP rank of a
+            data-parallel group reads the same samples; see :mod:`megatron_bridge.distributed.context_parallel`).
 
     Raises:
         ConfigValidationError: contradicting ``dataset`` fields (mock with data_path, no data_path without mock).
@@ -277,7 +286,12 @@ def build_pretraining_data_loaders(
         *(len(d) if d is not None else 0 for d in (train, valid, test)),  # type: ignore[arg-type]
     )
     valid_consumed = consumed_valid_samples % len(valid) if valid is not None else 0  # type: ignore[arg-type]
-    args = (micro_batch_size, data_parallel_rank, data_parallel_size)
+    if context_parallel_size < 1 or not 0 <= context_parallel_rank < context_parallel_size:
+        raise ConfigValidationError(
+            f"context_parallel_rank={context_parallel_rank} must be in [0, context_parallel_size="
+            f"{context_parallel_size})."
+        )
+    args = (micro_batch_size, data_parallel_rank, data_parallel_size, (context_parallel_size, context_parallel_rank))
     return PretrainingDataLoaders(
         train=_loader(train, dataset_cfg, consumed_train_samples, *args),
         valid=_loader(valid, dataset_cfg, valid_consumed, *args),

@@ -18,6 +18,8 @@ Gradient accumulation: ``grad_sync_context(is_last_microbatch=False)`` is DDP's 
 process still wraps (gloo), so every code path is the same as in a multi-process run. Models built on the meta
 device are materialized (``to_empty`` + ``init_weights``) on the device first, then wrapped. Tensor parallelism
 (``model.tensor_model_parallel_size > 1``) needs the FSDP2 backend: torch DDP cannot wrap DTensor parameters.
+Context parallelism (``model.context_parallel_size > 1``): the attention modules get the CP attention
+(:mod:`.context_parallel`) and DDP all-reduces over the flattened ``"dp_cp"`` mesh dimension.
 """
 
 import inspect
@@ -39,7 +41,13 @@ from megatron_bridge.distributed.common import (
     has_meta_params,
     resolve_autocast_dtype,
 )
-from megatron_bridge.distributed.init import initialize_distributed
+from megatron_bridge.distributed.context_parallel import apply_context_parallel
+from megatron_bridge.distributed.init import (
+    build_device_mesh,
+    context_parallel_mesh,
+    initialize_distributed,
+    split_mesh,
+)
 from megatron_bridge.models.provider import materialize_meta_model
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
@@ -100,20 +108,27 @@ class DDPBackend(DataParallelBackend):
                       "optimizer.use_distributed_optimizer=True has no effect with the DDP backend: optimizer state "
                       "stays replicated on every rank. Set dist.use_torch_fsdp2=True (or dist.use_megatron_fsdp=True "
                       "on GPUs) to shard it.")
-        initialize_distributed(self.cfg)
+        env = initialize_distributed(self.cfg)
         settings = ac_settings(self.cfg, "ddp")
         kwargs = ddp_kwargs(self.cfg, self.device)
+        cp_mesh = None
+        if self.cfg.model.context_parallel_size > 1:  # reduce over data-parallel × context-parallel ranks
+            mesh = build_device_mesh(self.cfg, env)
+            cp_mesh = context_parallel_mesh(mesh)
+            kwargs["process_group"] = split_mesh(mesh)[0].get_group()
         wrapped = []
         for chunk in model_chunks:
             if has_meta_params([chunk]):
                 materialize_meta_model(chunk, self.device)
             else:
                 chunk.to(self.device)
+            if cp_mesh is not None:
+                apply_context_parallel(chunk, cp_mesh, self.cfg)
             apply_ac_settings(chunk, settings)
             wrapped.append(DistributedDataParallel(chunk, **kwargs))
         self.chunks = wrapped
         log_rank_0(logger, "DDP: wrapped %d chunk(s) (%s), autocast %s", len(wrapped),
-                   ", ".join(f"{k}={v}" for k, v in kwargs.items()), self.autocast_dtype)
+                   ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "process_group"), self.autocast_dtype)
         return wrapped
 
     def forward_context(self) -> AbstractContextManager:

@@ -28,6 +28,10 @@ Tensor parallelism (``model.tensor_model_parallel_size > 1``): the mesh is 2-D `
 ``fsdp2.enable_async_tensor_parallel`` over ``"tp"`` first, then FSDP2 shards the resulting DTensors over ``"dp"``
 (also when ``"dp"`` has one rank, so the mixed-precision policy is installed). Without TP, ``fsdp2.tp_plan`` is
 ignored with a warning.
+
+Context parallelism (``model.context_parallel_size > 1``): the mesh is ``("dp", "cp"[, "tp"])``; the attention
+modules get the CP attention (:mod:`.context_parallel`) and FSDP2 shards over the flattened ``"dp_cp"`` dimension, so
+gradients are reduced over data-parallel × context-parallel ranks.
 """
 
 from collections.abc import Iterator
@@ -48,6 +52,7 @@ from megatron_bridge.distributed.common import (
     resolve_autocast_dtype,
     to_torch_dtype,
 )
+from megatron_bridge.distributed.context_parallel import apply_context_parallel
 from megatron_bridge.distributed.fsdp2_sharding import (
     ShardedModel,
     ShardingPlan,
@@ -56,7 +61,12 @@ from megatron_bridge.distributed.fsdp2_sharding import (
     set_prefetch_chains,
     shard_model,
 )
-from megatron_bridge.distributed.init import build_device_mesh, initialize_distributed, split_mesh
+from megatron_bridge.distributed.init import (
+    build_device_mesh,
+    context_parallel_mesh,
+    initialize_distributed,
+    split_mesh,
+)
 from megatron_bridge.distributed.meta_init import materialize_sharded
 from megatron_bridge.distributed.tensor_parallel import apply_tensor_parallel
 from megatron_bridge.errors import ConfigValidationError
@@ -122,7 +132,9 @@ class FSDP2Backend(DataParallelBackend):
         self.mp_policy = build_mp_policy(cfg)
         self.offload_policy = build_offload_policy(cfg)
         self.mesh: DeviceMesh | None = None
-        """The data-parallel mesh FSDP2 shards over."""
+        """The mesh FSDP2 shards over: ``"dp"``, or the flattened ``"dp_cp"`` with context parallelism."""
+        self.cp_mesh: DeviceMesh | None = None
+        """The context-parallel mesh (None without CP)."""
         self.tp_mesh: DeviceMesh | None = None
         """The tensor-parallel mesh (None without TP)."""
         self.sharded: list[ShardedModel] = []
@@ -139,7 +151,9 @@ class FSDP2Backend(DataParallelBackend):
             warn_once(logger, "fsdp2_tp_plan_unused", "fsdp2.tp_plan is ignored: it applies only with "
                       "model.tensor_model_parallel_size > 1")
         env = initialize_distributed(self.cfg)
-        self.mesh, self.tp_mesh = split_mesh(build_device_mesh(self.cfg, env))
+        mesh = build_device_mesh(self.cfg, env)
+        self.mesh, self.tp_mesh = split_mesh(mesh)
+        self.cp_mesh = context_parallel_mesh(mesh)
         plan = self._plan(self.mesh)
         self.sharded = [self._wrap_chunk(chunk, plan) for chunk in model_chunks]
         self.chunks = list(model_chunks)
@@ -153,6 +167,8 @@ class FSDP2Backend(DataParallelBackend):
         maybe_patch_is_packed_sequence(chunk, f.patch_is_packed_sequence)
         if self.tp_mesh is not None:
             apply_tensor_parallel(chunk, self.tp_mesh, self.cfg)
+        if self.cp_mesh is not None:
+            apply_context_parallel(chunk, self.cp_mesh, self.cfg)
         apply_ac_settings(chunk, ac_settings(self.cfg, "fsdp2"))
         if f.enable_compile:
             compile_blocks(chunk)

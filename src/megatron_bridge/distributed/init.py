@@ -5,9 +5,10 @@
   otherwise it creates a 1-process group on a TCP store at 127.0.0.1 with a free port, so DDP, FSDP2 and DCP run
   unchanged in a single process.
 * :func:`destroy_distributed` tears down the group this module created (barrier first).
-* :func:`build_device_mesh` returns the data-parallel mesh (``("dp",)``), or a 2-D ``("dp", "tp")`` mesh when
-  ``model.tensor_model_parallel_size > 1`` (TP innermost: the ranks of one TP group are consecutive);
-  :func:`split_mesh` gives its sub-meshes and :func:`data_parallel_rank` a rank's data-parallel index.
+* :func:`build_device_mesh` returns the mesh ``("dp", "cp", "tp")`` (outermost to innermost; ``"cp"``/``"tp"`` only
+  when > 1; TP innermost: the ranks of one TP group are consecutive), with ``"dp_cp"`` flattened under CP;
+  :func:`split_mesh` / :func:`context_parallel_mesh` give its sub-meshes and :func:`data_parallel_rank` a rank's
+  data-parallel index.
 """
 
 import os
@@ -124,27 +125,36 @@ def destroy_distributed() -> None:
 
 
 def build_device_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
-    """The device mesh of the parallel layout: ``("dp",)``, or ``("dp", "tp")`` when TP > 1.
+    """The device mesh of the parallel layout, dimensions outermost to innermost ``("dp", "cp", "tp")``; ``"cp"`` and
+    ``"tp"`` are present only when their size is > 1 (TP innermost: the ranks of one TP group are consecutive).
+
+    With CP the ``("dp", "cp")`` dimensions are also flattened to ``"dp_cp"``: gradients of replicated parameters are
+    reduced, and FSDP2 shards, over data-parallel × context-parallel ranks (as Megatron does).
 
     Raises:
         ConfigValidationError: a layout the engine does not build (rule ``engine_parallel_layout``), or the
-            world size is not a multiple of the TP size.
+            world size is not a multiple of TP × CP.
     """
     from megatron_bridge.config.rules import enforce
 
     enforce(cfg, "engine_parallel_layout")
-    tp = cfg.model.tensor_model_parallel_size
-    if env.world_size % tp != 0:
+    m = cfg.model
+    tp, cp = m.tensor_model_parallel_size, m.context_parallel_size
+    if env.world_size % (tp * cp) != 0:
         raise ConfigValidationError(
-            f"model.tensor_model_parallel_size={tp} does not divide the world size {env.world_size}: pick a TP size "
-            "that divides the number of processes.", ("model.tensor_model_parallel_size",),
+            f"model.tensor_model_parallel_size × model.context_parallel_size = {tp}×{cp} does not divide the world "
+            f"size {env.world_size}: pick sizes whose product divides the number of processes.",
+            ("model.tensor_model_parallel_size", "model.context_parallel_size"),
         )
-    dp = env.world_size // tp
-    if tp > 1:
-        mesh = init_device_mesh(env.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    dims = [("dp", env.world_size // (tp * cp)), ("cp", cp), ("tp", tp)]
+    dims = [(name, size) for name, size in dims if name == "dp" or size > 1]
+    mesh = init_device_mesh(env.device.type, tuple(size for _, size in dims),
+                            mesh_dim_names=tuple(name for name, _ in dims))
+    if cp > 1:
+        mesh["dp", "cp"]._flatten("dp_cp")  # needed: the gradient-reduction / sharding mesh
+    elif tp > 1:
         _flatten(mesh)
-        return mesh
-    return init_device_mesh(env.device.type, (dp,), mesh_dim_names=("dp",))
+    return mesh
 
 
 def _flatten(mesh: DeviceMesh) -> None:
@@ -157,23 +167,29 @@ def _flatten(mesh: DeviceMesh) -> None:
 
 
 def split_mesh(mesh: DeviceMesh) -> tuple[DeviceMesh, DeviceMesh | None]:
-    """The ``("dp",)`` and ``("tp",)`` sub-meshes of a :func:`build_device_mesh` mesh (tp None when 1-D)."""
-    if mesh.ndim > 1:
-        return mesh["dp"], mesh["tp"]
-    return mesh, None
+    """The gradient-reduction mesh (``"dp_cp"`` with CP, else ``"dp"``) and the ``"tp"`` sub-mesh (None without TP)
+    of a :func:`build_device_mesh` mesh."""
+    names = mesh.mesh_dim_names or ()
+    reduce_mesh = mesh["dp_cp"] if "cp" in names else mesh["dp"] if mesh.ndim > 1 else mesh
+    return reduce_mesh, mesh["tp"] if "tp" in names else None
+
+
+def context_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh | None:
+    """The ``"cp"`` sub-mesh of a :func:`build_device_mesh` mesh (None without CP)."""
+    return mesh["cp"] if "cp" in (mesh.mesh_dim_names or ()) else None
 
 
 def data_parallel_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
-    """The 1-D data-parallel sub-mesh of :func:`build_device_mesh`."""
+    """The 1-D gradient-reduction sub-mesh of :func:`build_device_mesh` (``"dp"``, or ``"dp_cp"`` with CP)."""
     return split_mesh(build_device_mesh(cfg, env))[0]
 
 
 def data_parallel_rank(cfg: "ConfigContainer", rank: int, world_size: int) -> int:
     """This rank's index in the data-parallel dimension of :func:`build_device_mesh`'s layout.
 
-    TP is the innermost mesh dimension (the ranks of one TP group are consecutive), so global rank
-    ``dp_rank * tp + tp_rank``: every rank of a TP group reads the same batch.
+    The mesh is ``("dp", "cp", "tp")`` with TP innermost, so global rank ``(dp_rank * cp + cp_rank) * tp + tp_rank``:
+    every rank of a TP group and of a CP group reads the same samples (CP ranks keep their zig-zag slice).
     """
-    tp = cfg.model.tensor_model_parallel_size
-    dp = max(1, world_size // tp)
-    return (rank // tp) % dp
+    tp, cp = cfg.model.tensor_model_parallel_size, cfg.model.context_parallel_size
+    dp = max(1, world_size // (tp * cp))
+    return (rank // (tp * cp)) % dp

@@ -6,6 +6,7 @@ in float32, bfloat16 and float16 (``model.to(dtype)``); norms, RoPE and the loss
 """
 
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -61,6 +62,9 @@ class LlamaAttention(nn.Module):
         if config.qk_layernorm:
             self.q_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype)
             self.k_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype)
+        self.context_parallel: Callable[..., torch.Tensor] | None = None
+        """Set by ``apply_context_parallel`` (CP > 1): causal attention of the local zig-zag queries over the whole
+        sequence (:class:`megatron_bridge.distributed.cp_attention.ContextParallelAttention`)."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x``: ``[b, s, hidden]``; ``cos``/``sin``: ``[b, 1, s, head_dim]``. Returns ``[b, s, hidden]``."""
@@ -71,7 +75,11 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads)
+        if self.context_parallel is not None:
+            out = self.context_parallel(q, k, v)
+        else:
+            gqa = self.num_kv_heads != self.num_heads
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
@@ -148,6 +156,10 @@ class LlamaModel(nn.Module):
         if not config.share_embeddings_and_output_weights:
             self.lm_head = _linear(config.hidden_size, config.padded_vocab_size, False, dtype=dtype)
 
+        self.cp_layout: tuple[int, int] | None = None
+        """``(context_parallel_size, cp_rank)`` when ``apply_context_parallel`` ran: inputs are this rank's zig-zag
+        slice of each sequence, and forward calls without ``position_ids`` use its absolute positions."""
+
         offload = config.cpu_offloading and config.cpu_offloading_activations
         self.num_offloaded_layers = config.cpu_offloading_num_layers if offload else 0
         if config.cpu_offloading and self.num_offloaded_layers == 0:
@@ -168,6 +180,11 @@ class LlamaModel(nn.Module):
     def output_weight(self) -> torch.Tensor:
         """The ``[padded_vocab, hidden]`` matrix that produces the logits (the embedding when tied)."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def _default_position_ids(self, s: int, device: torch.device) -> torch.Tensor:
+        if self.cp_layout is not None:
+            return _zigzag_positions(s, self.cp_layout, device).unsqueeze(0)
+        return torch.arange(s, device=device).unsqueeze(0)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -200,7 +217,8 @@ class LlamaModel(nn.Module):
 
         Args:
             input_ids: token ids ``[b, s]``.
-            position_ids: RoPE positions ``[b, s]`` (or ``[1, s]``); None means ``0..s-1``.
+            position_ids: RoPE positions ``[b, s]`` (or ``[1, s]``); None means ``0..s-1`` (under context
+                parallelism: the absolute positions of this rank's zig-zag slice).
             labels: target ids ``[b, s]``; positions with label ``-100`` get loss 0.
 
         Returns:
@@ -212,7 +230,7 @@ class LlamaModel(nn.Module):
             raise MegatronBridgeError(f"input_ids must have shape [batch, seq]; got {tuple(input_ids.shape)}.")
         b, s = input_ids.shape
         if position_ids is None:
-            position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0)
+            position_ids = self._default_position_ids(s, input_ids.device)
         if labels is not None and labels.shape != input_ids.shape:
             raise MegatronBridgeError(
                 f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}."
@@ -234,6 +252,13 @@ class LlamaModel(nn.Module):
         # A fresh tensor, not a view: FSDP2 registers its pre-backward hook on the output, and an in-place op on a
         # view would silently drop it (FSDP2 warns about views).
         return loss.view(b, s).clone()
+
+
+def _zigzag_positions(seq_local: int, layout: tuple[int, int], device: torch.device) -> torch.Tensor:
+    from megatron_bridge.distributed.context_parallel import zigzag_positions
+
+    cp, rank = layout
+    return zigzag_positions(seq_local * cp, cp, rank, device=device)
 
 
 def _normal_(tensor: torch.Tensor, std: float) -> None:

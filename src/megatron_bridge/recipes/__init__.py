@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.recipes.llama import (
+    llama3_8b_16k_pretrain_config,
+    llama3_8b_64k_pretrain_config,
+    llama3_8b_128k_pretrain_config,
     llama3_8b_pretrain_config,
     llama3_70b_pretrain_config,
     llama31_8b_pretrain_config,
@@ -39,6 +42,9 @@ class RecipeInfo:
 RECIPES: dict[str, RecipeInfo] = {
     "tiny_llama": RecipeInfo(tiny_llama_pretrain_config, 2),
     "llama3_8b": RecipeInfo(llama3_8b_pretrain_config, 2),
+    "llama3_8b_16k": RecipeInfo(llama3_8b_16k_pretrain_config, 16),
+    "llama3_8b_64k": RecipeInfo(llama3_8b_64k_pretrain_config, 32),
+    "llama3_8b_128k": RecipeInfo(llama3_8b_128k_pretrain_config, 64),
     "llama3_70b": RecipeInfo(llama3_70b_pretrain_config, 32),
     "llama31_8b": RecipeInfo(llama31_8b_pretrain_config, 2),
     "llama31_70b": RecipeInfo(llama31_70b_pretrain_config, 32),
@@ -69,6 +75,9 @@ __all__ = [
     "RecipeInfo",
     "get_recipe",
     "llama3_8b_pretrain_config",
+    "llama3_8b_16k_pretrain_config",
+    "llama3_8b_64k_pretrain_config",
+    "llama3_8b_128k_pretrain_config",
     "llama3_70b_pretrain_config",
     "llama31_8b_pretrain_config",
     "llama31_70b_pretrain_config",

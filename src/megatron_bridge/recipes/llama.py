@@ -16,20 +16,43 @@ def _llama3(num_layers: int, hidden: int, ffn: int, heads: int, **extra: Any) ->
 
 
 _LLAMA31_ROPE = {"rope_scaling": True, "rope_scaling_factor": 8.0, "max_position_embeddings": 131072}
-SEQ_128K = 131072
-"""Sequence length of Megatron-Bridge's Llama 3.1 70B/405B pretrain recipes."""
 _LLAMA32_ROPE = {"rope_scaling": True, "rope_scaling_factor": 32.0, "max_position_embeddings": 131072}
+SEQUENCE_LENGTH_16K = 16384
+SEQUENCE_LENGTH_64K = 65536
+SEQUENCE_LENGTH_128K = 131072
+"""Sequence lengths of Megatron-Bridge's long-context Llama 3 8B and Llama 3.1 70B/405B pretrain recipes."""
 
 
 def llama3_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Llama 3 8B (32 layers, hidden 4096, FFN 14336, 32 heads, 8 KV groups, seq 8192); TP1 PP1 CP1, DP over 2 GPUs.
-
-    Megatron-Bridge's 2-GPU H100 recipe uses CP=2; this library's engine does not build context parallelism yet
-    (rule engine_parallel_layout), so CP=1 keeps the recipe buildable. Pass ``context_parallel_size=2`` for the
-    Megatron layout once context parallelism is built.
-    """
-    cfg = pretrain_common(_llama3(32, 4096, 14336, 32))
+    """Llama 3 8B (32 layers, hidden 4096, FFN 14336, 32 heads, 8 KV groups, seq 8192); TP1 PP1 CP2 on 2 GPUs, as
+    Megatron-Bridge's 2-GPU H100 recipe (``context_parallel_size=1`` for plain data parallelism)."""
+    cfg = pretrain_common(_llama3(32, 4096, 14336, 32, context_parallel_size=2))
     return apply_common_overrides(cfg, **overrides)
+
+
+def _llama3_8b_long_context(seq_length: int, cp: int, overrides: dict[str, Any]) -> ConfigContainer:
+    model = _llama3(32, 4096, 14336, 32, tensor_model_parallel_size=4, pipeline_model_parallel_size=2,
+                    context_parallel_size=cp, sequence_parallel=True)
+    model.seq_length = seq_length
+    return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def llama3_8b_16k_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3 8B at 16k tokens per sequence: TP4 PP2 CP2 with sequence parallel, 16 GPUs (Megatron-Bridge's
+    ``llama3_8b_pretrain_16gpu_h100_bf16_16k_config``)."""
+    return _llama3_8b_long_context(SEQUENCE_LENGTH_16K, 2, overrides)
+
+
+def llama3_8b_64k_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3 8B at 64k tokens per sequence: TP4 PP2 CP4 with sequence parallel, 32 GPUs (Megatron-Bridge's
+    ``llama3_8b_pretrain_32gpu_h100_bf16_64k_config``)."""
+    return _llama3_8b_long_context(SEQUENCE_LENGTH_64K, 4, overrides)
+
+
+def llama3_8b_128k_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3 8B at 128k tokens per sequence: TP4 PP2 CP8 with sequence parallel, 64 GPUs (Megatron-Bridge's
+    ``llama3_8b_pretrain_64gpu_h100_bf16_128k_config``)."""
+    return _llama3_8b_long_context(SEQUENCE_LENGTH_128K, 8, overrides)
 
 
 def llama3_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
@@ -40,33 +63,33 @@ def llama3_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
 
 
 def llama31_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Llama 3.1 8B: Llama 3 8B with Llama 3.1 RoPE scaling (factor 8), seq 8192; TP1 PP1 CP1 (Megatron-Bridge: CP2;
-    see llama3_8b on why CP=1)."""
-    cfg = pretrain_common(_llama3(32, 4096, 14336, 32, **_LLAMA31_ROPE))
+    """Llama 3.1 8B: Llama 3 8B with Llama 3.1 RoPE scaling (factor 8); TP1 PP1 CP2 on 2 GPUs."""
+    cfg = pretrain_common(_llama3(32, 4096, 14336, 32, context_parallel_size=2, **_LLAMA31_ROPE))
     return apply_common_overrides(cfg, **overrides)
 
 
 def llama31_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Llama 3.1 70B: Llama 3 70B with RoPE scaling (factor 8), seq 131072 (128K); TP4 PP4 VP5 CP2 SP, 32 GPUs
-    (Megatron-Bridge's values)."""
+    """Llama 3.1 70B: Llama 3 70B with RoPE scaling (factor 8) at 128k tokens per sequence; TP4 PP4 VP5 CP2 SP,
+    32 GPUs (Megatron-Bridge's ``llama31_70b_pretrain_32gpu_h100_bf16_config``)."""
     model = _llama3(80, 8192, 28672, 64, tensor_model_parallel_size=4, pipeline_model_parallel_size=4,
                     virtual_pipeline_model_parallel_size=5, context_parallel_size=2, sequence_parallel=True,
                     **_LLAMA31_ROPE)
-    model.seq_length = SEQ_128K
+    model.seq_length = SEQUENCE_LENGTH_128K
     return apply_common_overrides(pretrain_common(model), **overrides)
 
 
 def llama31_405b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Llama 3.1 405B (126 layers, hidden 16384, FFN 53248, 128 heads), seq 131072 (128K); TP8 PP7 VP2 CP4 SP,
-    224 GPUs (DP 1).
+    """Llama 3.1 405B (126 layers, hidden 16384, FFN 53248, 128 heads) at 128k tokens per sequence; TP8 PP7 VP2 CP4
+    SP, 224 GPUs (DP 1).
 
-    Sequence length, TP, VP and CP are Megatron-Bridge's; PP=7 instead of its 8 because 126 layers split evenly over
-    7 stages (PP=8 needs Megatron's uneven pipeline layout, which this library does not have).
+    Megatron-Bridge (``llama31_405b_pretrain_256gpu_h100_bf16_config``): TP8 PP8 VP2 CP4, seq 128k, 256 GPUs. PP=7
+    here because 126 layers split evenly over 7 stages (Megatron-Bridge's PP=8 needs its embedding/loss-aware uneven
+    pipeline layout, which this library does not have).
     """
     model = _llama3(126, 16384, 53248, 128, tensor_model_parallel_size=8, pipeline_model_parallel_size=7,
                     virtual_pipeline_model_parallel_size=2, context_parallel_size=4, sequence_parallel=True,
                     **_LLAMA31_ROPE)
-    model.seq_length = SEQ_128K
+    model.seq_length = SEQUENCE_LENGTH_128K
     return apply_common_overrides(pretrain_common(model), **overrides)
 
 

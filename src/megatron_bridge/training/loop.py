@@ -4,9 +4,10 @@ Loss and gradient normalisation: every micro-batch's ``loss_func`` returns the *
 its token count. Before the forward passes of a step, the step's token count over all micro-batches and
 data-parallel ranks (``global_tokens``) is known from the batches' ``loss_mask`` (one all-reduce, or none when nothing
 is masked: ``dataset.eod_mask_loss=False``); each micro-batch back-propagates
-``loss_sum * dp_size / global_tokens``. The backends average gradients over the ``dp_size`` ranks, so the gradient is
-exactly that of the token-weighted mean loss of the whole global batch — the same as one process running the whole
-batch (the functional tests check this).
+``loss_sum * dp_size * cp_size / global_tokens``. The backends average gradients over the ``dp_size × cp_size`` ranks
+(with context parallelism every rank holds a zig-zag slice of its samples' tokens, and the local ``loss_sum`` covers
+only those), so the gradient is exactly that of the token-weighted mean loss of the whole global batch — the same as
+one process running the whole batch (the functional tests check this).
 """
 
 import gc
@@ -95,7 +96,7 @@ def _global_tokens(ctx: Any, batches: list[dict[str, torch.Tensor]]) -> float | 
                 "dataset.eod_mask_loss=False: the data pipeline changed the loss mask"
             )
         return float(ctx.static_tokens_per_step)
-    model_copies = ctx.env.world_size / ctx.dp_size  # ranks holding the same batch (TP)
+    model_copies = ctx.env.world_size / (ctx.dp_size * ctx.cp_size)  # ranks holding the same tokens (TP)
     return _global_sum([local_tokens], ctx.device)[0] / model_copies
 
 
@@ -114,7 +115,7 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
                 output, loss_func = call_forward_step(forward_step_func, ctx, iter([batch]), ctx.model)
                 micro_loss, micro_tokens, _ = loss_func(output)
             if global_tokens is not None:
-                scaled = micro_loss * (ctx.dp_size / global_tokens)
+                scaled = micro_loss * (ctx.dp_size * ctx.cp_size / global_tokens)
             else:  # no loss_mask in the batch: mean per micro-batch, averaged over micro-batches
                 scaled = micro_loss / micro_tokens.clamp(min=1) / n_micro
             if ctx.grad_scaler is not None:

@@ -53,6 +53,8 @@ class TrainingContext:
     callbacks: list[Callback]
     static_tokens_per_step: int | None
     profiler: StepProfiler
+    cp_size: int = 1
+    """Context-parallel size: each sample's tokens are spread over this many ranks."""
 
     @property
     def device(self) -> torch.device:
@@ -85,7 +87,8 @@ def _build_tokenizer_and_check_vocab(cfg: ConfigContainer) -> Any:
     return tokenizer
 
 
-def _build_data(cfg: ConfigContainer, tokenizer: Any, state: TrainState, dp_rank: int, dp_size: int) -> Any:
+def _build_data(cfg: ConfigContainer, tokenizer: Any, state: TrainState, dp_rank: int, dp_size: int,
+                cp_rank: int) -> Any:
     from megatron_bridge.data.loaders import build_pretraining_data_loaders
 
     gbs = cfg.train.global_batch_size
@@ -96,6 +99,7 @@ def _build_data(cfg: ConfigContainer, tokenizer: Any, state: TrainState, dp_rank
         train_samples=cfg.train_iters * gbs, valid_samples=n_evals * v.eval_iters * gbs, test_samples=0,
         data_parallel_rank=dp_rank, data_parallel_size=dp_size,
         consumed_train_samples=state.consumed_train_samples, consumed_valid_samples=state.consumed_valid_samples,
+        context_parallel_size=cfg.model.context_parallel_size, context_parallel_rank=cp_rank,
     )
 
 
@@ -119,6 +123,7 @@ def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, sche
 
 def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = None) -> TrainingContext:
     """Build model, backend, optimizer, schedule, checkpoint manager and data for a validated config."""
+    from megatron_bridge.distributed.context_parallel import context_parallel_rank
     from megatron_bridge.distributed.ddp_wrap import ddp_wrap
     from megatron_bridge.distributed.init import data_parallel_rank
     from megatron_bridge.models.flops import num_floating_point_operations
@@ -134,8 +139,9 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
     checkpoint = _checkpoint_manager(cfg, backend, optimizer, scheduler, state)
     loaded = checkpoint.load() if checkpoint is not None else False
     dp_size = cfg.data_parallel_size(env.world_size)
-    dp_rank = data_parallel_rank(cfg, env.rank, env.world_size)  # TP ranks of one group read the same batch
-    loaders = _build_data(cfg, tokenizer, state, dp_rank, dp_size)
+    dp_rank = data_parallel_rank(cfg, env.rank, env.world_size)  # TP and CP ranks of one group read the same samples
+    cp_rank = context_parallel_rank(cfg, env.rank)  # ... and CP ranks keep their zig-zag slice
+    loaders = _build_data(cfg, tokenizer, state, dp_rank, dp_size, cp_rank)
     seq = cfg.model.seq_length
     result = TrainResult(tokens_per_step=cfg.train.global_batch_size * seq, world_size=env.world_size,
                          backend=backend.name,
@@ -149,7 +155,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         metrics=TrainingLogger(cfg, env.device, env.world_size), exits=ExitConditions(cfg, env.device),
         grad_scaler=_grad_scaler(cfg, env.device), result=result, dp_size=dp_size, callbacks=list(callbacks or []),
         static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
-        profiler=StepProfiler(cfg, env.rank, env.device),
+        profiler=StepProfiler(cfg, env.rank, env.device), cp_size=cfg.model.context_parallel_size,
     )
 
 

@@ -10,8 +10,13 @@ from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import (
     RECIPES,
     get_recipe,
+    llama3_8b_16k_pretrain_config,
+    llama3_8b_64k_pretrain_config,
+    llama3_8b_128k_pretrain_config,
     llama3_8b_pretrain_config,
     llama3_70b_pretrain_config,
+    llama31_8b_pretrain_config,
+    llama31_70b_pretrain_config,
     llama31_405b_pretrain_config,
     llama32_1b_pretrain_config,
     qwen3_8b_pretrain_config,
@@ -39,6 +44,7 @@ def test_llama3_8b_dimensions() -> None:
     assert (m.num_layers, m.hidden_size, m.ffn_hidden_size) == (32, 4096, 14336)
     assert (m.num_attention_heads, m.num_query_groups, m.rotary_base) == (32, 8, 500_000.0)
     assert (m.vocab_size, m.seq_length, m.rope_scaling) == (128256, 8192, False)
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size) == (1, 1, 2)
     cfg = llama3_8b_pretrain_config()
     assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (512, 1)
     assert (cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.scheduler.lr_warmup_iters) == (3e-4, 3e-5, 2000)
@@ -49,10 +55,28 @@ def test_large_recipe_layouts() -> None:
     assert (m.num_layers, m.hidden_size, m.num_attention_heads) == (80, 8192, 64)
     assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
             m.virtual_pipeline_model_parallel_size, m.context_parallel_size, m.sequence_parallel) == (4, 4, 5, 2, True)
-    assert llama31_405b_pretrain_config().model.num_layers == 126
+    m405 = llama31_405b_pretrain_config().model
+    assert (m405.num_layers, m405.context_parallel_size, m405.seq_length) == (126, 4, 131072)
+    assert (llama31_70b_pretrain_config().model.context_parallel_size, llama31_8b_pretrain_config().model
+            .context_parallel_size) == (2, 2)
     assert llama32_1b_pretrain_config().model.share_embeddings_and_output_weights
     q = qwen3_8b_pretrain_config().model
     assert (q.kv_channels, q.qk_layernorm, q.vocab_size, q.rotary_base) == (128, True, 151936, 1_000_000.0)
+
+
+@pytest.mark.parametrize(("fn", "seq", "cp", "world"), [
+    (llama3_8b_16k_pretrain_config, 16384, 2, 16),
+    (llama3_8b_64k_pretrain_config, 65536, 4, 32),
+    (llama3_8b_128k_pretrain_config, 131072, 8, 64),
+])
+def test_llama3_8b_long_context_layouts(fn, seq: int, cp: int, world: int) -> None:  # noqa: ANN001
+    """Megatron-Bridge's long-context Llama 3 8B variants: TP4 PP2 CP2/4/8 with sequence parallel."""
+    cfg = fn()
+    m = cfg.model
+    assert (m.seq_length, cfg.dataset.seq_length, m.context_parallel_size) == (seq, seq, cp)
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.sequence_parallel) == (4, 2, True)
+    assert cfg.data_parallel_size(world) == 1
+    assert RECIPES[fn.__name__.removesuffix("_pretrain_config")].world_size == world
 
 
 def test_recipe_keyword_overrides(tmp_path) -> None:
@@ -83,7 +107,7 @@ def test_get_recipe() -> None:
 def test_config_and_recipes_import_light_and_fast() -> None:
     code = (
         "import sys, time; t = time.perf_counter();"
-        "from megatron_bridge.recipes import llama3_8b_pretrain_config as f; f().validate();"
+        "from megatron_bridge.recipes import llama3_8b_pretrain_config as f; f().validate(world_size=2);"
         "dt = time.perf_counter() - t;"
         "heavy = [m for m in ('torch', 'megatron_fsdp', 'megatron', 'tensorboard', 'transformer_engine') "
         "if m in sys.modules];"

@@ -100,6 +100,9 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                       checkpoint__ckpt_format="fsdp_dtensor")),
     "checkpoint_options": (_set(checkpoint__most_recent_k=0), 1, "checkpoint.most_recent_k",
                            _set(checkpoint__most_recent_k=1)),
+    "megatron_fsdp_context_parallel": (_set(dist__use_megatron_fsdp=True, model__context_parallel_size=2), 2,
+                                       "model.context_parallel_size",
+                                       _set(dist__use_megatron_fsdp=True, model__context_parallel_size=1)),
     "fsdp2_pipeline": (_set(dist__use_torch_fsdp2=True, model__pipeline_model_parallel_size=2), 2,
                        "model.pipeline_model_parallel_size", _set(model__pipeline_model_parallel_size=2)),
     "fsdp2_prefetch_depths": (_set(fsdp2__fsdp2_backward_prefetch_depth=-1), 1, "fsdp2.fsdp2_backward_prefetch_depth",
@@ -179,6 +182,17 @@ def test_rule_passing_case(rule_id: str, monkeypatch: pytest.MonkeyPatch) -> Non
     except ConfigValidationError as exc:
         assert set(re.findall(r"\[rule (\w+)\]", str(exc))) == {NOT_YET_BUILT}, exc
         assert rule_id != NOT_YET_BUILT
+
+
+def test_context_parallel_seq_length_with_sequence_parallel() -> None:
+    """With sequence parallelism each CP slice is split again over TP: seq_length % (2 × CP × TP) == 0."""
+    cfg = tiny_llama_pretrain_config(seq_length=72, context_parallel_size=2, tensor_model_parallel_size=2,
+                                     sequence_parallel=True, use_torch_fsdp2=True, global_batch_size=16)
+    with pytest.raises(ConfigValidationError, match=r"divisible by 2×model.context_parallel_size×model.tensor_model_"
+                       r"parallel_size = 2×2×2 = 8 .*\[rule context_parallel_seq_length\]"):
+        cfg.validate(world_size=4)
+    cfg.model.sequence_parallel = False
+    cfg.validate(world_size=4)  # 72 = 18 × (2 × 2): the zig-zag layout alone only needs 2 × CP
 
 
 def test_all_violations_reported_together() -> None:

@@ -95,7 +95,6 @@ def test_materialize_re_ties_shared_weights() -> None:
     [
         ("pipeline_model_parallel_size", 2),
         ("virtual_pipeline_model_parallel_size", 2),
-        ("context_parallel_size", 2),
         ("expert_model_parallel_size", 2),
     ],
 )
@@ -104,6 +103,12 @@ def test_unsupported_model_parallelism_raises(field: str, value: int) -> None:
         build_model_chunks(tiny(**{field: value}))
     assert err.value.paths == (f"model.{field}",)
     assert f"model.{field}={value}" in str(err.value) and "local engine" in str(err.value)
+
+
+def test_context_parallel_size_is_accepted() -> None:
+    """CP is applied by the distributed layer (apply_context_parallel); the model built here is the full model."""
+    model = build_model_chunks(tiny(context_parallel_size=2))[0]
+    assert model.cp_layout is None and model.layers[0].self_attn.context_parallel is None
 
 
 def test_tensor_parallel_size_is_accepted_and_pads_vocab() -> None:
