@@ -186,13 +186,13 @@ def test_rule_passing_case(rule_id: str, monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_context_parallel_seq_length_with_sequence_parallel() -> None:
     """With sequence parallelism each CP slice is split again over TP: seq_length % (2 × CP × TP) == 0."""
-    cfg = tiny_llama_pretrain_config(seq_length=72, context_parallel_size=2, tensor_model_parallel_size=2,
+    cfg = tiny_llama_pretrain_config(seq_length=68, context_parallel_size=2, tensor_model_parallel_size=2,
                                      sequence_parallel=True, use_torch_fsdp2=True, global_batch_size=16)
     with pytest.raises(ConfigValidationError, match=r"divisible by 2×model.context_parallel_size×model.tensor_model_"
                        r"parallel_size = 2×2×2 = 8 .*\[rule context_parallel_seq_length\]"):
         cfg.validate(world_size=4)
     cfg.model.sequence_parallel = False
-    cfg.validate(world_size=4)  # 72 = 18 × (2 × 2): the zig-zag layout alone only needs 2 × CP
+    cfg.validate(world_size=4)  # 68 = 17 × (2 × 2): the zig-zag layout alone only needs 2 × CP
 
 
 def test_all_violations_reported_together() -> None:
