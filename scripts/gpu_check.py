@@ -14,13 +14,14 @@ step with no time left is recorded as skipped):
    (``test_fsdp_pretrain_basic``) and resume tests, reported one by one from the JUnit XML.
 3. ``matrix``: 6 steps of the tiny recipe on one GPU for every mixed-precision preset (DDP), every backend (bf16),
    and every engine of ``model.transformer_impl`` (bf16; an engine this version or machine cannot build is skipped
-   with its error).
+   with its error); each row compares the CUDA allocator peak with the dry-run memory estimate.
 4. ``cp_parity``: context parallelism, ring (``cp_comm_type="p2p"``) vs all-gather, when the config has
    ``model.cp_comm_type`` and 2 GPUs are present; skipped with the reason otherwise.
 5. ``mfu``: a Llama-3-8B-shaped model (hidden 4096, 32/8 heads, SwiGLU 14336, vocabulary 128256, sequence 8192) in
    bf16 on one GPU with as many of its 32 blocks as the memory estimate fits into 85% of the GPU, 10 steps through
    ``scripts/performance/launch.py``; records MFU, tokens/s and where the GPU time went (kernel classes of a
-   2-step profiler trace: GEMM, attention, optimizer, elementwise/other), which says what limits it.
+   2-step profiler trace: GEMM, attention, optimizer, elementwise/other), which says what limits it, and its CUDA
+   allocator peak against the estimate.
 
 ``--dry-run`` runs nothing: it validates every case's config on CPU, sizes the MFU model for ``--gpu`` (default
 h200) with the estimate, and writes the plan in the same JSON shape (a unit test runs it).
@@ -250,6 +251,7 @@ def run_cases(spec: str, out: str) -> int:
     import math
 
     from megatron_bridge.errors import MegatronBridgeError
+    from megatron_bridge.perf.memory import estimate_memory
     from megatron_bridge.training.pretrain import pretrain
 
     rows = []
@@ -264,8 +266,10 @@ def run_cases(spec: str, out: str) -> int:
             result = pretrain(cfg)
             times = result.step_times[1:] or result.step_times
             ok = result.final_step == cfg.train.train_iters and math.isfinite(result.final_loss)
+            est = estimate_memory(cfg, 1).peak_bytes
             row.update(status="ok" if ok else "failed: short run or non-finite loss", final_loss=result.final_loss,
-                       s_per_step=sum(times) / len(times), peak_memory_gib=result.peak_memory_bytes / 2**30)
+                       s_per_step=sum(times) / len(times), peak_memory_gib=result.peak_memory_bytes / 2**30,
+                       estimated_peak_gib=est / 2**30, estimate_error=est / max(result.peak_memory_bytes, 1) - 1)
         except Exception as exc:  # record and go on with the next case
             row["status"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         rows.append(row)
@@ -341,6 +345,7 @@ def mfu(r: Runner, out_dir: Path, gpu: str, timeout: float) -> dict[str, Any]:
     record.update(mfu=res["mfu"], tokens_per_s=res["tokens_per_s_per_device"],
                   tflops_per_s=res["model_tflops_per_s_per_device"], median_step_s=res["median_step_time_s"],
                   peak_memory_gib=res["peak_memory_gib"], final_loss=res["final_loss"],
+                  estimate_error=record["estimated_peak_gib"] / max(res["peak_memory_gib"], 1e-9) - 1,
                   kernel_time_share=kernel_breakdown(json.loads(trace.read_text())) if trace.exists() else None,
                   goal_mfu=MFU_GOAL, meets_goal=res["mfu"] is not None and res["mfu"] >= MFU_GOAL)
     return {"status": "ok", **record}

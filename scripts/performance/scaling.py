@@ -68,11 +68,11 @@ def build_config(model: str, layout: str, steps: int | None = None):  # noqa: AN
         cfg = tiny_llama_pretrain_config(global_batch_size=16, micro_batch_size=4)
         default_steps = 5
     else:  # ~100M parameters: 12 blocks of width 768, GQA 12/4 heads, SwiGLU 2048, vocabulary 16000
-        cfg = tiny_llama_pretrain_config(global_batch_size=4, micro_batch_size=1, seq_length=256)
+        cfg = tiny_llama_pretrain_config(global_batch_size=4, micro_batch_size=1, seq_length=128)
         m = cfg.model
         m.num_layers, m.hidden_size, m.ffn_hidden_size = 12, 768, 2048
         m.num_attention_heads, m.num_query_groups, m.vocab_size = 12, 4, 16000
-        default_steps = 3
+        default_steps = 2
     cfg = common_perf_overrides(cfg, train_iters=steps or default_steps, warmup_iters=1)
     cfg.logger.logging_level = "WARNING"
     cfg.logger.log_progress = False
@@ -229,31 +229,39 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(*args.worker)
-    import torch
-
     plan = [(m, lay, w) for m in args.models for w in args.world_sizes for lay in args.layouts
             if w >= MIN_WORLD.get(lay, 1)]
     if args.only:
         plan = [(m, lay, int(w)) for m, lay, w in (x.split(":") for x in args.only)]
-    rows = []
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for model, layout, world in plan:
             rows.append(run_one(model, layout, world, args.timeout, tmp))
             print(json.dumps({k: rows[-1].get(k) for k in ("model", "layout", "world_size", "status", "state_error",
                                                           "peak_error")}), flush=True)
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
-              "cpus": os.cpu_count(), "torch": torch.__version__,
-              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "method": "allocator events of torch.profiler(profile_memory=True), summed in time order "
-                        "(megatron_bridge.perf.measure); largest rank", "rows": rows, "summary": summary(rows)}
-    (out / "scaling.json").write_text(json.dumps(result, indent=2))
+            write_json(rows, out / "scaling.json")  # after every row: a long run that is stopped keeps its rows
+    result = write_json(rows, out / "scaling.json")
     png = plot(rows, out / "scaling.png")
     _print_table(rows)
     print(json.dumps(result["summary"], indent=2))
     print(f"wrote {out / 'scaling.json'}" + (f" and {png}" if png else ""))
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1
+
+
+def write_json(rows: list[dict[str, Any]], path: Path) -> dict[str, Any]:
+    """scaling.json: when, where, how it was measured, the rows and the summary."""
+    import torch
+
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
+              "cpus": os.cpu_count(), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "method": "peak: allocator events of torch.profiler(profile_memory=True) summed in time order; state: "
+                        "storage accounting of parameters, gradients and optimizer state at the end of the last "
+                        "step (megatron_bridge.perf.measure); largest rank", "rows": rows, "summary": summary(rows)}
+    path.write_text(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":
