@@ -4,6 +4,8 @@
 * ``test_cp_tp_fsdp2_pretrain_matches_reference``: 4 ranks, cp=2 × tp=2 with sequence parallelism and FSDP2
   (FSDP2 shards over the flattened dp×cp dimension: the 2 CP ranks). One run per launch: torch 2.13 hangs building a
   second device mesh after the default group was destroyed and re-created in the same process.
+* ``test_llama3_8b_layout_trains_shrunk``: ``llama3_8b_pretrain_config()`` as shipped (TP1 PP1 CP2, bf16 mixed
+  precision, its optimizer and schedule) with the model shrunk to 2 small layers, on 2 ranks: finite, falling loss.
 * ``test_cp2_checkpoint_resumes_at_cp1``: a CP=2 run saves at step 4 and exits; one process loads it at CP=1 and
   continues to step 8, identically to the uninterrupted reference.
 
@@ -73,6 +75,26 @@ def test_cp_tp_fsdp2_pretrain_matches_reference(reference: Path | None) -> None:
                env={"MB_REFERENCE": str(reference)})
         return
     _run_and_compare(_config(cp=2, tp=2, use_torch_fsdp2=True), "CP=2 × TP=2 + SP, FSDP2")
+
+
+def test_llama3_8b_layout_trains_shrunk(tmp_path: Path) -> None:
+    if not is_worker():
+        launch(f"{__file__}::test_llama3_8b_layout_trains_shrunk", env={"MB_RUN_DIR": str(tmp_path)})
+        return
+    from megatron_bridge.recipes import llama3_8b_pretrain_config
+
+    cfg = llama3_8b_pretrain_config(train_iters=6, global_batch_size=4, seq_length=128, lr=3e-3, lr_warmup_iters=1,
+                                    eval_interval=None, dir=os.environ["MB_RUN_DIR"])
+    m = cfg.model
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size) == (1, 1, 2)
+    m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads = 2, 64, 128, 4
+    m.num_query_groups, m.vocab_size = 2, 512
+    cfg.tokenizer.vocab_size = 512
+    cfg.validation.eval_interval = None
+    cfg.checkpoint.save = cfg.checkpoint.load = None
+    result = pretrain(cfg)
+    assert result.world_size == 2 and result.final_step == 6 and cfg.data_parallel_size(2) == 1
+    assert_finite_decreasing(result.losses, min_drop=0.01)
 
 
 def test_cp2_checkpoint_resumes_at_cp1(reference: Path | None, tmp_path: Path,
