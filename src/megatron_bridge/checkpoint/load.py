@@ -173,12 +173,26 @@ def check_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[in
 
 
 # --------------------------------------------------------------------------------------------------- loading
+def model_shapes(state: dict[str, Any], group: dist.ProcessGroup | None) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Global shapes of the model entries of ``state``, over all ranks (collective): under pipeline parallelism each
+    rank holds only its stages' keys, and together they must cover the checkpoint."""
+    local = {k: global_shapes(v) for k, v in state.items() if k.startswith("model")}
+    if not (dist.is_available() and dist.is_initialized()):
+        return local
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, local, group=group)
+    merged: dict[str, dict[str, tuple[int, ...]]] = {}
+    for part in gathered:
+        for chunk_key, shapes in part.items():
+            merged.setdefault(chunk_key, {}).update(shapes)
+    return merged
+
+
 def load_dcp(source: LoadSource, state: dict[str, Any], group: dist.ProcessGroup | None) -> None:
     """Fill ``state`` in place from a DCP folder (collective), after checking model keys and shapes."""
     metadata = read_dcp_metadata(source.path)
-    for chunk_key, chunk_state in state.items():
-        if chunk_key.startswith("model"):
-            check_shapes(global_shapes(chunk_state), dcp_tensor_shapes(metadata, chunk_key), source.path)
+    for chunk_key, shapes in model_shapes(state, group).items():
+        check_shapes(shapes, dcp_tensor_shapes(metadata, chunk_key), source.path)
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(source.path), planner=SafeLoadPlanner(),
                  process_group=group)
@@ -245,18 +259,17 @@ def _copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
 
 
 def load_full(source: LoadSource, state: dict[str, Any], padded_vocab_size: int | None,
-              model_config: ModelConfig | None = None) -> None:
+              model_config: ModelConfig | None = None, group: dist.ProcessGroup | None = None) -> None:
     """Fill ``state`` in place from a ``torch`` folder, a weights file or a HF folder (checked against
-    ``model_config`` when given)."""
+    ``model_config`` when given; collective: the model keys of all ranks are checked together)."""
     full = full_state_of(source, padded_vocab_size, model_config)
-    for chunk_key, chunk_state in state.items():
-        if chunk_key.startswith("model"):
-            if chunk_key not in full:
-                raise CheckpointError(f"checkpoint {source.path!r} holds no {chunk_key!r} weights")
-            weights = full[chunk_key]
-            found = (weights.tensor_shapes() if hasattr(weights, "tensor_shapes")
-                     else {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)})
-            check_shapes(global_shapes(chunk_state), found, source.path)
+    for chunk_key, shapes in model_shapes(state, group).items():
+        if chunk_key not in full:
+            raise CheckpointError(f"checkpoint {source.path!r} holds no {chunk_key!r} weights")
+        weights = full[chunk_key]
+        found = (weights.tensor_shapes() if hasattr(weights, "tensor_shapes")
+                 else {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)})
+        check_shapes(shapes, found, source.path)
     for key in state:
         if key not in full:
             raise CheckpointError(f"checkpoint {source.path!r} holds no {key!r} state")

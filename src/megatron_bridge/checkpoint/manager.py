@@ -92,7 +92,7 @@ class CheckpointManager:
         if source.kind == "dcp":
             loading.load_dcp(source, state, self.group)
         else:
-            loading.load_full(source, state, self.cfg.model.padded_vocab_size, self.cfg.model)
+            loading.load_full(source, state, self.cfg.model.padded_vocab_size, self.cfg.model, self.group)
         self.backend.load_model_state_dict({k: v for k, v in state.items() if k.startswith("model")})
         if load_optim:
             self.backend.load_optimizer_state_dict(self.optimizer, state["optimizer"])

@@ -5,6 +5,7 @@ from typing import Literal
 
 
 DType = Literal["float32", "bfloat16", "float16"]
+PipelineSchedule = Literal["1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
 
 
 @dataclass(kw_only=True)
@@ -71,7 +72,25 @@ class ModelConfig:
     pipeline_model_parallel_size: int = 1
     """Pipeline-parallel size (PP)."""
     virtual_pipeline_model_parallel_size: int | None = None
-    """Virtual pipeline stages per PP rank (interleaved schedule); None disables it."""
+    """Virtual pipeline stages (model chunks) per PP rank, for the multi-stage schedules; None: one stage per rank."""
+    pipeline_schedule: PipelineSchedule | None = None
+    """Pipeline schedule (torch.distributed.pipelining): None picks "1F1B" without virtual stages and
+    "Interleaved1F1B" with them. "InterleavedZeroBubble" needs virtual stages; "ZBVZeroBubble" and "DualPipeV" need
+    exactly 2 (V-shaped placement: rank r holds stages r and 2·PP−1−r); "DualPipeV" needs micro-batches >= PP×VP.
+    Only with pipeline_model_parallel_size > 1."""
+    num_layers_in_first_pipeline_stage: int | None = None
+    """Decoder layers on the first pipeline rank (split evenly over its virtual stages); None: even split. The other
+    layers are split evenly over the middle ranks. Not with account_for_*_in_pipeline_split."""
+    num_layers_in_last_pipeline_stage: int | None = None
+    """Decoder layers on the last pipeline rank (split evenly over its virtual stages); None: even split."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as one layer when splitting: (num_layers + 1 [+ 1]) is split evenly over PP×VP stages and
+    the first stage holds one decoder layer fewer (Megatron-Bridge's 405B layout)."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the output layer and loss as one layer when splitting: the last stage holds one decoder layer fewer."""
+    pipeline_dtype: DType | None = None
+    """Dtype of the activations sent between pipeline stages: each stage but the last casts its output to it
+    (e.g. "bfloat16" halves the traffic of fp32 residual streams). None sends them as computed. Ignored with PP=1."""
     context_parallel_size: int = 1
     """Context-parallel size (CP): every sequence is cut into 2×CP chunks and CP rank r holds chunks r and 2·CP−1−r
     (zig-zag); gradients are reduced over data-parallel × CP ranks. See docs/training/context-parallel.md."""

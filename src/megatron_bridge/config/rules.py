@@ -2,7 +2,8 @@
 
 ``check_rules`` runs them all and raises one ConfigValidationError listing every violation. The table of rules in
 docs/training/config-container.md is checked against ``RULES`` by a test, so the docs cannot drift.
-Rules about the data-parallel backends and checkpoint formats live in :mod:`.rules_distributed`.
+Rules about the data-parallel backends and checkpoint formats live in :mod:`.rules_distributed`, those of pipeline
+parallelism in :mod:`.rules_pipeline`.
 """
 
 from collections.abc import Callable
@@ -36,7 +37,7 @@ class Rule:
 
 RULES: list[Rule] = []
 _MODULE_ORDER = ("megatron_bridge.config.rules", "megatron_bridge.config.rules_model",
-                 "megatron_bridge.config.rules_distributed")
+                 "megatron_bridge.config.rules_distributed", "megatron_bridge.config.rules_pipeline")
 """Rules run (and the docs table lists them) module by module in this order, whatever the import order."""
 
 
@@ -211,25 +212,6 @@ def _cp_seq(cfg: "ConfigContainer", world_size: int) -> None:
                 else f"2×model.context_parallel_size = {multiple} (the zig-zag layout cuts it into 2×CP chunks)")
         fail(f"model.seq_length={seq} must be divisible by {what}: use a multiple of {multiple}",
              "model.seq_length", "model.context_parallel_size")
-
-
-@rule("pipeline_layers", ("model.num_layers", "model.pipeline_model_parallel_size",
-                          "model.virtual_pipeline_model_parallel_size"),
-      "model.num_layers is divisible by PP, virtual pipelining needs PP > 1, and (num_layers / PP) is divisible by VP.")
-def _pipeline_layers(cfg: "ConfigContainer", world_size: int) -> None:
-    m = cfg.model
-    pp, vp = m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size
-    if pp > 0 and m.num_layers % pp:
-        fail(f"model.num_layers={m.num_layers} is not divisible by model.pipeline_model_parallel_size={pp}",
-             "model.num_layers", "model.pipeline_model_parallel_size")
-    if vp is not None:
-        if pp <= 1:
-            fail(f"model.virtual_pipeline_model_parallel_size={vp} needs model.pipeline_model_parallel_size > 1 "
-                 f"(got {pp}); set it to None", "model.virtual_pipeline_model_parallel_size")
-        elif (m.num_layers // pp) % vp:
-            fail(f"layers per pipeline stage ({m.num_layers}//{pp} = {m.num_layers // pp}) must be divisible by "
-                 f"model.virtual_pipeline_model_parallel_size={vp}", "model.num_layers",
-                 "model.virtual_pipeline_model_parallel_size")
 
 
 @rule("tensor_parallel_heads", ("model.num_attention_heads", "model.num_query_groups",
@@ -409,3 +391,4 @@ def _precision(cfg: "ConfigContainer", world_size: int) -> None:
 # The other rule modules register after this one's rules, in a fixed order (the docs table follows it).
 import megatron_bridge.config.rules_model  # noqa: E402, F401, I001
 import megatron_bridge.config.rules_distributed  # noqa: E402, F401
+import megatron_bridge.config.rules_pipeline  # noqa: E402, F401

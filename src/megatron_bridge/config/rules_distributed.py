@@ -90,15 +90,6 @@ def _ckpt_options(cfg: "ConfigContainer", world_size: int) -> None:
              "checkpoint.finetune")
 
 
-@rule("fsdp2_pipeline", ("dist.use_torch_fsdp2", "model.pipeline_model_parallel_size"),
-      "FSDP2 is not supported with pipeline parallelism (PP > 1).")
-def _fsdp2_pp(cfg: "ConfigContainer", world_size: int) -> None:
-    if cfg.dist.use_torch_fsdp2 and cfg.model.pipeline_model_parallel_size > 1:
-        fail("dist.use_torch_fsdp2=True does not support model.pipeline_model_parallel_size > 1 (got "
-             f"{cfg.model.pipeline_model_parallel_size})", "dist.use_torch_fsdp2",
-             "model.pipeline_model_parallel_size")
-
-
 @rule("megatron_fsdp_context_parallel", ("dist.use_megatron_fsdp", "model.context_parallel_size"),
       "Megatron FSDP is not supported with context parallelism (CP > 1): use FSDP2 or DDP.")
 def _mfsdp_cp(cfg: "ConfigContainer", world_size: int) -> None:

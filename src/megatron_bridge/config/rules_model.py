@@ -2,7 +2,8 @@
 build. ``build_model_chunks`` enforces the same rules (:func:`check_model_buildable`), so ``validate()`` and
 ``--dry-run`` refuse exactly what the build would refuse.
 
-The layout rule states what the engine builds today; pipeline, context and expert parallelism relax it as they land.
+The layout rule states what the engine builds today; context and expert parallelism relax it as they land
+(pipeline parallelism has: the pipeline split is rule ``pipeline_layers`` of :mod:`.rules_pipeline`).
 """
 
 import importlib.util
@@ -24,7 +25,7 @@ ENGINE_INSTALL: dict[str, str] = {
 ARCHITECTURE_RULES = ("field_types", "positive_sizes", "model_head_dim", "tensor_parallel_heads", "rope_scaling",
                       "cpu_offloading_weights", "cpu_offloading_num_layers", "transformer_impl_available")
 """The rules a model config must pass to be built at all (``LlamaModel`` enforces them)."""
-LAYOUT_RULES = ("engine_parallel_layout",)
+LAYOUT_RULES = ("engine_parallel_layout", "pipeline_layers")
 """The rules of the parallel layout the engine builds (``build_model_chunks`` enforces them too)."""
 
 
@@ -91,23 +92,19 @@ def _transformer_impl(cfg: "ConfigContainer", world_size: int) -> None:
          "of megatron-bridge: set model.transformer_impl='local'", "model.transformer_impl")
 
 
-@rule("engine_parallel_layout", ("model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
-                                 "model.expert_model_parallel_size"),
-      "The layout is one the engine builds today: PP, virtual PP and EP are not (yet) built.")
+@rule("engine_parallel_layout", ("model.expert_model_parallel_size",),
+      "The layout is one the engine builds today: EP is not (yet) built.")
 def _engine_layout(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     unsupported = [
-        ("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, m.pipeline_model_parallel_size > 1, 1),
-        ("model.virtual_pipeline_model_parallel_size", m.virtual_pipeline_model_parallel_size,
-         m.virtual_pipeline_model_parallel_size is not None, None),
         ("model.expert_model_parallel_size", m.expert_model_parallel_size, m.expert_model_parallel_size > 1, 1),
     ]
     bad = [(path, value, fix) for path, value, is_bad, fix in unsupported if is_bad]
     if bad:
         what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
         fixes = ", ".join(f"{path}={fix!r}" for path, _, fix in bad)
-        fail(f"{what}: not supported by the local engine in this version (it builds the whole model on every rank; "
-             f"use data, tensor or context parallelism or FSDP): set {fixes}", *(path for path, _, _ in bad))
+        fail(f"{what}: not supported by the local engine in this version (use data, tensor, pipeline or context "
+             f"parallelism or FSDP): set {fixes}", *(path for path, _, _ in bad))
 
 
 def check_model_buildable(model: "ModelConfig", rules: tuple[str, ...] = ARCHITECTURE_RULES + LAYOUT_RULES) -> None:

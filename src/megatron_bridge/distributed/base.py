@@ -11,7 +11,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 
 if TYPE_CHECKING:
@@ -28,6 +30,19 @@ class DataParallelBackend(ABC):
         self.cfg = cfg
         self.device = device
         self.chunks: list[nn.Module] = []
+        self.pp_group: dist.ProcessGroup | None = None
+        """The pipeline-parallel group (PP > 1): gradient and parameter norms are summed over it."""
+
+    @property
+    def pipelined(self) -> bool:
+        """True when the chunks are pipeline stages (``model.pipeline_model_parallel_size > 1``)."""
+        return self.cfg.model.pipeline_model_parallel_size > 1
+
+    def sum_over_pipeline(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` summed over the pipeline stages (unchanged without PP)."""
+        if self.pp_group is not None:
+            dist.all_reduce(value, group=self.pp_group)
+        return value
 
     @abstractmethod
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
@@ -58,8 +73,14 @@ class DataParallelBackend(ABC):
         return [p for chunk in self.chunks for p in chunk.parameters() if p.requires_grad]
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """Global L2 norm of the gradients over all ranks (before clipping); clips when ``max_norm > 0``."""
+        """Global L2 norm of the gradients over all ranks (before clipping); clips when ``max_norm > 0``.
+
+        Under pipeline parallelism the norm covers every stage: each rank's norm is squared, summed over the
+        pipeline group, and every stage clips with the global norm.
+        """
         grads = [p for p in self.parameters() if p.grad is not None]
+        if self.pp_group is not None:
+            return self._clip_over_pipeline(grads, max_norm)
         if not grads:
             return torch.zeros((), device=self.device)
         norm = torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm > 0 else float("inf"), foreach=None)
@@ -67,35 +88,62 @@ class DataParallelBackend(ABC):
             norm = norm.full_tensor()
         return norm.detach()
 
+    def _clip_over_pipeline(self, params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        local = torch.zeros((), device=self.device, dtype=torch.float32)
+        if params:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=None)
+            if hasattr(norm, "full_tensor"):  # DTensor norm of sharded gradients
+                norm = norm.full_tensor()
+            local = norm.detach().to(torch.float32)
+        total = self.sum_over_pipeline(local.pow(2)).sqrt()
+        if max_norm > 0 and params:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=None)
+        return total
+
     def unwrap(self, chunk: nn.Module) -> nn.Module:
         """The user's module inside a wrapped chunk."""
         return getattr(chunk, "module", chunk)
 
     def model_state_dict(self) -> dict[str, Any]:
-        """Model state for checkpointing: one entry per chunk ("model" or "model0", "model1", ...)."""
+        """Model state for checkpointing: one entry per chunk ("model" or "model0", "model1", ...).
+
+        Pipeline stages keep the full model's parameter names, so under PP every chunk of every stage goes into one
+        ``"model"`` entry: each rank holds its stages' keys, and a checkpoint loads at any PP/VPP layout.
+        """
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         states = [get_model_state_dict(chunk) for chunk in self.chunks]
+        if self.pipelined:
+            return {"model": {k: v for s in states for k, v in s.items()}}
         return _by_chunk(states)
 
     def load_model_state_dict(self, state: dict[str, Any]) -> None:
         """Load what ``model_state_dict`` returned (after DCP filled it in place)."""
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+        if self.pipelined:
+            merged = state["model"]
+            for chunk in self.chunks:
+                set_model_state_dict(chunk, {k: merged[k] for k in get_model_state_dict(chunk)})
+            return
         for chunk, chunk_state in zip(self.chunks, _from_chunks(state, len(self.chunks))):
             set_model_state_dict(chunk, chunk_state)
 
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Optimizer state for checkpointing, keyed by parameter names (DCP-ready, reshardable)."""
+        """Optimizer state for checkpointing, flat and keyed by parameter names (``state.<fqn>.exp_avg``,
+        ``param_groups.<fqn>.lr``): DCP-ready, reshardable, and free of collisions between pipeline stages."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(_as_module(self.chunks), optimizer)
+        return get_optimizer_state_dict(_as_module(self.chunks), optimizer, options=_FLAT)
 
     def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """Load what ``optimizer_state_dict`` returned."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(_as_module(self.chunks), optimizer, state)
+        set_optimizer_state_dict(_as_module(self.chunks), optimizer, state, options=_FLAT)
+
+
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _by_chunk(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -110,5 +158,23 @@ def _from_chunks(state: dict[str, Any], n: int) -> list[dict[str, Any]]:
     return [state[f"model{i}"] for i in range(n)]
 
 
-def _as_module(chunks: list[nn.Module]) -> nn.Module | list[nn.Module]:
-    return chunks[0] if len(chunks) == 1 else chunks
+def _as_module(chunks: list[nn.Module]) -> nn.Module:
+    """One module over the chunks for torch's optimizer state-dict API (which takes one root module)."""
+    return chunks[0] if len(chunks) == 1 else pipeline_view(chunks)
+
+
+def pipeline_view(chunks: list[nn.Module]) -> nn.Module:
+    """A module whose parameter names are the full model's, over several pipeline-stage chunks of one rank: their
+    children are registered on one root (``ModuleDict`` children such as ``layers`` merged by key, so
+    ``layers.5.*`` keeps its name). The chunks' modules are shared, not copied."""
+    view = nn.Module()
+    for chunk in chunks:
+        for name, child in chunk.named_children():
+            if child is None:
+                continue
+            existing = getattr(view, name, None)
+            if isinstance(existing, nn.ModuleDict) and isinstance(child, nn.ModuleDict):
+                existing.update(child)
+            elif existing is None:
+                view.add_module(name, nn.ModuleDict(child) if isinstance(child, nn.ModuleDict) else child)
+    return view

@@ -20,6 +20,13 @@ device are materialized (``to_empty`` + ``init_weights``) on the device first, t
 (``model.tensor_model_parallel_size > 1``) needs the FSDP2 backend: torch DDP cannot wrap DTensor parameters.
 Context parallelism (``model.context_parallel_size > 1``): the attention modules get the CP attention
 (:mod:`.context_parallel`) and DDP all-reduces over the flattened ``"dp_cp"`` mesh dimension.
+
+Pipeline parallelism (``model.pipeline_model_parallel_size > 1``): each stage module is wrapped over the ``"dp"``
+group of the ``("pp", "dp", ...)`` mesh with torch's FSDP-based ``replicate`` (logged), and the pipeline stage
+drives the gradient all-reduce after the step's last backward. Classic DistributedDataParallel is measured to break
+under pipeline schedules: multi-stage schedules crash in the reducer at the second step (or, with ``static_graph``,
+train with silently wrong gradients), and 1F1B at PP=4 fails the reducer's bucket-rebuild assertion at the second
+step; ``replicate`` matches a single process on every schedule.
 """
 
 import inspect
@@ -30,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
+from megatron_bridge.config.pipeline_layout import resolve_schedule
 from megatron_bridge.config.rules import enforce
 from megatron_bridge.distributed.activation_checkpointing import ac_settings, apply_ac_settings
 from megatron_bridge.distributed.base import DataParallelBackend
@@ -46,6 +55,7 @@ from megatron_bridge.distributed.init import (
     build_device_mesh,
     context_parallel_mesh,
     initialize_distributed,
+    pipeline_mesh,
     split_mesh,
 )
 from megatron_bridge.models.provider import materialize_meta_model
@@ -90,6 +100,13 @@ def _no_sync(chunks: list[nn.Module]) -> Iterator[None]:
         yield
 
 
+def _replicate(chunk: nn.Module, dp_mesh: DeviceMesh | None) -> nn.Module:
+    """torch's FSDP-based ``replicate`` (data parallelism that composes with every pipeline schedule)."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    return replicate(chunk, mesh=dp_mesh)
+
+
 class DDPBackend(DataParallelBackend):
     """torch DistributedDataParallel around each model chunk, configured by ``cfg.ddp``."""
 
@@ -111,11 +128,13 @@ class DDPBackend(DataParallelBackend):
         env = initialize_distributed(self.cfg)
         settings = ac_settings(self.cfg, "ddp")
         kwargs = ddp_kwargs(self.cfg, self.device)
-        cp_mesh = None
-        if self.cfg.model.context_parallel_size > 1:  # reduce over data-parallel × context-parallel ranks
+        cp_mesh = dp_mesh = None
+        if self.cfg.model.context_parallel_size > 1 or self.pipelined:
             mesh = build_device_mesh(self.cfg, env)
-            cp_mesh = context_parallel_mesh(mesh)
-            kwargs["process_group"] = split_mesh(mesh)[0].get_group()
+            cp_mesh, dp_mesh, pp_mesh = context_parallel_mesh(mesh), split_mesh(mesh)[0], pipeline_mesh(mesh)
+            self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
+            kwargs["process_group"] = dp_mesh.get_group()  # reduce over data-parallel × context-parallel ranks
+        use_replicate = self.pipelined
         wrapped = []
         for chunk in model_chunks:
             if has_meta_params([chunk]):
@@ -125,10 +144,16 @@ class DDPBackend(DataParallelBackend):
             if cp_mesh is not None:
                 apply_context_parallel(chunk, cp_mesh, self.cfg)
             apply_ac_settings(chunk, settings)
-            wrapped.append(DistributedDataParallel(chunk, **kwargs))
+            wrapped.append(_replicate(chunk, dp_mesh) if use_replicate else DistributedDataParallel(chunk, **kwargs))
         self.chunks = wrapped
-        log_rank_0(logger, "DDP: wrapped %d chunk(s) (%s), autocast %s", len(wrapped),
-                   ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "process_group"), self.autocast_dtype)
+        if use_replicate:
+            log_rank_0(logger, "DDP under pipeline parallelism (%s): %d chunk(s) wrapped with torch's FSDP-based "
+                       "replicate over the data-parallel group (classic DistributedDataParallel breaks under "
+                       "pipeline schedules); ddp.bucket_cap_mb/static_graph/find_unused_parameters do not apply, "
+                       "autocast %s", resolve_schedule(self.cfg.model), len(wrapped), self.autocast_dtype)
+        else:
+            log_rank_0(logger, "DDP: wrapped %d chunk(s) (%s), autocast %s", len(wrapped),
+                       ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "process_group"), self.autocast_dtype)
         return wrapped
 
     def forward_context(self) -> AbstractContextManager:
@@ -136,8 +161,8 @@ class DDPBackend(DataParallelBackend):
         return autocast_context(self.device, self.autocast_dtype)
 
     def grad_sync_context(self, *, is_last_microbatch: bool) -> AbstractContextManager:
-        """``no_sync()`` on every chunk except for the last micro-batch."""
-        if is_last_microbatch:
+        """``no_sync()`` on every chunk except for the last micro-batch (pipeline stages sync themselves)."""
+        if is_last_microbatch or self.pipelined:
             return nullcontext()
         return _no_sync(self.chunks)
 

@@ -32,10 +32,14 @@ ignored with a warning.
 Context parallelism (``model.context_parallel_size > 1``): the mesh is ``("dp", "cp"[, "tp"])``; the attention
 modules get the CP attention (:mod:`.context_parallel`) and FSDP2 shards over the flattened ``"dp_cp"`` dimension, so
 gradients are reduced over data-parallel × context-parallel ranks.
+
+Pipeline parallelism (``model.pipeline_model_parallel_size > 1``): each stage module is sharded over ``"dp"`` of the
+``("pp", "dp", "tp")`` mesh; ``reshard_after_forward=None`` becomes False for every block (logged; an explicit True is
+refused under the zero-bubble schedules by validation), and the pipeline stage drives the gradient reduce-scatter.
 """
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -65,6 +69,7 @@ from megatron_bridge.distributed.init import (
     build_device_mesh,
     context_parallel_mesh,
     initialize_distributed,
+    pipeline_mesh,
     split_mesh,
 )
 from megatron_bridge.distributed.meta_init import materialize_sharded
@@ -141,8 +146,20 @@ class FSDP2Backend(DataParallelBackend):
 
     def _plan(self, mesh: DeviceMesh) -> ShardingPlan:
         f = self.cfg.fsdp2
-        return ShardingPlan(mesh, self.mp_policy, self.offload_policy, f.reshard_after_forward,
+        return ShardingPlan(mesh, self.mp_policy, self.offload_policy, self.reshard_after_forward(),
                             f.frozen_module_policy)
+
+    def reshard_after_forward(self) -> bool | None:
+        """``fsdp2.reshard_after_forward``; under pipeline parallelism None means False (logged): a stage's
+        parameters are used again by its backward (and by the weight pass of the zero-bubble schedules) after other
+        micro-batches' forwards, so resharding would all-gather them again — and is silently wrong under the
+        zero-bubble schedules (an explicit True there is a validation error)."""
+        value = self.cfg.fsdp2.reshard_after_forward
+        if self.pipelined and value is None:
+            log_rank_0(logger, "FSDP2 under pipeline parallelism: reshard_after_forward=False for every block "
+                       "(fsdp2.reshard_after_forward=None)")
+            return False
+        return value
 
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
         """Tensor-parallelize (TP > 1), checkpoint, compile and shard each chunk; materialize meta chunks shard by
@@ -154,6 +171,8 @@ class FSDP2Backend(DataParallelBackend):
         mesh = build_device_mesh(self.cfg, env)
         self.mesh, self.tp_mesh = split_mesh(mesh)
         self.cp_mesh = context_parallel_mesh(mesh)
+        pp_mesh = pipeline_mesh(mesh)
+        self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
         plan = self._plan(self.mesh)
         self.sharded = [self._wrap_chunk(chunk, plan) for chunk in model_chunks]
         self.chunks = list(model_chunks)
@@ -173,7 +192,7 @@ class FSDP2Backend(DataParallelBackend):
         if f.enable_compile:
             compile_blocks(chunk)
         sharded = shard_model(chunk, plan)
-        if f.enable_fsdp2_prefetch and f.reshard_after_forward is not False:
+        if f.enable_fsdp2_prefetch and plan.reshard_after_forward is not False:
             set_prefetch_chains(sharded.blocks, f.fsdp2_forward_prefetch_depth, f.fsdp2_backward_prefetch_depth)
         if on_meta:
             materialize_sharded(chunk, self.device)
@@ -184,7 +203,10 @@ class FSDP2Backend(DataParallelBackend):
         return autocast_context(self.device, self.autocast_dtype)
 
     def grad_sync_context(self, *, is_last_microbatch: bool) -> AbstractContextManager:
-        """With ``fsdp2.defer_fsdp_grad_sync``: reduce-scatter only on the last micro-batch; else always."""
+        """With ``fsdp2.defer_fsdp_grad_sync``: reduce-scatter only on the last micro-batch; else always. Pipeline
+        stages drive the sync themselves (reduce-scatter after the step's last backward)."""
+        if self.pipelined:
+            return nullcontext()
         sync = is_last_microbatch or not self.cfg.fsdp2.defer_fsdp_grad_sync
         return _requires_gradient_sync([s.root for s in self.sharded], sync)
 

@@ -5,10 +5,10 @@
   otherwise it creates a 1-process group on a TCP store at 127.0.0.1 with a free port, so DDP, FSDP2 and DCP run
   unchanged in a single process.
 * :func:`destroy_distributed` tears down the group this module created (barrier first).
-* :func:`build_device_mesh` returns the mesh ``("dp", "cp", "tp")`` (outermost to innermost; ``"cp"``/``"tp"`` only
-  when > 1; TP innermost: the ranks of one TP group are consecutive), with ``"dp_cp"`` flattened under CP;
-  :func:`split_mesh` / :func:`context_parallel_mesh` give its sub-meshes and :func:`data_parallel_rank` a rank's
-  data-parallel index.
+* :func:`build_device_mesh` returns the mesh ``("pp", "dp", "cp", "tp")`` (outermost to innermost; ``"pp"``,
+  ``"cp"`` and ``"tp"`` only when > 1; TP innermost: the ranks of one TP group are consecutive), with ``"dp_cp"``
+  flattened under CP; :func:`split_mesh` / :func:`context_parallel_mesh` / :func:`pipeline_mesh` give its
+  sub-meshes, :func:`data_parallel_rank` and :func:`pipeline_parallel_rank` a rank's indices.
 """
 
 import os
@@ -125,28 +125,30 @@ def destroy_distributed() -> None:
 
 
 def build_device_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
-    """The device mesh of the parallel layout, dimensions outermost to innermost ``("dp", "cp", "tp")``; ``"cp"`` and
-    ``"tp"`` are present only when their size is > 1 (TP innermost: the ranks of one TP group are consecutive).
+    """The device mesh of the parallel layout, dimensions outermost to innermost ``("pp", "dp", "cp", "tp")``;
+    ``"pp"``, ``"cp"`` and ``"tp"`` are present only when their size is > 1 (TP innermost: the ranks of one TP group
+    are consecutive; global rank ``((pp_rank × DP + dp_rank) × CP + cp_rank) × TP + tp_rank``).
 
     With CP the ``("dp", "cp")`` dimensions are also flattened to ``"dp_cp"``: gradients of replicated parameters are
     reduced, and FSDP2 shards, over data-parallel × context-parallel ranks (as Megatron does).
 
     Raises:
         ConfigValidationError: a layout the engine does not build (rule ``engine_parallel_layout``), or the
-            world size is not a multiple of TP × CP.
+            world size is not a multiple of TP × CP × PP.
     """
     from megatron_bridge.config.rules import enforce
 
     enforce(cfg, "engine_parallel_layout")
     m = cfg.model
-    tp, cp = m.tensor_model_parallel_size, m.context_parallel_size
-    if env.world_size % (tp * cp) != 0:
+    tp, cp, pp = m.tensor_model_parallel_size, m.context_parallel_size, m.pipeline_model_parallel_size
+    if env.world_size % (tp * cp * pp) != 0:
         raise ConfigValidationError(
-            f"model.tensor_model_parallel_size × model.context_parallel_size = {tp}×{cp} does not divide the world "
-            f"size {env.world_size}: pick sizes whose product divides the number of processes.",
-            ("model.tensor_model_parallel_size", "model.context_parallel_size"),
+            f"model.tensor_model_parallel_size × model.context_parallel_size × model.pipeline_model_parallel_size = "
+            f"{tp}×{cp}×{pp} does not divide the world size {env.world_size}: pick sizes whose product divides the "
+            "number of processes.",
+            ("model.tensor_model_parallel_size", "model.context_parallel_size", "model.pipeline_model_parallel_size"),
         )
-    dims = [("dp", env.world_size // (tp * cp)), ("cp", cp), ("tp", tp)]
+    dims = [("pp", pp), ("dp", env.world_size // (tp * cp * pp)), ("cp", cp), ("tp", tp)]
     dims = [(name, size) for name, size in dims if name == "dp" or size > 1]
     mesh = init_device_mesh(env.device.type, tuple(size for _, size in dims),
                             mesh_dim_names=tuple(name for name, _ in dims))
@@ -161,8 +163,8 @@ def _flatten(mesh: DeviceMesh) -> None:
     """Add the flattened ``"dp_tp"`` dimension, so DTensor reduces over both dimensions (the global gradient norm)
     in one collective instead of two. Best effort: ``DeviceMesh._flatten`` is private torch API."""
     try:
-        mesh._flatten("dp_tp")
-    except (AttributeError, RuntimeError, ValueError, NotImplementedError) as exc:
+        mesh["dp", "tp"]._flatten("dp_tp")
+    except (AttributeError, RuntimeError, ValueError, NotImplementedError, KeyError) as exc:
         logger.debug("could not flatten the (dp, tp) mesh: %s", exc)
 
 
@@ -179,6 +181,11 @@ def context_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh | None:
     return mesh["cp"] if "cp" in (mesh.mesh_dim_names or ()) else None
 
 
+def pipeline_mesh(mesh: DeviceMesh) -> DeviceMesh | None:
+    """The ``"pp"`` sub-mesh of a :func:`build_device_mesh` mesh (None without pipeline parallelism)."""
+    return mesh["pp"] if "pp" in (mesh.mesh_dim_names or ()) else None
+
+
 def data_parallel_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
     """The 1-D gradient-reduction sub-mesh of :func:`build_device_mesh` (``"dp"``, or ``"dp_cp"`` with CP)."""
     return split_mesh(build_device_mesh(cfg, env))[0]
@@ -187,9 +194,17 @@ def data_parallel_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
 def data_parallel_rank(cfg: "ConfigContainer", rank: int, world_size: int) -> int:
     """This rank's index in the data-parallel dimension of :func:`build_device_mesh`'s layout.
 
-    The mesh is ``("dp", "cp", "tp")`` with TP innermost, so global rank ``(dp_rank * cp + cp_rank) * tp + tp_rank``:
-    every rank of a TP group and of a CP group reads the same samples (CP ranks keep their zig-zag slice).
+    The mesh is ``("pp", "dp", "cp", "tp")`` with TP innermost, so global rank
+    ``((pp_rank × DP + dp_rank) × CP + cp_rank) × TP + tp_rank``: every rank of a TP group, of a CP group (CP ranks
+    keep their zig-zag slice) and every pipeline stage of one data-parallel replica reads the same samples.
     """
-    tp, cp = cfg.model.tensor_model_parallel_size, cfg.model.context_parallel_size
-    dp = max(1, world_size // (tp * cp))
+    tp, cp, pp = (cfg.model.tensor_model_parallel_size, cfg.model.context_parallel_size,
+                  cfg.model.pipeline_model_parallel_size)
+    dp = max(1, world_size // (tp * cp * pp))
     return (rank // (tp * cp)) % dp
+
+
+def pipeline_parallel_rank(cfg: "ConfigContainer", rank: int, world_size: int) -> int:
+    """This rank's pipeline rank (stage group index) in :func:`build_device_mesh`'s layout."""
+    pp = cfg.model.pipeline_model_parallel_size
+    return min(pp - 1, rank // max(1, world_size // pp)) if pp > 1 else 0

@@ -124,6 +124,8 @@ def install_tied_output(model: nn.Module, *, sequence_parallel: bool) -> bool:
     embedding = getattr(model, "embed_tokens", None)
     if getattr(model, "lm_head", False) is not None or not isinstance(embedding, nn.Embedding):
         return False
+    if not getattr(model, "has_output_layer", True):  # a pipeline stage that ends before the output layer
+        return False
     if not isinstance(embedding.weight, DTensor):
         return False
     model.lm_head = TiedOutput(embedding, Shard(1) if sequence_parallel else Replicate())
@@ -159,10 +161,12 @@ def llama_tp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, Par
     def norm() -> ParallelStyle:
         return SequenceParallel() if sp else ReplicateParallel()
 
-    plan: dict[str, ParallelStyle] = {
-        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=stream),
-        "norm": norm(),
-    }
+    plan: dict[str, ParallelStyle] = {}
+    # A pipeline stage holds the embedding only on the first stage and the norm/output layer only on the last.
+    if model.embed_tokens is not None:
+        plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+    if model.norm is not None:
+        plan["norm"] = norm()
     if model.lm_head is not None:
         plan["lm_head"] = ColwiseParallel(input_layouts=stream, output_layouts=Replicate())
     for name, module in model.named_modules():

@@ -148,10 +148,16 @@ class LlamaModel(nn.Module):
         dtype = params_dtype_of(config)
         target = torch.device(device) if device is not None else torch.get_default_device()
 
-        self.embed_tokens = nn.Embedding(config.padded_vocab_size, config.hidden_size, device="meta", dtype=dtype)
+        # A pipeline stage (megatron_bridge.models.pipeline_stage) drops the embedding, the final norm and output
+        # layer where it does not hold them and keeps its layers in a ModuleDict keyed by global layer index.
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.padded_vocab_size, config.hidden_size,
+                                                              device="meta", dtype=dtype)
         self.rotary_emb = RotaryEmbedding(config, device="meta")
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, dtype=dtype) for i in range(config.num_layers))
-        self.norm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
+        self.layers: nn.ModuleList | nn.ModuleDict = nn.ModuleList(
+            LlamaDecoderLayer(config, i, dtype=dtype) for i in range(config.num_layers))
+        self.norm: nn.Module | None = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
+        self.stage_output_dtype: torch.dtype | None = None
+        """Pipeline stages without the output layer cast their output to this dtype (``model.pipeline_dtype``)."""
         self.lm_head: nn.Linear | None = None
         if not config.share_embeddings_and_output_weights:
             self.lm_head = _linear(config.hidden_size, config.padded_vocab_size, False, dtype=dtype)
@@ -175,6 +181,15 @@ class LlamaModel(nn.Module):
         if target.type != "meta":
             self.to_empty(device=target)
             self.init_weights()
+
+    @property
+    def has_output_layer(self) -> bool:
+        """False for a pipeline stage that ends before the final norm (it returns hidden states)."""
+        return self.norm is not None
+
+    def decoder_layers(self) -> list[nn.Module]:
+        """The decoder layers this module holds, in forward order."""
+        return list(self.layers.values()) if isinstance(self.layers, nn.ModuleDict) else list(self.layers)
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -216,7 +231,8 @@ class LlamaModel(nn.Module):
         """Run the decoder.
 
         Args:
-            input_ids: token ids ``[b, s]``.
+            input_ids: token ids ``[b, s]``; for a pipeline stage without the embedding, the previous stage's hidden
+                states ``[b, s, hidden]``.
             position_ids: RoPE positions ``[b, s]`` (or ``[1, s]``); None means ``0..s-1`` (under context
                 parallelism: the absolute positions of this rank's zig-zag slice).
             labels: target ids ``[b, s]``; positions with label ``-100`` get loss 0.
@@ -224,25 +240,31 @@ class LlamaModel(nn.Module):
         Returns:
             Without labels, the logits ``[b, s, padded_vocab_size]`` in the model dtype. With labels, the per-token
             cross-entropy ``[b, s]`` in float32 (computed in float32 from the logits, no reduction), as Megatron's
-            GPTModel.
+            GPTModel. A pipeline stage without the output layer returns its hidden states ``[b, s, hidden]``.
         """
-        if input_ids.dim() != 2:
-            raise MegatronBridgeError(f"input_ids must have shape [batch, seq]; got {tuple(input_ids.shape)}.")
-        b, s = input_ids.shape
+        expected_dims = 2 if self.embed_tokens is not None else 3
+        if input_ids.dim() != expected_dims:
+            what = "input_ids must have shape [batch, seq]" if expected_dims == 2 else \
+                "a pipeline stage's input must have shape [batch, seq, hidden]"
+            raise MegatronBridgeError(f"{what}; got {tuple(input_ids.shape)}.")
+        b, s = input_ids.shape[:2]
         if position_ids is None:
             position_ids = self._default_position_ids(s, input_ids.device)
-        if labels is not None and labels.shape != input_ids.shape:
+        if labels is not None and labels.shape != input_ids.shape[:2]:
             raise MegatronBridgeError(
                 f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}."
             )
 
-        hidden_states = self.embed_tokens(input_ids)
+        hidden_states = self.embed_tokens(input_ids) if self.embed_tokens is not None else input_ids
         cos, sin = self.rotary_emb(position_ids)
-        for idx, layer in enumerate(self.layers):
+        for idx, layer in enumerate(self.decoder_layers()):
             offload = idx < self.num_offloaded_layers
             ctx = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()) if offload else nullcontext()
             with ctx:
                 hidden_states = layer(hidden_states, cos, sin)
+        if self.norm is None:
+            dtype = self.stage_output_dtype
+            return hidden_states if dtype is None or hidden_states.dtype == dtype else hidden_states.to(dtype)
         hidden_states = self.norm(hidden_states)
         # Through the lm_head module (not F.linear on its weight) so tensor parallelism's module hooks apply.
         logits = F.linear(hidden_states, self.output_weight) if self.lm_head is None else self.lm_head(hidden_states)

@@ -12,8 +12,12 @@ from megatron_bridge.utils.logging import get_logger, log_rank_0
 logger = get_logger(__name__)
 
 
-def build_model_chunks(config: ModelConfig, *, device: torch.device | str | None = None) -> list[nn.Module]:
-    """Build the model chunks this rank holds: one :class:`LlamaModel` (the local engine has no pipeline stages).
+def build_model_chunks(
+    config: ModelConfig, *, device: torch.device | str | None = None, pp_rank: int = 0
+) -> list[nn.Module]:
+    """Build the model chunks this rank holds: one :class:`LlamaModel`, or with pipeline parallelism
+    (``model.pipeline_model_parallel_size > 1``) the stage modules of pipeline rank ``pp_rank``, one per virtual
+    stage (:mod:`megatron_bridge.models.pipeline_stage`).
 
     Tensor parallelism and data-parallel sharding are applied afterwards by the distributed layer to the full model
     built here. With ``config.init_model_with_meta_device`` the model is built on the meta device, uninitialized;
@@ -25,10 +29,14 @@ def build_model_chunks(config: ModelConfig, *, device: torch.device | str | None
 
     Raises:
         ConfigValidationError: a model rule of ``validate()`` fails (:mod:`megatron_bridge.config.rules_model`):
-            a layout the engine does not build, an engine that is not installed or wired, or fields that cannot
-            form a model.
+            a layout the engine does not build, an impossible pipeline split, an engine that is not installed or
+            wired, or fields that cannot form a model.
     """
     check_model_buildable(config)  # the model rules of validate(), for callers that skipped it
+    if config.pipeline_model_parallel_size > 1:
+        from megatron_bridge.models.pipeline_stage import build_pipeline_chunks
+
+        return list(build_pipeline_chunks(config, pp_rank, device=device))
     build_device = torch.device("meta") if config.init_model_with_meta_device else device
     model = LlamaModel(config, device=build_device)
     log_rank_0(

@@ -48,7 +48,7 @@ RECIPES: dict[str, RecipeInfo] = {
     "llama3_70b": RecipeInfo(llama3_70b_pretrain_config, 32),
     "llama31_8b": RecipeInfo(llama31_8b_pretrain_config, 2),
     "llama31_70b": RecipeInfo(llama31_70b_pretrain_config, 32),
-    "llama31_405b": RecipeInfo(llama31_405b_pretrain_config, 224),
+    "llama31_405b": RecipeInfo(llama31_405b_pretrain_config, 256),
     "llama32_1b": RecipeInfo(llama32_1b_pretrain_config, 1),
     "llama32_3b": RecipeInfo(llama32_3b_pretrain_config, 1),
     "qwen3_600m": RecipeInfo(qwen3_600m_pretrain_config, 1),

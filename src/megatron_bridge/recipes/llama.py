@@ -56,9 +56,12 @@ def llama3_8b_128k_pretrain_config(**overrides: Any) -> ConfigContainer:
 
 
 def llama3_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Llama 3 70B (80 layers, hidden 8192, FFN 28672, 64 heads); TP4 PP4 VP5 CP2 with sequence parallel, 32 GPUs."""
+    """Llama 3 70B (80 layers, hidden 8192, FFN 28672, 64 heads); TP4 PP4 VP5 CP2 with sequence parallel, 32 GPUs.
+
+    Interleaved 1F1B over 20 stages of 4 layers; bf16 activations between stages (``pipeline_dtype``)."""
     model = _llama3(80, 8192, 28672, 64, tensor_model_parallel_size=4, pipeline_model_parallel_size=4,
-                    virtual_pipeline_model_parallel_size=5, context_parallel_size=2, sequence_parallel=True)
+                    virtual_pipeline_model_parallel_size=5, context_parallel_size=2, sequence_parallel=True,
+                    pipeline_dtype="bfloat16")
     return apply_common_overrides(pretrain_common(model), **overrides)
 
 
@@ -73,22 +76,23 @@ def llama31_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
     32 GPUs (Megatron-Bridge's ``llama31_70b_pretrain_32gpu_h100_bf16_config``)."""
     model = _llama3(80, 8192, 28672, 64, tensor_model_parallel_size=4, pipeline_model_parallel_size=4,
                     virtual_pipeline_model_parallel_size=5, context_parallel_size=2, sequence_parallel=True,
-                    **_LLAMA31_ROPE)
+                    pipeline_dtype="bfloat16", **_LLAMA31_ROPE)
     model.seq_length = SEQUENCE_LENGTH_128K
     return apply_common_overrides(pretrain_common(model), **overrides)
 
 
 def llama31_405b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Llama 3.1 405B (126 layers, hidden 16384, FFN 53248, 128 heads) at 128k tokens per sequence; TP8 PP7 VP2 CP4
-    SP, 224 GPUs (DP 1).
+    """Llama 3.1 405B (126 layers, hidden 16384, FFN 53248, 128 heads) at 128k tokens per sequence; TP8 PP8 VP2 CP4
+    SP, 256 GPUs (DP 1): Megatron-Bridge's ``llama31_405b_pretrain_256gpu_h100_bf16_config``.
 
-    Megatron-Bridge (``llama31_405b_pretrain_256gpu_h100_bf16_config``): TP8 PP8 VP2 CP4, seq 128k, 256 GPUs. PP=7
-    here because 126 layers split evenly over 7 stages (Megatron-Bridge's PP=8 needs its embedding/loss-aware uneven
-    pipeline layout, which this library does not have).
+    Its pipeline layout: the embedding and the loss count as layers in the split
+    (``account_for_embedding/loss_in_pipeline_split``), so 126 + 2 = 128 split into 16 stages of 8, and the first
+    and last stages hold 7 decoder layers.
     """
-    model = _llama3(126, 16384, 53248, 128, tensor_model_parallel_size=8, pipeline_model_parallel_size=7,
+    model = _llama3(126, 16384, 53248, 128, tensor_model_parallel_size=8, pipeline_model_parallel_size=8,
                     virtual_pipeline_model_parallel_size=2, context_parallel_size=4, sequence_parallel=True,
-                    **_LLAMA31_ROPE)
+                    account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
+                    pipeline_dtype="bfloat16", **_LLAMA31_ROPE)
     model.seq_length = SEQUENCE_LENGTH_128K
     return apply_common_overrides(pretrain_common(model), **overrides)
 

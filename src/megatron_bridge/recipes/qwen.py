@@ -19,7 +19,8 @@ def _qwen3(num_layers: int, hidden: int, ffn: int, heads: int, *, tied: bool, tp
                         max_position_embeddings=40960,
                         rotary_base=1_000_000.0, normalization="RMSNorm", layernorm_epsilon=1e-6,
                         activation="swiglu", qk_layernorm=True, share_embeddings_and_output_weights=tied,
-                        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False)
+                        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
+                        pipeline_dtype="bfloat16" if pp > 1 else None)
     if recompute:
         model.recompute_granularity, model.recompute_method, model.recompute_num_layers = "full", "uniform", 1
     cfg = pretrain_common(model)

@@ -7,7 +7,9 @@ is masked: ``dataset.eod_mask_loss=False``); each micro-batch back-propagates
 ``loss_sum * dp_size * cp_size / global_tokens``. The backends average gradients over the ``dp_size × cp_size`` ranks
 (with context parallelism every rank holds a zig-zag slice of its samples' tokens, and the local ``loss_sum`` covers
 only those), so the gradient is exactly that of the token-weighted mean loss of the whole global batch — the same as
-one process running the whole batch (the functional tests check this).
+one process running the whole batch (the functional tests check this). Under pipeline parallelism a
+:class:`~megatron_bridge.distributed.pipeline.PipelineRunner` runs the micro-batches through the schedule with the
+same scaling; the loss and token counts come from the last stage.
 """
 
 import gc
@@ -100,13 +102,10 @@ def _global_tokens(ctx: Any, batches: list[dict[str, torch.Tensor]]) -> float | 
     return _global_sum([local_tokens], ctx.device)[0] / model_copies
 
 
-def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, float]:
-    """One optimizer step over ``num_microbatches`` micro-batches; returns (global loss, grad norm)."""
-    backend, cfg = ctx.backend, ctx.cfg
-    n_micro = cfg.num_microbatches(ctx.env.world_size)
-    batches = [next(ctx.train_iter) for _ in range(n_micro)]
-    global_tokens = _global_tokens(ctx, batches)
-    backend.zero_grad(ctx.optimizer)
+def _accumulate(ctx: Any, forward_step_func: Callable[..., Any], batches: list[dict[str, torch.Tensor]],
+                global_tokens: float | None) -> tuple[float, float]:
+    """Forward and backward of every micro-batch (no pipeline); returns this rank's (loss sum, token count)."""
+    backend, n_micro = ctx.backend, len(batches)
     loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     token_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for i, batch in enumerate(batches):
@@ -124,7 +123,26 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
         loss_sum += micro_loss.detach().to(torch.float64)
         token_sum += micro_tokens.detach().to(torch.float64)
     backend.finish_grad_sync()
-    total_loss, total_tokens = _global_sum([loss_sum.item(), token_sum.item()], ctx.device)
+    return loss_sum.item(), token_sum.item()
+
+
+def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, float]:
+    """One optimizer step over ``num_microbatches`` micro-batches; returns (global loss, grad norm).
+
+    Under pipeline parallelism (``ctx.pipeline``) the schedule runs the micro-batches; the loss lives on the last
+    stage and the all-reduce over every rank gives each the global loss (other stages add zeros).
+    """
+    backend, cfg = ctx.backend, ctx.cfg
+    n_micro = cfg.num_microbatches(ctx.env.world_size)
+    batches = [next(ctx.train_iter) for _ in range(n_micro)]
+    global_tokens = _global_tokens(ctx, batches)
+    backend.zero_grad(ctx.optimizer)
+    if ctx.pipeline is not None:
+        scale = None if global_tokens is None else ctx.dp_size * ctx.cp_size / global_tokens
+        local_loss, local_tokens = ctx.pipeline.run(batches, scale=scale, train=True)
+    else:
+        local_loss, local_tokens = _accumulate(ctx, forward_step_func, batches, global_tokens)
+    total_loss, total_tokens = _global_sum([local_loss, local_tokens], ctx.device)
     loss = total_loss / max(total_tokens, 1.0)
     if not math.isfinite(loss):
         raise TrainingError(
@@ -150,7 +168,12 @@ def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dic
         chunk.eval()
     loss_sum, token_sum = 0.0, 0.0
     n_micro = ctx.cfg.num_microbatches(ctx.env.world_size)
-    for _ in range(ctx.cfg.validation.eval_iters * n_micro):
+    if ctx.pipeline is not None:
+        for _ in range(ctx.cfg.validation.eval_iters):
+            step_loss, step_tokens = ctx.pipeline.run([next(data) for _ in range(n_micro)], scale=None, train=False)
+            loss_sum += step_loss
+            token_sum += step_tokens
+    for _ in range(0 if ctx.pipeline is not None else ctx.cfg.validation.eval_iters * n_micro):
         with ctx.backend.forward_context():
             output, loss_func = call_forward_step(forward_step_func, ctx, data, ctx.model)
             micro_loss, micro_tokens, _ = loss_func(output)
@@ -163,10 +186,11 @@ def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dic
 
 
 def params_norm(backend: Any) -> float:
-    """L2 norm of all parameters over all ranks (sharded DTensors are reduced)."""
+    """L2 norm of all parameters over all ranks (sharded DTensors are reduced; pipeline stages summed)."""
     norms = [p.detach().float().norm() for p in backend.parameters()]
-    total = torch.linalg.vector_norm(torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]))
-    return float(total)
+    local = [n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]
+    squared = torch.linalg.vector_norm(torch.stack(local)).pow(2) if local else torch.zeros((), device=backend.device)
+    return float(backend.sum_over_pipeline(squared).sqrt())
 
 
 def _eval_due(ctx: Any, step: int, stopping: bool) -> bool:

@@ -55,6 +55,8 @@ class TrainingContext:
     profiler: StepProfiler
     cp_size: int = 1
     """Context-parallel size: each sample's tokens are spread over this many ranks."""
+    pipeline: Any = None
+    """The :class:`~megatron_bridge.distributed.pipeline.PipelineRunner` under pipeline parallelism, else None."""
 
     @property
     def device(self) -> torch.device:
@@ -125,14 +127,16 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
     """Build model, backend, optimizer, schedule, checkpoint manager and data for a validated config."""
     from megatron_bridge.distributed.context_parallel import context_parallel_rank
     from megatron_bridge.distributed.ddp_wrap import ddp_wrap
-    from megatron_bridge.distributed.init import data_parallel_rank
+    from megatron_bridge.distributed.init import data_parallel_rank, pipeline_parallel_rank
     from megatron_bridge.models.flops import num_floating_point_operations
     from megatron_bridge.models.provider import build_model_chunks
 
     set_seed(cfg.rng.seed)
     tokenizer = _build_tokenizer_and_check_vocab(cfg)
-    chunks = build_model_chunks(cfg.model, device=env.device)
+    pp_rank = pipeline_parallel_rank(cfg, env.rank, env.world_size)
+    chunks = build_model_chunks(cfg.model, device=env.device, pp_rank=pp_rank)
     backend = ddp_wrap(chunks, cfg, env.device)
+    pipeline = _pipeline_runner(cfg, backend, env)
     optimizer = backend.prepare_optimizer(build_optimizer(cfg, backend.chunks, env.device))
     scheduler = OptimizerParamScheduler(optimizer, cfg)
     state = TrainState()
@@ -156,7 +160,25 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         grad_scaler=_grad_scaler(cfg, env.device), result=result, dp_size=dp_size, callbacks=list(callbacks or []),
         static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
         profiler=StepProfiler(cfg, env.rank, env.device), cp_size=cfg.model.context_parallel_size,
+        pipeline=pipeline,
     )
+
+
+def _pipeline_runner(cfg: ConfigContainer, backend: Any, env: Any) -> Any:
+    if cfg.model.pipeline_model_parallel_size <= 1:
+        return None
+    from megatron_bridge.distributed.pipeline import PipelineRunner
+
+    return PipelineRunner(cfg, backend, env.device, cfg.num_microbatches(env.world_size))
+
+
+def _check_forward_step(cfg: ConfigContainer, forward_step_func: Callable[..., Any]) -> None:
+    if cfg.model.pipeline_model_parallel_size > 1 and forward_step_func is not default_forward_step:
+        raise ConfigValidationError(
+            f"a custom forward_step_func ({getattr(forward_step_func, '__name__', forward_step_func)!r}) with "
+            f"model.pipeline_model_parallel_size={cfg.model.pipeline_model_parallel_size}: under pipeline "
+            "parallelism the schedule runs the model stage by stage and the last stage computes the masked "
+            "next-token loss itself; use the default forward step or PP=1", ("model.pipeline_model_parallel_size",))
 
 
 def pretrain(
@@ -173,6 +195,7 @@ def pretrain(
 
     setup_logging(cfg.logger.logging_level)
     cfg.validate()
+    _check_forward_step(cfg, forward_step_func)
     env = initialize_distributed(cfg)
     ctx: TrainingContext | None = None
     try:

@@ -10,8 +10,10 @@ from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.distributed.init import (
     build_device_mesh,
     data_parallel_mesh,
+    data_parallel_rank,
     destroy_distributed,
     initialize_distributed,
+    pipeline_parallel_rank,
     resolve_backend,
 )
 from megatron_bridge.errors import ConfigValidationError
@@ -66,12 +68,20 @@ def test_data_parallel_mesh(process_group) -> None:
     assert data_parallel_mesh(ConfigContainer(), process_group).mesh_dim_names == ("dp",)
 
 
-def test_mesh_rejects_pp(process_group) -> None:
+def test_mesh_pp_must_divide_world(process_group) -> None:
     cfg = ConfigContainer()
     cfg.model.pipeline_model_parallel_size = 2
-    with pytest.raises(ConfigValidationError) as info:
+    with pytest.raises(ConfigValidationError, match="does not divide") as info:
         build_device_mesh(cfg, process_group)
-    assert info.value.paths == ("model.pipeline_model_parallel_size",)
+    assert "model.pipeline_model_parallel_size" in info.value.paths
+
+
+def test_rank_indices_follow_the_mesh_order() -> None:
+    """Global rank = ((pp_rank × DP + dp_rank) × CP + cp_rank) × TP + tp_rank (mesh order pp, dp, cp, tp)."""
+    cfg = ConfigContainer()
+    cfg.model.pipeline_model_parallel_size, cfg.model.tensor_model_parallel_size = 2, 2
+    got = [(pipeline_parallel_rank(cfg, r, 8), data_parallel_rank(cfg, r, 8)) for r in range(8)]
+    assert got == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
 
 
 @pytest.mark.parametrize("field", ["tensor_model_parallel_size", "context_parallel_size"])

@@ -93,8 +93,6 @@ def test_materialize_re_ties_shared_weights() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("pipeline_model_parallel_size", 2),
-        ("virtual_pipeline_model_parallel_size", 2),
         ("expert_model_parallel_size", 2),
     ],
 )

@@ -1,0 +1,75 @@
+"""Pipeline stage modules: pruned copies with the full model's names and weights, forward chained = full forward,
+and the large recipes' layouts (shrunk in width and depth) build on every pipeline rank."""
+
+import torch
+
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.pipeline_layout import stage_layer_counts
+from megatron_bridge.models import build_model_chunks
+from megatron_bridge.recipes import llama3_70b_pretrain_config, llama31_405b_pretrain_config
+
+
+def _tiny(**fields: object) -> ModelConfig:
+    base: dict[str, object] = {"num_layers": 4, "hidden_size": 32, "ffn_hidden_size": 64, "num_attention_heads": 4,
+                               "num_query_groups": 2, "vocab_size": 100, "make_vocab_size_divisible_by": 16,
+                               "seq_length": 16}
+    return ModelConfig(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def _chunks(cfg: ModelConfig, pp_rank: int, seed: int = 0) -> list[torch.nn.Module]:
+    torch.manual_seed(seed)
+    return build_model_chunks(cfg, device="cpu", pp_rank=pp_rank)
+
+
+def test_stages_keep_full_names_and_weights_and_chain_to_the_full_forward() -> None:
+    cfg = _tiny(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)
+    full = _chunks(_tiny(), 0)[0]
+    ref = full.state_dict()
+    rank0, rank1 = _chunks(cfg, 0), _chunks(cfg, 1)
+    stages = [rank0[0], rank1[0], rank0[1], rank1[1]]  # stage order: s on rank s % 2
+    names = [k for s in stages for k in s.state_dict()]
+    assert sorted(names) == sorted(ref) and len(names) == len(set(names))
+    for stage in stages:
+        for k, v in stage.state_dict().items():
+            assert torch.equal(v, ref[k]), k
+    assert "embed_tokens.weight" in stages[0].state_dict() and "lm_head.weight" in stages[3].state_dict()
+    assert list(stages[1].state_dict())[0].startswith("layers.1.")
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    hidden = ids
+    for stage in stages:
+        hidden = stage(hidden)
+    assert torch.equal(hidden, full(ids))
+
+
+def test_pipeline_dtype_casts_stage_outputs() -> None:
+    cfg = _tiny(pipeline_model_parallel_size=2, pipeline_dtype="bfloat16")
+    first = _chunks(cfg, 0)[0]
+    assert first(torch.zeros(1, 16, dtype=torch.long)).dtype == torch.bfloat16
+    assert _chunks(cfg, 1)[0](torch.zeros(1, 16, 32)).dtype == torch.float32  # the last stage returns logits
+
+
+def test_meta_device_stages_hold_only_their_modules() -> None:
+    cfg = _tiny(pipeline_model_parallel_size=2, init_model_with_meta_device=True)
+    stage = _chunks(cfg, 1)[0]
+    assert all(p.is_meta for p in stage.parameters())
+    assert stage.embed_tokens is None and sorted(stage.layers.keys()) == ["2", "3"]
+
+
+def _shrunk(cfg_fn, num_layers: int) -> ModelConfig:
+    m = cfg_fn().model
+    m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads = num_layers, 64, 64, 8
+    m.num_query_groups, m.vocab_size, m.seq_length, m.context_parallel_size = 8, 100, 16, 1  # CP: issue #11
+    m.make_vocab_size_divisible_by = 16
+    return m
+
+
+def test_large_recipe_layouts_build_on_every_pipeline_rank() -> None:
+    for cfg_fn, layers in ((llama3_70b_pretrain_config, 20), (llama31_405b_pretrain_config, 14)):
+        m = _shrunk(cfg_fn, layers)
+        counts = stage_layer_counts(m)
+        built = []
+        for pp_rank in range(m.pipeline_model_parallel_size):
+            chunks = _chunks(m, pp_rank)
+            assert len(chunks) == m.virtual_pipeline_model_parallel_size
+            built += [len(c.layers) for c in chunks]
+        assert sorted(built) == sorted(counts) and sum(built) == layers
