@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Step time of every pipeline schedule through ``pretrain()``, measured side by side in one run.
 
-    python scripts/performance/pipeline_schedules.py [--nproc 2] [--steps 12] [--rounds 3] [key=value ...]
+    python scripts/performance/pipeline_schedules.py [--ranks 2] [--steps 12] [--rounds 3] [key=value ...]
 
-On ``--nproc`` ranks, each round runs, in this order: PP=1 (data parallel over all ranks, the baseline),
-1F1B at PP=nproc, and Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble and DualPipeV at PP=nproc × VP=2, with
+On ``--ranks`` processes, each round runs, in this order: PP=1 (data parallel over all ranks, the baseline),
+1F1B at PP=ranks, and Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble and DualPipeV at PP=ranks × VP=2, with
 the same model (the tiny recipe with ``--layers`` layers), global batch and micro-batch size. Rounds interleave so
 machine noise hits all variants alike. The first ``--warmup`` steps of every run are dropped; each variant's step
 time is the median over all kept steps of all rounds, and ratios are against 1F1B. Trailing ``key=value``
@@ -35,7 +35,7 @@ VARIANTS: dict[str, tuple[int | None, str | None]] = {
 def parse_args() -> argparse.Namespace:
     """Command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--ranks", type=int, default=2, help="processes (pipeline ranks)")
     p.add_argument("--steps", type=int, default=12, help="steps per run")
     p.add_argument("--warmup", type=int, default=3, help="steps dropped at the start of every run")
     p.add_argument("--rounds", type=int, default=3)
@@ -49,12 +49,12 @@ def make_config(args: argparse.Namespace, vp: int | None, schedule: str | None):
     from megatron_bridge.recipes import tiny_llama_pretrain_config
     from megatron_bridge.recipes.perf import common_perf_overrides
 
-    cfg = tiny_llama_pretrain_config(global_batch_size=8 * args.nproc, micro_batch_size=2)
+    cfg = tiny_llama_pretrain_config(global_batch_size=8 * args.ranks, micro_batch_size=2)
     cfg = common_perf_overrides(cfg, train_iters=args.steps, warmup_iters=1)
     cfg.logger.log_interval = args.steps
     cfg.model.num_layers = args.layers
     if schedule is not None:
-        cfg.model.pipeline_model_parallel_size = args.nproc
+        cfg.model.pipeline_model_parallel_size = args.ranks
         cfg.model.virtual_pipeline_model_parallel_size = vp
         cfg.model.pipeline_schedule = schedule
     return cfg.apply_overrides(overrides=args.overrides)
@@ -66,7 +66,7 @@ def main() -> int:
     from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun
 
     if not running_under_torchrun():
-        return relaunch_with_torchrun(args.nproc, [os.path.abspath(__file__), *sys.argv[1:]], threads_per_rank=1)
+        return relaunch_with_torchrun(args.ranks, [os.path.abspath(__file__), *sys.argv[1:]], threads_per_rank=1)
     import logging
 
     from megatron_bridge.training.pretrain import pretrain
