@@ -174,6 +174,14 @@ def test_pp2_tp2(reference: Path | None) -> None:
                     use_torch_fsdp2=True)
 
 
+def test_pp2_cp2(reference: Path | None) -> None:
+    """Pipeline stages with context parallelism (each CP rank runs its zig-zag slice through the stages)."""
+    if not is_worker():
+        _launch("test_pp2_cp2", reference, 4)
+        return
+    run_and_compare("PP2 × CP2 (DDP)", pipeline_model_parallel_size=2, context_parallel_size=2)
+
+
 def test_pp2_dp2_tp2_eight_ranks(reference: Path | None) -> None:
     if not is_worker():
         _launch("test_pp2_dp2_tp2_eight_ranks", reference, 8)
