@@ -33,10 +33,11 @@ READS = {
 
 
 def full_optimizer_state(run: Run) -> dict[str, torch.Tensor]:
-    """Every optimizer state tensor, gathered, keyed ``<param fqn>.<name>``."""
-    state = run.backend.optimizer_state_dict(run.optimizer)["state"]
-    return {f"{fqn}.{name}": (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
-            for fqn, per_param in state.items() for name, t in per_param.items()}
+    """Every optimizer state tensor, gathered, keyed ``<param fqn>.<name>`` (the backend's optimizer state dict is
+    flat: ``state.<param fqn>.<name>``)."""
+    flat = run.backend.optimizer_state_dict(run.optimizer)
+    return {key.removeprefix("state."): (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+            for key, t in flat.items() if key.startswith("state.") and isinstance(t, torch.Tensor)}
 
 
 def write(root: Path, name: str) -> None:
