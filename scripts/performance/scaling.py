@@ -6,10 +6,11 @@
 
 For each model (``tiny``: the tiny_llama recipe, 0.84M parameters; ``100m``: a Llama-shaped 100M model) and each
 layout that runs on this machine (DDP; FSDP2 with ``fsdp2.reshard_after_forward`` None / true / false; FSDP2 x TP 2;
-Megatron FSDP on GPUs; PP 2, CP 2, EP 2 when the config accepts them - otherwise the row says why it was skipped),
-every world size launches ``torch.distributed.run``; each rank trains twice through ``pretrain()``: unprofiled for
-tokens/s (median step after the first), then profiled for memory (:mod:`megatron_bridge.perf.measure`: allocator
-events summed in time order; peak during training, state = bytes allocated at the end of the last step). The largest
+Megatron FSDP on GPUs; PP 2, CP 2 (DDP and FSDP2), EP 2 when the config accepts them - otherwise the row says why
+it was skipped), every world size launches ``torch.distributed.run``; each rank trains twice through ``pretrain()``:
+unprofiled for tokens/s (median step after the first), then profiled for memory (:mod:`megatron_bridge.perf.measure`:
+peak = allocator events summed in time order during training; state = storage accounting of parameters, gradients
+and optimizer state at the end of the last step). The largest
 rank is compared with :func:`megatron_bridge.perf.memory.estimate_memory` (the dry-run estimate). Writes
 ``scaling.json`` and ``scaling.png`` to ``--output-dir``, prints the table, the error ranges and the FSDP2-vs-DDP
 state ratio at the largest world size (goal <= 0.30 at 4 ranks). A benchmark, not a test: it takes minutes.
@@ -38,10 +39,11 @@ LAYOUTS: dict[str, list[str]] = {
                       "ddp.data_parallel_sharding_strategy=optim_grads_params"],
     "pp2": ["model.pipeline_model_parallel_size=2"],
     "cp2": ["model.context_parallel_size=2"],
+    "fsdp2_cp2": ["dist.use_torch_fsdp2=true", "model.context_parallel_size=2"],
     "ep2": ["model.num_moe_experts=4", "model.expert_model_parallel_size=2"],
 }
 """Layout name -> overrides on top of the model's benchmark config."""
-MIN_WORLD = {"fsdp2_tp2": 2, "pp2": 2, "cp2": 2, "ep2": 2}
+MIN_WORLD = {"fsdp2_tp2": 2, "pp2": 2, "cp2": 2, "fsdp2_cp2": 2, "ep2": 2}
 MODELS = ("tiny", "100m")
 
 
