@@ -23,7 +23,7 @@ def _module():  # noqa: ANN202
 def test_dry_run_plans_every_check(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--gpu", "h100", "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads(out.read_text())
     assert plan["dry_run"] is True and plan["ok"] is True

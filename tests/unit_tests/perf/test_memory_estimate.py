@@ -130,6 +130,6 @@ def test_layout_reads_missing_fields_as_off() -> None:
 def test_run_recipe_dry_run_prints_yaml_then_the_table() -> None:
     out = subprocess.run([sys.executable, "scripts/training/run_recipe.py", "--recipe", "tiny_llama", "--dry-run",
                           "profiling.estimate_gpu=b200"], cwd=REPO, capture_output=True, text=True, check=True,
-                         timeout=120).stdout
+                         timeout=600).stdout
     assert yaml.safe_load(out)["model"]["hidden_size"] == 128
     assert "# on B200" in out and "#   peak" in out
