@@ -37,6 +37,10 @@ ARCHITECTURE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("attention_output_bias", "has_attention_output_bias", "attention_bias"),
     ("add_bias_linear", "add_bias_linear", "mlp_bias"),
     ("share_embeddings_and_output_weights", "share_embeddings_and_output_weights", "tie_word_embeddings"),
+    ("num_moe_experts", "num_moe_experts", "num_experts"),
+    ("moe_ffn_hidden_size", "expert_ffn_hidden_size", "moe_intermediate_size"),
+    ("moe_router_topk", "moe_router_topk", "num_experts_per_tok"),
+    ("moe_router_pre_softmax", "moe_router_pre_softmax", "norm_topk_prob"),
 )
 """(ModelConfig field, attribute compared, HF key) for every setting that changes the weights' meaning."""
 _ROPE_SCALING_FIELDS = {"rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",

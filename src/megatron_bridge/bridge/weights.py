@@ -4,14 +4,15 @@ Import: :class:`HFModelWeights` is a read-only mapping ``our name → tensor`` o
 (every expected tensor present with its shape, nothing unknown) and read lazily: the vocabulary rows are
 zero-padded to the model's ``padded_vocab_size`` and the dtype cast when asked, as each tensor is read.
 Export: :func:`to_hf_tensors` turns ``(our name, tensor)`` pairs into ``(HF name, tensor)`` pairs with the padded
-vocabulary rows cut back to ``vocab_size``.
+vocabulary rows cut back to ``vocab_size``. A family's stacked tensors (MoE experts,
+:meth:`ModelFamily.stacked_weights`) are read as the stack of their HF tensors and written back one HF tensor each.
 """
 
 from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-from megatron_bridge.bridge.families.base import ModelFamily
+from megatron_bridge.bridge.families.base import ModelFamily, StackedWeight
 from megatron_bridge.bridge.hf_reader import HFWeightsReader
 from megatron_bridge.bridge.memory import track
 from megatron_bridge.config.model import ModelConfig
@@ -47,15 +48,16 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         self.reader, self.family, self.config, self.dtype = reader, family, config, dtype
         self.pad_vocab = pad_vocab
         self.names = family.weight_names(config)
+        self.stacked = family.stacked_weights(config)
         self.shapes = expected_shapes(config)
-        if set(self.names) != set(self.shapes):
+        if set(self.names) | set(self.stacked) != set(self.shapes):
             raise BridgeError(f"the {family.name} mapping and the model disagree on the parameters: "
-                              f"{sorted(set(self.names) ^ set(self.shapes))[:_MAX_NAMED]}")
+                              f"{sorted((set(self.names) | set(self.stacked)) ^ set(self.shapes))[:_MAX_NAMED]}")
         self._check(reader.shapes())
 
     def _check(self, found: dict[str, tuple[int, ...]]) -> None:
         where = str(self.reader.folder)
-        wanted = set(self.names.values())
+        wanted = set(self.names.values()) | {n for st in self.stacked.values() for n in st.hf_names}
         missing = sorted(wanted - set(found))
         if missing:
             raise BridgeError(f"{where!r} lacks {len(missing)} tensor(s) the {self.family.name} model needs: "
@@ -72,8 +74,19 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
             if tuple(found[hf]) != want:
                 raise BridgeError(f"{where!r}: tensor {hf!r} has shape {list(found[hf])} but the config says "
                                   f"{list(want)}")
+        for ours, stacked in self.stacked.items():
+            want = _part_shape(self.shapes[ours], stacked)
+            for hf in stacked.hf_names:
+                if tuple(found[hf]) != want:
+                    raise BridgeError(f"{where!r}: tensor {hf!r} has shape {list(found[hf])} but the config says "
+                                      f"{list(want)}")
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.stacked:
+            stacked = self.stacked[name]
+            parts = [self.reader.get(hf) for hf in stacked.hf_names]
+            tensor = track(torch.stack([p.transpose(-1, -2) if stacked.transpose else p for p in parts]))
+            return tensor.to(self.dtype) if self.dtype is not None else tensor
         if name not in self.names:
             raise KeyError(name)
         tensor = self.reader.get(self.names[name])
@@ -87,12 +100,13 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         return tensor
 
     def __iter__(self) -> Iterator[str]:
-        order = self.reader.order(list(self.names.values()))
         back = {hf: ours for ours, hf in self.names.items()}
+        back.update({st.hf_names[0]: ours for ours, st in self.stacked.items()})  # a stack goes where its first part is
+        order = self.reader.order(list(back))
         return iter([back[hf] for hf in order])
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.names) + len(self.stacked)
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Our shape of every tensor (vocabulary rows padded unless ``pad_vocab=False``)."""
@@ -101,13 +115,27 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         return {name: hf_shape(name, shape, self.config) for name, shape in self.shapes.items()}
 
 
+def _part_shape(shape: tuple[int, ...], stacked: StackedWeight) -> tuple[int, ...]:
+    """HF shape of one part of a stacked tensor of our ``shape``."""
+    part = shape[1:]
+    return (*part[:-2], part[-1], part[-2]) if stacked.transpose else part
+
+
 def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily,
                   config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(our name, tensor)`` → ``(HF name, tensor)``, vocabulary rows cut to ``config.vocab_size``; BridgeError
-    for a parameter the mapping does not know or one it expects but never sees."""
-    names = family.weight_names(config)
+    """``(our name, tensor)`` → ``(HF name, tensor)``, vocabulary rows cut to ``config.vocab_size``, stacked
+    tensors split into their HF parts; BridgeError for a parameter the mapping does not know or one it expects but
+    never sees."""
+    names: dict[str, str] = family.weight_names(config)
+    stacks = family.stacked_weights(config)
     seen = set()
     for name, tensor in pairs:
+        if name in stacks:
+            seen.add(name)
+            stacked = stacks[name]
+            for hf, part in zip(stacked.hf_names, tensor, strict=True):
+                yield hf, (part.transpose(-1, -2) if stacked.transpose else part).contiguous()
+            continue
         if name not in names:
             raise BridgeError(f"parameter {name!r} has no {family.name} Hugging Face name (the model and the "
                               f"{family.name} mapping disagree)")
@@ -115,7 +143,7 @@ def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily
         if name in VOCAB_PARAMS:
             tensor = tensor[: config.vocab_size]
         yield names[name], tensor
-    missing = sorted(set(names) - seen)
+    missing = sorted((set(names) | set(stacks)) - seen)
     if missing:
         raise BridgeError(f"the model has no {len(missing)} parameter(s) the {family.name} mapping needs: "
                           f"{missing[:_MAX_NAMED]}")

@@ -99,7 +99,13 @@ class ModelConfig:
     PyTorch's ring attention (torch.distributed.tensor.experimental.context_parallel, CUDA only, plain causal mask).
     Megatron's names; Megatron defaults to "p2p" (TE's ring), this library to the path that runs everywhere."""
     expert_model_parallel_size: int = 1
-    """Expert-parallel size (EP), for mixture-of-experts models."""
+    """Expert-parallel size (EP) of mixture-of-experts models: the routed experts of each MoE layer are split over
+    this many ranks of the data-parallel dimension (Megatron's expert-model-parallel group, carved out of DP×CP);
+    tokens travel to their experts with all-to-all. Must divide num_moe_experts and the data-parallel size."""
+    expert_tensor_parallel_size: int | None = None
+    """Tensor-parallel size of the routed experts (ETP). None means Megatron's default, tensor_model_parallel_size;
+    this version supports 1 (experts are not split by TP: each TP rank computes them whole, the router and the
+    expert weights are replicated over the TP group)."""
     sequence_parallel: bool = False
     """Shard norms and dropout over the sequence dimension in the TP group; requires tensor_model_parallel_size > 1."""
     recompute_granularity: Literal["full", "selective"] | None = None
@@ -118,6 +124,52 @@ class ModelConfig:
     """With cpu_offloading: offload weights too."""
     init_model_with_meta_device: bool = False
     """Build the model on the meta device and let the data-parallel wrapper materialize only its shards."""
+    # -------------------------------------------------------------------------------- mixture of experts (MoE)
+    num_moe_experts: int | None = None
+    """Number of routed experts per MoE layer; None builds a dense model (every layer has the plain MLP)."""
+    moe_ffn_hidden_size: int | None = None
+    """Inner width of one routed expert (per gate, SwiGLU); None means ffn_hidden_size (Megatron's default)."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to (k of top-k)."""
+    moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"
+    """Router scores: "softmax" over the experts (Mixtral, Qwen) or an independent "sigmoid" per expert
+    (DeepSeek-V3). With sigmoid and k > 1 the k selected scores are divided by their sum."""
+    moe_router_pre_softmax: bool = False
+    """softmax only: True takes the top-k of the softmax over all experts (probabilities not renormalised); False
+    (default) applies the softmax to the k selected logits, so the k probabilities sum to 1 (HF's norm_topk_prob)."""
+    moe_router_topk_scaling_factor: float | None = None
+    """Multiply the routing probabilities by this factor (DeepSeek's routed_scaling_factor); None leaves them."""
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
+    """Load-balancing loss: "aux_loss" (Switch Transformer loss over the micro-batch's tokens), "seq_aux_loss"
+    (the same loss per sequence, averaged over the sequences) or "none"."""
+    moe_aux_loss_coeff: float = 0.0
+    """Coefficient of the load-balancing loss (0 disables it). Its gradient is added to the training loss'; the loss
+    itself is logged as "moe/load_balancing_loss", not added to the reported lm loss."""
+    moe_z_loss_coeff: float | None = None
+    """Coefficient of the router z-loss ``mean(logsumexp(logits)**2)`` (ST-MoE); None disables it."""
+    moe_router_enable_expert_bias: bool = False
+    """Auxiliary-loss-free load balancing (DeepSeek-V3): a per-expert bias added to the scores for the top-k choice
+    only, updated after every step by ``moe_router_bias_update_rate * sign(mean load - load)`` from the step's global
+    token counts. Stored in checkpoints as ``mlp.router.expert_bias``."""
+    moe_router_bias_update_rate: float = 1e-3
+    """Step size of the expert-bias update (moe_router_enable_expert_bias)."""
+    moe_shared_expert_intermediate_size: int | None = None
+    """Inner width of the shared expert(s) every token also goes through (all shared experts fused into one SwiGLU
+    MLP of this width, as Megatron); None means no shared expert."""
+    moe_layer_freq: int | list[int] = 1
+    """Which layers are MoE: an int N makes every N-th layer MoE (layers 0, N, 2N, ...); a list of 0/1 of length
+    num_layers marks each layer (1 = MoE). First-k-dense layouts (DeepSeek) are ``[0] * k + [1] * (L - k)``."""
+    moe_grouped_gemm: bool = False
+    """Compute the routed experts as grouped matmuls (``torch._grouped_mm``) where the device supports it; else, or
+    when False, one matmul per expert. Both give the same numbers up to float rounding."""
+    moe_token_dispatcher_type: Literal["alltoall", "allgather"] = "alltoall"
+    """How tokens reach their experts across expert-parallel ranks. This version implements "alltoall"
+    (all_to_all_single with uneven splits); "allgather" is accepted only with expert_model_parallel_size=1."""
+    moe_expert_capacity_factor: float | None = None
+    """Capacity factor of token dropping; None (the only supported value) means dropless routing."""
+    moe_permute_fusion: bool = False
+    """Megatron's fused permutation kernels (Transformer Engine). A GPU performance switch with no effect on the
+    local engine (it always permutes with index ops); kept so Megatron-Bridge configs load."""
     transformer_impl: Literal["local", "transformer_engine", "megatron_core"] = "local"
     """Engine of the decoder blocks: "local" (plain PyTorch, runs everywhere) or a GPU engine that must be installed."""
     params_dtype: DType = "float32"
@@ -137,6 +189,25 @@ class ModelConfig:
     def num_kv_heads(self) -> int:
         """Number of key/value heads."""
         return self.num_query_groups if self.num_query_groups is not None else self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the model has routed experts (num_moe_experts is set)."""
+        return self.num_moe_experts is not None
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        """Inner width of one routed expert (moe_ffn_hidden_size, else ffn_hidden_size)."""
+        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
+
+    def moe_layer_pattern(self) -> list[bool]:
+        """Per layer, whether it is an MoE layer (all False for a dense model); see moe_layer_freq."""
+        if self.num_moe_experts is None:
+            return [False] * self.num_layers
+        freq = self.moe_layer_freq
+        if isinstance(freq, int):
+            return [freq > 0 and i % freq == 0 for i in range(self.num_layers)]
+        return [bool(x) for x in freq]
 
     @property
     def padded_vocab_size(self) -> int:

@@ -37,7 +37,8 @@ class Rule:
 
 RULES: list[Rule] = []
 _MODULE_ORDER = ("megatron_bridge.config.rules", "megatron_bridge.config.rules_model",
-                 "megatron_bridge.config.rules_distributed", "megatron_bridge.config.rules_pipeline")
+                 "megatron_bridge.config.rules_distributed", "megatron_bridge.config.rules_pipeline",
+                 "megatron_bridge.config.rules_moe")
 """Rules run (and the docs table lists them) module by module in this order, whatever the import order."""
 
 
@@ -392,3 +393,4 @@ def _precision(cfg: "ConfigContainer", world_size: int) -> None:
 import megatron_bridge.config.rules_model  # noqa: E402, F401, I001
 import megatron_bridge.config.rules_distributed  # noqa: E402, F401
 import megatron_bridge.config.rules_pipeline  # noqa: E402, F401
+import megatron_bridge.config.rules_moe  # noqa: E402, F401

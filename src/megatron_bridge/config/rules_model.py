@@ -93,11 +93,12 @@ def _transformer_impl(cfg: "ConfigContainer", world_size: int) -> None:
 
 
 @rule("engine_parallel_layout", ("model.expert_model_parallel_size",),
-      "The layout is one the engine builds today: EP is not (yet) built.")
+      "The layout is one the engine builds today: EP only with MoE layers.")
 def _engine_layout(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     unsupported = [
-        ("model.expert_model_parallel_size", m.expert_model_parallel_size, m.expert_model_parallel_size > 1, 1),
+        ("model.expert_model_parallel_size", m.expert_model_parallel_size,
+         m.expert_model_parallel_size > 1 and not m.is_moe, 1),
     ]
     bad = [(path, value, fix) for path, value, is_bad, fix in unsupported if is_bad]
     if bad:

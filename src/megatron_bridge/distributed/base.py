@@ -3,7 +3,9 @@
 A backend is built by :func:`megatron_bridge.distributed.ddp_wrap.ddp_wrap` from the config. The loop calls, per step:
 ``grad_sync_context`` around each micro-batch's backward, ``forward_context`` around each forward,
 ``finish_grad_sync`` after the last micro-batch, ``clip_grad_norm`` before ``optimizer.step()``. Checkpointing uses
-``model_state_dict`` / ``load_model_state_dict`` and the optimizer variants (DCP-ready state dicts).
+``model_state_dict`` / ``load_model_state_dict`` and the optimizer variants (DCP-ready state dicts). With expert
+parallelism (``expert_parallel``, :mod:`.expert_parallel`) the base methods also reduce and clip the expert gradients
+and give the expert weights their global, EP-independent checkpoint shape.
 """
 
 from abc import ABC, abstractmethod
@@ -18,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.distributed.expert_parallel import ExpertParallel
 
 
 class DataParallelBackend(ABC):
@@ -30,6 +33,8 @@ class DataParallelBackend(ABC):
         self.cfg = cfg
         self.device = device
         self.chunks: list[nn.Module] = []
+        self.expert_parallel: ExpertParallel | None = None
+        """Expert-parallel state when ``model.expert_model_parallel_size > 1`` (set by ``wrap``)."""
         self.pp_group: dist.ProcessGroup | None = None
         """The pipeline-parallel group (PP > 1): gradient and parameter norms are summed over it."""
 
@@ -61,8 +66,10 @@ class DataParallelBackend(ABC):
         return nullcontext()
 
     def finish_grad_sync(self) -> None:
-        """Wait for outstanding gradient reductions (after the last micro-batch's backward)."""
-        return None
+        """Wait for outstanding gradient reductions (after the last micro-batch's backward); with expert
+        parallelism, reduce the expert gradients over the expert-data-parallel group."""
+        if self.expert_parallel is not None:
+            self.expert_parallel.reduce_grads()
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """Reset gradients before a step's first micro-batch."""
@@ -78,6 +85,8 @@ class DataParallelBackend(ABC):
         Under pipeline parallelism the norm covers every stage: each rank's norm is squared, summed over the
         pipeline group, and every stage clips with the global norm.
         """
+        if self.expert_parallel is not None:
+            return self.expert_parallel.clip_grad_norm(self.parameters(), max_norm, self.device).detach()
         grads = [p for p in self.parameters() if p.grad is not None]
         if self.pp_group is not None:
             return self._clip_over_pipeline(grads, max_norm)
@@ -113,6 +122,8 @@ class DataParallelBackend(ABC):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         states = [get_model_state_dict(chunk) for chunk in self.chunks]
+        if self.expert_parallel is not None:
+            states = [self.expert_parallel.globalize(state, i) for i, state in enumerate(states)]
         if self.pipelined:
             return {"model": {k: v for s in states for k, v in s.items()}}
         return _by_chunk(states)
@@ -121,6 +132,8 @@ class DataParallelBackend(ABC):
         """Load what ``model_state_dict`` returned (after DCP filled it in place)."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+        if self.expert_parallel is not None:
+            state = self.expert_parallel.localize(state)
         if self.pipelined:
             merged = state["model"]
             for chunk in self.chunks:
@@ -134,12 +147,17 @@ class DataParallelBackend(ABC):
         ``param_groups.<fqn>.lr``): DCP-ready, reshardable, and free of collisions between pipeline stages."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(_as_module(self.chunks), optimizer, options=_FLAT)
+        state = get_optimizer_state_dict(_as_module(self.chunks), optimizer, options=_FLAT)
+        if self.expert_parallel is not None:
+            state = self.expert_parallel.globalize_optimizer(state)
+        return state
 
     def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """Load what ``optimizer_state_dict`` returned."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+        if self.expert_parallel is not None:
+            state = self.expert_parallel.localize(state)
         set_optimizer_state_dict(_as_module(self.chunks), optimizer, state, options=_FLAT)
 
 

@@ -27,6 +27,9 @@ drives the gradient all-reduce after the step's last backward. Classic Distribut
 under pipeline schedules: multi-stage schedules crash in the reducer at the second step (or, with ``static_graph``,
 train with silently wrong gradients), and 1F1B at PP=4 fails the reducer's bucket-rebuild assertion at the second
 step; ``replicate`` matches a single process on every schedule.
+
+Expert parallelism (``model.expert_model_parallel_size > 1``) keeps the expert weights out of DDP and reduces their
+gradients itself (:mod:`megatron_bridge.distributed.expert_parallel`).
 """
 
 import inspect
@@ -51,6 +54,7 @@ from megatron_bridge.distributed.common import (
     resolve_autocast_dtype,
 )
 from megatron_bridge.distributed.context_parallel import apply_context_parallel
+from megatron_bridge.distributed.expert_parallel import apply_expert_parallel, ignore_in_ddp
 from megatron_bridge.distributed.init import (
     build_device_mesh,
     context_parallel_mesh,
@@ -126,6 +130,7 @@ class DDPBackend(DataParallelBackend):
                       "stays replicated on every rank. Set dist.use_torch_fsdp2=True (or dist.use_megatron_fsdp=True "
                       "on GPUs) to shard it.")
         env = initialize_distributed(self.cfg)
+        self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device)
         settings = ac_settings(self.cfg, "ddp")
         kwargs = ddp_kwargs(self.cfg, self.device)
         cp_mesh = dp_mesh = None
@@ -144,6 +149,7 @@ class DDPBackend(DataParallelBackend):
             if cp_mesh is not None:
                 apply_context_parallel(chunk, cp_mesh, self.cfg)
             apply_ac_settings(chunk, settings)
+            ignore_in_ddp(chunk, self.expert_parallel)
             wrapped.append(_replicate(chunk, dp_mesh) if use_replicate else DistributedDataParallel(chunk, **kwargs))
         self.chunks = wrapped
         if use_replicate:

@@ -23,6 +23,11 @@ Meta-device models (``model.init_model_with_meta_device``) are sharded first, th
 allocate and initialize only each rank's shard (:mod:`.meta_init`); the full parameters equal a direct build with
 the same seed.
 
+Expert parallelism (``model.expert_model_parallel_size > 1``): :mod:`.expert_parallel` keeps this rank's experts
+(materializing a meta-device model whole first) and the expert weights are FSDP2 ``ignored_params``: they stay
+whole on their EP rank, and their gradients are reduced over the expert-data-parallel group by the expert-parallel
+layer after the last micro-batch.
+
 Tensor parallelism (``model.tensor_model_parallel_size > 1``): the mesh is 2-D ``("dp", "tp")``;
 :mod:`.tensor_parallel` applies ``fsdp2.tp_plan`` (or the auto Llama plan, with ``model.sequence_parallel``) and
 ``fsdp2.enable_async_tensor_parallel`` over ``"tp"`` first, then FSDP2 shards the resulting DTensors over ``"dp"``
@@ -57,6 +62,7 @@ from megatron_bridge.distributed.common import (
     to_torch_dtype,
 )
 from megatron_bridge.distributed.context_parallel import apply_context_parallel
+from megatron_bridge.distributed.expert_parallel import apply_expert_parallel
 from megatron_bridge.distributed.fsdp2_sharding import (
     ShardedModel,
     ShardingPlan,
@@ -173,7 +179,10 @@ class FSDP2Backend(DataParallelBackend):
         self.cp_mesh = context_parallel_mesh(mesh)
         pp_mesh = pipeline_mesh(mesh)
         self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
+        self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device)
         plan = self._plan(self.mesh)
+        if self.expert_parallel is not None:
+            plan.ignored_params = set(self.expert_parallel.all_params())
         self.sharded = [self._wrap_chunk(chunk, plan) for chunk in model_chunks]
         self.chunks = list(model_chunks)
         return self.chunks

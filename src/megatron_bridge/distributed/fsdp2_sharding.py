@@ -38,6 +38,8 @@ class ShardingPlan:
     offload_policy: OffloadPolicy
     reshard_after_forward: bool | None = None
     frozen_module_policy: FrozenPolicy = "root"
+    ignored_params: set[nn.Parameter] = field(default_factory=set)
+    """Parameters FSDP2 leaves alone (expert-parallel expert weights: reduced by the expert-parallel layer)."""
 
 
 @dataclass
@@ -85,8 +87,10 @@ def shard_model(model: nn.Module, plan: ShardingPlan) -> ShardedModel:
     units: list[FSDPModule] = []
     for index, ref in enumerate(blocks):
         reshard = block_reshard(plan.reshard_after_forward, index, len(blocks))
-        units.append(fully_shard(ref.module, reshard_after_forward=reshard, **common))
-    ignored = _apply_frozen_policy(frozen, plan, common)
+        in_block = {p for p in ref.module.parameters() if p in plan.ignored_params}
+        units.append(fully_shard(ref.module, reshard_after_forward=reshard, ignored_params=in_block or None,
+                                 **common))
+    ignored = _apply_frozen_policy(frozen, plan, common) | plan.ignored_params
     root = fully_shard(model, reshard_after_forward=False, ignored_params=ignored or None, **common)
     log_rank_0(logger, "FSDP2: %d block units (reshard_after_forward=%s), root unit, %d frozen module(s) with "
                "policy %r", len(units), plan.reshard_after_forward, len(frozen), plan.frozen_module_policy)

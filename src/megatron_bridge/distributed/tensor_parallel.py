@@ -25,6 +25,10 @@ name, e.g. ``"layers.*.self_attn.q_proj"``; the first matching pattern wins) →
 ``Shard(1)``. Modules the plan leaves out that own parameters are replicated over the TP group (logged), so every
 parameter lives on the TP mesh: FSDP2, the optimizer and gradient clipping then see one 2-D mesh.
 
+MoE layers (:func:`moe_tp_plan`, ``expert_tensor_parallel_size=1``): router and routed experts replicated over the TP
+group, the shared expert column/row-wise; with sequence parallelism the layer gathers the sequence on entry and
+keeps its rank's part on exit.
+
 Attention modules whose ``q_proj`` is column-wise get their head counts (``num_heads``, ``num_kv_heads``) divided by
 TP, so the model's reshapes use the local heads.
 """
@@ -35,11 +39,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -49,6 +54,7 @@ from torch.nn import functional as F
 from megatron_bridge.config.rules import enforce
 from megatron_bridge.config.rules_distributed import TP_STYLES, tp_plan_problems
 from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.models.moe import MoELayer
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
@@ -185,10 +191,46 @@ def llama_tp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, Par
         for head_norm in ("q_norm", "k_norm"):
             if getattr(attn, head_norm, None) is not None:
                 plan[f"{name}.self_attn.{head_norm}"] = head_sharded_norm()
+        if isinstance(mlp, MoELayer):
+            plan.update(moe_tp_plan(f"{name}.mlp", mlp, sequence_parallel=sp))
+            continue
         for proj in ("gate_proj", "up_proj"):
             if getattr(mlp, proj, None) is not None:
                 plan[f"{name}.mlp.{proj}"] = ColwiseParallel()
         plan[f"{name}.mlp.down_proj"] = RowwiseParallel(output_layouts=stream)
+    return plan
+
+
+class ReplicateParams(ParallelStyle):
+    """Parameters become DTensors replicated over the TP mesh; inputs and outputs are left as they are (the module
+    reads its weights with ``to_local()``). Parameters already owned by expert parallelism stay plain."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for sub in module.modules():
+            for pname, param in list(sub.named_parameters(recurse=False)):
+                if isinstance(param, DTensor) or getattr(param, "_expert_parallel", False):
+                    continue
+                replicated = distribute_tensor(param.data, device_mesh, [Replicate()], src_data_rank=None)
+                sub.register_parameter(pname, nn.Parameter(replicated, requires_grad=param.requires_grad))
+        return module
+
+
+def moe_tp_plan(prefix: str, moe: nn.Module, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """TP of an MoE layer with ``expert_tensor_parallel_size=1``: the router and the routed experts are replicated
+    over the TP group (each TP rank routes the same tokens and runs whole experts; expert parallelism splits the
+    experts over data-parallel ranks instead), the shared expert is split like a dense MLP. With sequence
+    parallelism the layer gathers the sequence on entry and keeps its rank's part on exit (its gradients then arrive
+    whole on every TP rank, so the replicated weights get identical gradients)."""
+    plan: dict[str, ParallelStyle] = {f"{prefix}.router": ReplicateParams(), f"{prefix}.experts": ReplicateParams()}
+    if sequence_parallel:
+        plan[prefix] = PrepareModuleInputOutput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+            output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True,
+        )
+    if getattr(moe, "shared_experts", None) is not None:
+        plan[f"{prefix}.shared_experts.gate_proj"] = ColwiseParallel()
+        plan[f"{prefix}.shared_experts.up_proj"] = ColwiseParallel()
+        plan[f"{prefix}.shared_experts.down_proj"] = RowwiseParallel(output_layouts=Replicate())
     return plan
 
 

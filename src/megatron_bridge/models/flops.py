@@ -1,4 +1,4 @@
-"""Parameter and training-FLOP counts of the Llama-family decoder built by :class:`LlamaModel`."""
+"""Parameter and training-FLOP counts of the Llama-family decoder built by :class:`LlamaModel` (dense and MoE)."""
 
 from dataclasses import dataclass
 
@@ -18,7 +18,7 @@ class ParameterBreakdown:
     layer_attention_norms: int
     """Of ``layer_attention``: the norm weights (replicated over tensor-parallel ranks)."""
     layer_mlp: int
-    """One block's MLP (SwiGLU: gate, up, down)."""
+    """One block's dense MLP (SwiGLU: gate, up, down); MoE layers have :func:`moe_mlp_parameters` instead."""
     final_norm: int
     """The final norm."""
     num_layers: int
@@ -60,18 +60,34 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     )
 
 
-def num_parameters(config: ModelConfig, *, include_embedding: bool = True) -> int:
+def moe_mlp_parameters(config: ModelConfig, experts: int | None = None) -> int:
+    """Parameters of one MoE layer's MLP: router ``E*h``, ``experts`` routed SwiGLU experts (default: all
+    ``num_moe_experts``) and the shared expert."""
+    h, f = config.hidden_size, config.expert_ffn_hidden_size
+    e = config.num_moe_experts or 0
+    shared = config.moe_shared_expert_intermediate_size or 0
+    return e * h + (e if experts is None else experts) * 3 * h * f + 3 * h * shared
+
+
+def num_parameters(config: ModelConfig, *, include_embedding: bool = True, active_only: bool = False) -> int:
     """Number of parameters of the model built from ``config`` (equals ``sum(p.numel())`` of the built model).
 
     Args:
         config: the model config (the vocabulary is the padded one, as built).
         include_embedding: when False, leave out the input embedding and the output layer (``lm_head``), i.e. count
             the decoder blocks and the final norm only.
+        active_only: for MoE models, count only the ``moe_router_topk`` routed experts a token uses per MoE layer
+            (the "A3B" of Qwen3-30B-A3B); the router and shared expert count whole.
     """
     parts = parameter_breakdown(config)
+    total = parts.total
+    n_moe = sum(config.moe_layer_pattern())
+    if n_moe:
+        experts = config.moe_router_topk if active_only else None
+        total += n_moe * (moe_mlp_parameters(config, experts) - parts.layer_mlp)
     if include_embedding:
-        return parts.total
-    return parts.total - parts.embedding - parts.output
+        return total
+    return total - parts.embedding - parts.output
 
 
 def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_length: int | None = None) -> float:
@@ -84,6 +100,9 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
       counted, not the causal half: that is what the kernels compute (the mask is applied to a full product in
       the math path) and what Megatron's classic formula and ``torch.utils.flop_counter`` count;
     * MLP: 3 matmuls ``h x f`` for SwiGLU, 2 for GELU;
+    * MoE layers (``config.moe_layer_pattern()``): the router ``2*h*E`` plus only the **active** experts,
+      ``moe_router_topk`` SwiGLU experts ``3 * 2*h*moe_ffn_hidden_size``, plus the shared expert
+      ``3 * 2*h*moe_shared_expert_intermediate_size`` (Megatron's MoE FLOPs formula);
     * logits: ``2*h*padded_vocab``.
 
     Not counted: norms, RoPE, softmax, activations, bias adds, the loss and the embedding lookup. Backward is twice
@@ -101,6 +120,13 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
     projections = 2 * h * d * (2 * nq + 2 * nkv)
     attention = 2 * 2 * s * d * nq
     mlp = (3 if config.activation == "swiglu" else 2) * 2 * h * f
+    n_moe = sum(config.moe_layer_pattern())
+    moe_mlp = 0
+    if n_moe:
+        e, fe = config.num_moe_experts or 0, config.expert_ffn_hidden_size
+        shared = config.moe_shared_expert_intermediate_size or 0
+        moe_mlp = 2 * h * e + config.moe_router_topk * 3 * 2 * h * fe + 3 * 2 * h * shared
     logits = 2 * h * config.padded_vocab_size
-    forward_per_token = config.num_layers * (projections + attention + mlp) + logits
+    forward_per_token = (config.num_layers * (projections + attention) + (config.num_layers - n_moe) * mlp
+                         + n_moe * moe_mlp + logits)
     return float(3 * forward_per_token * batch_size * s)

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, build_norm
+from megatron_bridge.models.moe import GroupedExperts, MoELayer, TopKRouter
 from megatron_bridge.models.validation import validate_model_config
 from megatron_bridge.utils.logging import get_logger, warn_once
 
@@ -102,7 +103,8 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """One pre-norm decoder block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+    """One pre-norm decoder block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; the MLP is a
+    :class:`~megatron_bridge.models.moe.MoELayer` on the layers ``config.moe_layer_pattern()`` marks."""
 
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype: torch.dtype) -> None:
         super().__init__()
@@ -110,7 +112,11 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.self_attn = LlamaAttention(config, dtype=dtype)
         self.post_attention_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
-        self.mlp = LlamaMLP(config, dtype=dtype)
+        self.mlp: LlamaMLP | MoELayer
+        if config.moe_layer_pattern()[layer_idx]:
+            self.mlp = MoELayer(config, dtype=dtype, linear=_linear)
+        else:
+            self.mlp = LlamaMLP(config, dtype=dtype)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``[b, s, hidden] -> [b, s, hidden]``."""
@@ -205,8 +211,9 @@ class LlamaModel(nn.Module):
     def init_weights(self) -> None:
         """(Re)initialize every parameter and buffer in place, in a fixed order (deterministic per torch seed).
 
-        Weights of linear and embedding layers: ``normal(0, init_method_std)``; the output projections
-        (``o_proj``, ``down_proj``) use ``init_method_std / sqrt(2 * num_layers)`` as Megatron's
+        Weights of linear and embedding layers, MoE routers and routed experts: ``normal(0, init_method_std)``; the
+        output projections (``o_proj``, ``down_proj``, the experts' ``down_proj``) use
+        ``init_method_std / sqrt(2 * num_layers)`` as Megatron's
         ``output_layer_init_method``; biases zero; norm scales one; RoPE frequencies recomputed.
         Random values are drawn in float32 on the parameter's device and rounded to its dtype.
         """
@@ -221,6 +228,10 @@ class LlamaModel(nn.Module):
                 _normal_(module.weight, std)
             elif isinstance(module, (RMSNorm, LayerNorm, RotaryEmbedding)):
                 module.reset_parameters()
+            elif isinstance(module, TopKRouter):
+                module.reset_parameters(std)
+            elif isinstance(module, GroupedExperts):
+                module.reset_parameters(std, out_std)
 
     def forward(
         self,

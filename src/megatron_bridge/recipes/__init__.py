@@ -28,7 +28,8 @@ from megatron_bridge.recipes.qwen import (
     qwen3_32b_pretrain_config,
     qwen3_600m_pretrain_config,
 )
-from megatron_bridge.recipes.tiny import tiny_llama_pretrain_config
+from megatron_bridge.recipes.qwen_moe import qwen3_30b_a3b_pretrain_config, qwen3_235b_a22b_pretrain_config
+from megatron_bridge.recipes.tiny import tiny_llama_pretrain_config, tiny_moe_pretrain_config
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class RecipeInfo:
 
 RECIPES: dict[str, RecipeInfo] = {
     "tiny_llama": RecipeInfo(tiny_llama_pretrain_config, 2),
+    "tiny_moe": RecipeInfo(tiny_moe_pretrain_config, 2),
     "llama3_8b": RecipeInfo(llama3_8b_pretrain_config, 2),
     "llama3_8b_16k": RecipeInfo(llama3_8b_16k_pretrain_config, 16),
     "llama3_8b_64k": RecipeInfo(llama3_8b_64k_pretrain_config, 32),
@@ -57,6 +59,8 @@ RECIPES: dict[str, RecipeInfo] = {
     "qwen3_8b": RecipeInfo(qwen3_8b_pretrain_config, 4),
     "qwen3_14b": RecipeInfo(qwen3_14b_pretrain_config, 8),
     "qwen3_32b": RecipeInfo(qwen3_32b_pretrain_config, 16),
+    "qwen3_30b_a3b": RecipeInfo(qwen3_30b_a3b_pretrain_config, 16),
+    "qwen3_235b_a22b": RecipeInfo(qwen3_235b_a22b_pretrain_config, 256),
 }
 
 
@@ -90,5 +94,8 @@ __all__ = [
     "qwen3_8b_pretrain_config",
     "qwen3_14b_pretrain_config",
     "qwen3_32b_pretrain_config",
+    "qwen3_30b_a3b_pretrain_config",
+    "qwen3_235b_a22b_pretrain_config",
     "tiny_llama_pretrain_config",
+    "tiny_moe_pretrain_config",
 ]

@@ -84,6 +84,7 @@ COMMON_OVERRIDES: dict[str, _Knob] = {
     "pipeline_model_parallel_size": _Knob("model.pipeline_model_parallel_size", "PP"),
     "virtual_pipeline_model_parallel_size": _Knob("model.virtual_pipeline_model_parallel_size", "VP"),
     "context_parallel_size": _Knob("model.context_parallel_size", "CP"),
+    "expert_model_parallel_size": _Knob("model.expert_model_parallel_size", "EP (mixture-of-experts models)"),
     "sequence_parallel": _Knob("model.sequence_parallel", "sequence parallelism"),
     "mixed_precision": _Knob("mixed_precision", "preset name"),
     "use_torch_fsdp2": _Knob("dist.use_torch_fsdp2", "PyTorch FSDP2 backend"),

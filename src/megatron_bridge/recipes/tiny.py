@@ -1,4 +1,5 @@
-"""A tiny Llama that trains on a 2-core CPU in minutes (the README's main job and the tests use it)."""
+"""A tiny Llama (and its mixture-of-experts sibling) that trains on a 2-core CPU in minutes (the README's main job
+and the tests use them)."""
 
 from typing import Any
 
@@ -34,4 +35,17 @@ def tiny_llama_pretrain_config(**overrides: Any) -> ConfigContainer:
         checkpoint=CheckpointConfig(save_interval=100, most_recent_k=2, ckpt_format="torch_dist"),
         mixed_precision="fp32",
     )
+    return apply_common_overrides(cfg, **overrides)
+
+
+def tiny_moe_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """The tiny Llama with every MLP replaced by a mixture of experts: 8 routed SwiGLU experts of width 96, top-2
+    softmax routing, switch aux loss 1e-2, grouped matmuls; expert parallelism over 2 ranks (4 experts each).
+    Same data, optimizer and schedule as :func:`tiny_llama_pretrain_config`; pass ``expert_model_parallel_size=1``
+    for a single process."""
+    cfg = tiny_llama_pretrain_config()
+    m = cfg.model
+    m.num_moe_experts, m.moe_ffn_hidden_size, m.moe_router_topk = 8, 96, 2
+    m.moe_aux_loss_coeff, m.moe_grouped_gemm = 1e-2, True
+    m.expert_model_parallel_size = 2
     return apply_common_overrides(cfg, **overrides)

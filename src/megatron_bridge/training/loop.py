@@ -136,12 +136,16 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
     n_micro = cfg.num_microbatches(ctx.env.world_size)
     batches = [next(ctx.train_iter) for _ in range(n_micro)]
     global_tokens = _global_tokens(ctx, batches)
+    if ctx.moe is not None:  # MoE aux-loss gradients: mean over the step's micro-batches
+        ctx.moe.begin_step(n_micro, float(ctx.grad_scaler.get_scale()) if ctx.grad_scaler is not None else 1.0)
     backend.zero_grad(ctx.optimizer)
     if ctx.pipeline is not None:
         scale = None if global_tokens is None else ctx.dp_size * ctx.cp_size / global_tokens
         local_loss, local_tokens = ctx.pipeline.run(batches, scale=scale, train=True)
     else:
         local_loss, local_tokens = _accumulate(ctx, forward_step_func, batches, global_tokens)
+    if ctx.moe is not None:  # global expert load, expert-bias update, logged statistics
+        ctx.moe.end_step()
     total_loss, total_tokens = _global_sum([local_loss, local_tokens], ctx.device)
     loss = total_loss / max(total_tokens, 1.0)
     if not math.isfinite(loss):
@@ -226,8 +230,11 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
         _record(result, state.step, loss, grad_norm, lr, step_time)
         metrics = StepMetrics(state.step, loss, grad_norm, lr, step_time, result.tokens_per_step,
                               result.flops_per_step, state.consumed_train_samples,
-                              params_norm=params_norm(ctx.backend) if cfg.logger.log_params_norm else None)
+                              params_norm=params_norm(ctx.backend) if cfg.logger.log_params_norm else None,
+                              moe_aux_loss=ctx.moe.last.aux_loss if ctx.moe is not None else None)
         ctx.metrics.log_step(metrics)
+        if ctx.moe is not None:
+            ctx.metrics.log_moe(state.step, ctx.moe.last)
         fire(ctx.callbacks, "on_step_end", ctx, metrics)
         ctx.profiler.step_end(state.step)
         reason = ctx.exits.check(state.step)

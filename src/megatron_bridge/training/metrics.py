@@ -30,6 +30,8 @@ class StepMetrics:
     flops: float
     consumed_samples: int
     params_norm: float | None = None
+    moe_aux_loss: float | None = None
+    """MoE auxiliary loss of the step (sum over MoE layers), when the model has one."""
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -105,6 +107,8 @@ class TrainingLogger:
         ]
         if last.params_norm is not None:
             parts.append(f"params norm {last.params_norm:.4f}")
+        if last.moe_aux_loss is not None:
+            parts.append(f"load balancing loss {last.moe_aux_loss:.6e}")
         if self.cfg.logger.log_throughput:
             avg = StepMetrics(last.step, loss, last.grad_norm, last.lr, step_time, last.tokens, last.flops, 0)
             tokens_per_s, tflops = self._rates(avg)
@@ -120,6 +124,24 @@ class TrainingLogger:
         filled = int(30 * step / total)
         sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {step}/{total}")
         sys.stderr.flush()
+
+    def log_moe(self, step: int, stats: Any) -> None:
+        """TensorBoard scalars of the MoE layers (every ``logger.tensorboard_log_interval`` steps):
+        ``moe/load_balancing_loss`` (sum over layers) and ``moe/load_balancing_loss/layer_NN``; per layer the expert
+        load ``moe/tokens_per_expert/layer_NN`` (a histogram over experts, bucket = expert id) and
+        ``moe/max_over_mean_load/layer_NN`` (1.0 is perfectly balanced)."""
+        if not self.enabled or self._writer is None or step % self.cfg.logger.tensorboard_log_interval:
+            return
+        w = self._writer
+        if stats.aux_loss is not None:
+            w.add_scalar("moe/load_balancing_loss", stats.aux_loss, step)
+        for layer, value in stats.layer_aux_loss.items():
+            w.add_scalar(f"moe/load_balancing_loss/layer_{layer:02d}", value, step)
+        for layer, counts in stats.tokens_per_expert.items():
+            _add_expert_histogram(w, f"moe/tokens_per_expert/layer_{layer:02d}", counts, step)
+            mean = sum(counts) / max(len(counts), 1)
+            if mean > 0:
+                w.add_scalar(f"moe/max_over_mean_load/layer_{layer:02d}", max(counts) / mean, step)
 
     def log_eval(self, step: int, loss: float, split: str = "validation") -> None:
         """Print and record an evaluation result."""
@@ -137,6 +159,17 @@ class TrainingLogger:
             self._writer.flush()
             self._writer.close()
             self._writer = None
+
+
+def _add_expert_histogram(writer: Any, tag: str, counts: list[float], step: int) -> None:
+    """A histogram whose bucket ``e`` (edges ``e - 0.5 .. e + 0.5``) holds expert ``e``'s token count."""
+    n = len(counts)
+    total = float(sum(counts))
+    writer.add_histogram_raw(
+        tag, min=0.0, max=float(n - 1), num=total, sum=float(sum(e * c for e, c in enumerate(counts))),
+        sum_squares=float(sum(e * e * c for e, c in enumerate(counts))),
+        bucket_limits=[e + 0.5 for e in range(n)], bucket_counts=[float(c) for c in counts], global_step=step,
+    )
 
 
 class Timer:

@@ -2,6 +2,7 @@
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.utils.logging import get_logger
@@ -11,18 +12,29 @@ logger = get_logger(__name__)
 
 
 def param_groups(chunks: list[nn.Module], weight_decay: float) -> list[dict]:
-    """Two groups: matrices decay; 1-D parameters (norm weights, biases) do not."""
-    decay, no_decay = [], []
+    """Two groups: matrices decay; 1-D parameters (norm weights, biases) do not. When sharded (DTensor) and plain
+    parameters are mixed (expert-parallel experts next to FSDP2 shards), each kind gets its own groups: torch's
+    foreach/fused kernels cannot mix them in one call."""
+    decay, no_decay, plain_decay, plain_no_decay = [], [], [], []
     seen: set[int] = set()
-    for chunk in chunks:
-        for name, param in chunk.named_parameters():
-            if not param.requires_grad or id(param) in seen:
-                continue
-            seen.add(id(param))
-            (no_decay if param.ndim < 2 or name.endswith(".bias") else decay).append(param)
+    params = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
+    mixed = len({isinstance(p, DTensor) for _, p in params}) > 1
+    for name, param in params:
+        if not param.requires_grad or id(param) in seen:
+            continue
+        seen.add(id(param))
+        decays = not (param.ndim < 2 or name.endswith(".bias"))
+        if mixed and not isinstance(param, DTensor):
+            (plain_decay if decays else plain_no_decay).append(param)
+        else:
+            (decay if decays else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay, "decays": True}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0, "decays": False})
+    if plain_decay:
+        groups.append({"params": plain_decay, "weight_decay": weight_decay, "decays": True})
+    if plain_no_decay:
+        groups.append({"params": plain_no_decay, "weight_decay": 0.0, "decays": False})
     return groups
 
 

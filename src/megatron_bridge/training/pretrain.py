@@ -21,6 +21,7 @@ from megatron_bridge.training.gpt_step import forward_step as default_forward_st
 from megatron_bridge.training.loop import TrainResult, run_training
 from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
 from megatron_bridge.training.metrics import TrainingLogger
+from megatron_bridge.training.moe_stats import MoETracker
 from megatron_bridge.training.optim import build_optimizer
 from megatron_bridge.training.profiling import StepProfiler
 from megatron_bridge.training.state import TrainState
@@ -57,6 +58,8 @@ class TrainingContext:
     """Context-parallel size: each sample's tokens are spread over this many ranks."""
     pipeline: Any = None
     """The :class:`~megatron_bridge.distributed.pipeline.PipelineRunner` under pipeline parallelism, else None."""
+    moe: MoETracker | None = None
+    """Bookkeeping of the MoE layers (None for dense models)."""
 
     @property
     def device(self) -> torch.device:
@@ -161,6 +164,8 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
         profiler=StepProfiler(cfg, env.rank, env.device), cp_size=cfg.model.context_parallel_size,
         pipeline=pipeline,
+        moe=MoETracker.for_chunks([backend.unwrap(c) for c in backend.chunks], env.device,
+                                  max(1, env.world_size // dp_size)),
     )
 
 

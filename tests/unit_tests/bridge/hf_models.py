@@ -25,15 +25,17 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen3-tied": ("qwen3", {"head_dim": 16, "tie_word_embeddings": True,
                              "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
     "qwen3": ("qwen3", {"head_dim": 16, "tie_word_embeddings": False, "attention_bias": True}),
+    "qwen3-moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+                                "norm_topk_prob": True, "mlp_only_layers": [0]}),
 }
 
 
 def hf_config(variant: str):  # noqa: ANN201  (a transformers config)
     """The transformers config of ``variant``."""
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     family, extra = VARIANTS[variant]
-    cls = LlamaConfig if family == "llama" else Qwen3Config
+    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig}[family]
     return cls(**_BASE, **extra)
 
 

@@ -81,7 +81,9 @@ def test_trained_checkpoint_exports_to_hf(variant, rope_format, tmp_path, caplog
     hf = _load_hf_quietly(out, caplog)
     assert (hf_logits(hf, TOKENS) - our_logits(ours, TOKENS)).abs().max() <= TOL
     prompt = TOKENS[:1, :5]
-    generated = hf.generate(prompt, max_new_tokens=8, do_sample=False)[0].tolist()
+    # An explicit mask: the prompt holds token 0, the pad id, which generate would otherwise mask out.
+    generated = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
+                            do_sample=False)[0].tolist()
     assert generated == our_greedy(ours, prompt, 8, eos=2)
 
 

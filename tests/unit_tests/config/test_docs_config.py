@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import megatron_bridge.config.rules_distributed  # noqa: F401  (registers its rules)
+import megatron_bridge.config.rules_moe  # noqa: F401  (registers its rules)
 import megatron_bridge.config.rules_pipeline  # noqa: F401  (registers its rules)
 from megatron_bridge.config.adjustments import ADJUSTMENTS
 from megatron_bridge.config.rules import RULES

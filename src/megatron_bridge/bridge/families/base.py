@@ -7,6 +7,7 @@ HF config says is either mapped, checked against the one value we support (:attr
 or listed as harmless (:attr:`ModelFamily.ignored_hf_keys`); anything else is a :class:`BridgeError`.
 """
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from megatron_bridge.bridge.rope import RopeFormat, rope_fields_from_hf, rope_to_hf
@@ -32,6 +33,16 @@ GENERIC_FIXED_VALUES: dict[str, tuple[Any, ...]] = {
 """Generic PretrainedConfig keys a decoder-only model must leave at their defaults."""
 
 
+@dataclass(frozen=True)
+class StackedWeight:
+    """One of our tensors that is several HF tensors: ours ``[n, ...]`` is ``stack(hf[0], ..., hf[n-1])``, each
+    transposed (its last two dimensions) when ``transpose`` (MoE experts: HF stores one ``[out, in]`` matrix per
+    expert, we store ``[E, in, out]``)."""
+
+    hf_names: tuple[str, ...]
+    transpose: bool = False
+
+
 class ModelFamily:
     """Base class of a family mapping (see the module docstring); subclasses set the class attributes."""
 
@@ -43,6 +54,8 @@ class ModelFamily:
     """HF ``model_type`` written on export."""
     qk_layernorm: ClassVar[bool] = False
     """Whether the family has per-head q/k RMSNorm (Qwen3)."""
+    moe: ClassVar[bool] = False
+    """Whether the family's models are mixtures of experts (a dense family never matches an MoE config)."""
     hf_defaults: ClassVar[dict[str, Any]] = {}
     """transformers' class defaults for keys a config.json may omit (max_position_embeddings, rms_norm_eps, ...)."""
     fixed_hf_values: ClassVar[dict[str, tuple[Any, ...]]] = {
@@ -110,7 +123,7 @@ class ModelFamily:
     def matches(self, config: ModelConfig) -> bool:
         """Whether this family can express ``config`` (used to pick the family of one of our checkpoints)."""
         return (config.normalization == "RMSNorm" and config.activation == "swiglu"
-                and config.qk_layernorm == self.qk_layernorm)
+                and config.qk_layernorm == self.qk_layernorm and config.is_moe == self.moe)
 
     def config_to_hf(self, config: ModelConfig, *, rope_format: RopeFormat = "rope_parameters",
                      dtype: str = "float32") -> dict[str, Any]:
@@ -160,6 +173,10 @@ class ModelFamily:
             for ours in self.layer_weight_names(config):
                 names[f"layers.{i}.{ours}"] = f"model.layers.{i}.{ours}"
         return names
+
+    def stacked_weights(self, config: ModelConfig) -> dict[str, StackedWeight]:
+        """Our parameters that are stacks of several HF tensors (MoE families); the rest is ``weight_names``."""
+        return {}
 
     def layer_weight_names(self, config: ModelConfig) -> list[str]:
         """Names inside one decoder layer (identical on both sides for the Llama-style families)."""

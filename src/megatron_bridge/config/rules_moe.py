@@ -1,0 +1,151 @@
+"""Validation rules of mixture-of-experts models and expert parallelism (the ``model.moe_*`` fields)."""
+
+from typing import TYPE_CHECKING
+
+from megatron_bridge.config.rules import fail, rule
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+
+_MOE_ONLY_FIELDS = ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_z_loss_coeff")
+
+
+@rule("moe_router", ("model.num_moe_experts", "model.moe_router_topk", "model.moe_router_pre_softmax",
+                     "model.moe_router_score_function", "model.activation"),
+      "num_moe_experts >= 2 (or None), 1 <= moe_router_topk <= num_moe_experts; pre-softmax needs softmax scoring; "
+      "experts are SwiGLU.")
+def _router(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.num_moe_experts is None:
+        set_fields = [f for f in _MOE_ONLY_FIELDS if getattr(m, f) is not None]
+        set_fields += ["expert_model_parallel_size"] if m.expert_model_parallel_size > 1 else []
+        if set_fields:
+            fail(f"model.{set_fields[0]} is set but model.num_moe_experts is None (a dense model): set "
+                 "model.num_moe_experts or unset it", f"model.{set_fields[0]}", "model.num_moe_experts")
+        return
+    e, k = m.num_moe_experts, m.moe_router_topk
+    if not isinstance(e, int) or isinstance(e, bool) or e < 2:
+        fail(f"model.num_moe_experts={e!r} must be an int >= 2 (or None for a dense model)", "model.num_moe_experts")
+        return
+    if not 1 <= k <= e:
+        fail(f"model.moe_router_topk={k} must be in 1..model.num_moe_experts={e}", "model.moe_router_topk")
+    if m.activation != "swiglu":
+        fail(f"model.activation={m.activation!r}: the routed and shared experts are SwiGLU MLPs; set "
+             "model.activation='swiglu' for an MoE model", "model.activation")
+    if m.moe_router_pre_softmax and m.moe_router_score_function != "softmax":
+        fail("model.moe_router_pre_softmax=True applies to softmax scoring only (model.moe_router_score_function="
+             f"{m.moe_router_score_function!r}): set it to False", "model.moe_router_pre_softmax")
+
+
+@rule("moe_sizes", ("model.moe_ffn_hidden_size", "model.moe_shared_expert_intermediate_size",
+                    "model.moe_router_topk_scaling_factor"),
+      "moe_ffn_hidden_size and moe_shared_expert_intermediate_size are > 0 when set; the top-k scaling factor is > 0.")
+def _sizes(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    for path, value in (("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size),
+                        ("model.moe_shared_expert_intermediate_size", m.moe_shared_expert_intermediate_size)):
+        if value is not None and value <= 0:
+            fail(f"{path} must be > 0 or None (got {value})", path)
+    if m.moe_router_topk_scaling_factor is not None and m.moe_router_topk_scaling_factor <= 0:
+        fail(f"model.moe_router_topk_scaling_factor must be > 0 or None (got {m.moe_router_topk_scaling_factor})",
+             "model.moe_router_topk_scaling_factor")
+
+
+@rule("moe_losses", ("model.moe_aux_loss_coeff", "model.moe_z_loss_coeff", "model.moe_router_bias_update_rate",
+                     "model.moe_router_load_balancing_type"),
+      "moe_aux_loss_coeff, moe_z_loss_coeff and moe_router_bias_update_rate are >= 0; an aux-loss coefficient > 0 "
+      "needs a load-balancing type other than 'none'.")
+def _losses(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    for path, value in (("model.moe_aux_loss_coeff", m.moe_aux_loss_coeff),
+                        ("model.moe_z_loss_coeff", m.moe_z_loss_coeff),
+                        ("model.moe_router_bias_update_rate", m.moe_router_bias_update_rate)):
+        if value is not None and value < 0:
+            fail(f"{path} must be >= 0 (got {value})", path)
+    if m.moe_aux_loss_coeff > 0 and m.moe_router_load_balancing_type == "none":
+        fail(f"model.moe_aux_loss_coeff={m.moe_aux_loss_coeff} has no effect with "
+             "model.moe_router_load_balancing_type='none': set the type to 'aux_loss' or the coefficient to 0",
+             "model.moe_aux_loss_coeff", "model.moe_router_load_balancing_type")
+
+
+@rule("moe_layer_freq", ("model.moe_layer_freq", "model.num_layers"),
+      "moe_layer_freq is an int >= 1 or a list of 0/1 with one entry per layer.")
+def _layer_freq(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    freq = m.moe_layer_freq
+    if isinstance(freq, int) and not isinstance(freq, bool):
+        if freq < 1:
+            fail(f"model.moe_layer_freq={freq} must be >= 1 (1: every layer is MoE)", "model.moe_layer_freq")
+        return
+    if not isinstance(freq, list) or len(freq) != m.num_layers or any(x not in (0, 1) for x in freq):
+        fail(f"model.moe_layer_freq={freq!r} must be an int >= 1 or a list of {m.num_layers} entries "
+             "(model.num_layers) each 0 (dense) or 1 (MoE)", "model.moe_layer_freq")
+
+
+@rule("moe_dropless", ("model.moe_expert_capacity_factor",),
+      "Routing is dropless: moe_expert_capacity_factor must be None.")
+def _dropless(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.moe_expert_capacity_factor is not None:
+        fail(f"model.moe_expert_capacity_factor={cfg.model.moe_expert_capacity_factor} (token dropping) is not "
+             "supported: the local engine routes dropless; set it to None", "model.moe_expert_capacity_factor")
+
+
+@rule("expert_parallel_layout", ("model.expert_model_parallel_size", "model.num_moe_experts",
+                                 "model.context_parallel_size", "model.pipeline_model_parallel_size"),
+      "EP divides num_moe_experts and the data-parallel size × CP (experts are split over data-parallel ranks); EP "
+      "does not compose with PP or CP in this version.")
+def _ep_layout(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    ep = m.expert_model_parallel_size
+    if ep <= 1 or m.num_moe_experts is None:
+        return
+    if m.num_moe_experts % ep:
+        fail(f"model.num_moe_experts={m.num_moe_experts} is not divisible by model.expert_model_parallel_size={ep}: "
+             "every expert-parallel rank holds the same number of experts", "model.num_moe_experts",
+             "model.expert_model_parallel_size")
+    for path, size in (("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size),
+                       ("model.context_parallel_size", m.context_parallel_size)):
+        if size > 1:
+            fail(f"model.expert_model_parallel_size={ep} with {path}={size}: expert parallelism does not compose with "
+                 "pipeline or context parallelism in this version; set one of them to 1",
+                 "model.expert_model_parallel_size", path)
+    dp_cp = cfg.data_parallel_size(world_size) * m.context_parallel_size
+    if dp_cp % ep:
+        fail(f"model.expert_model_parallel_size={ep} must divide data-parallel size × CP = {dp_cp} at world size "
+             f"{world_size} (EP is carved out of the data-parallel ranks): change the EP size or the number of "
+             "processes", "model.expert_model_parallel_size")
+
+
+@rule("expert_tensor_parallel", ("model.expert_tensor_parallel_size", "model.tensor_model_parallel_size"),
+      "expert_tensor_parallel_size is 1 (or None with TP = 1): experts are not split by tensor parallelism.")
+def _etp(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.num_moe_experts is None:
+        return
+    etp = m.expert_tensor_parallel_size if m.expert_tensor_parallel_size is not None else m.tensor_model_parallel_size
+    if etp != 1:
+        fail(f"expert tensor-parallel size {etp} (model.expert_tensor_parallel_size, None = TP) is not supported: set "
+             "model.expert_tensor_parallel_size=1 (experts whole on every TP rank, split over EP instead)",
+             "model.expert_tensor_parallel_size")
+
+
+@rule("moe_dispatcher", ("model.moe_token_dispatcher_type", "model.expert_model_parallel_size"),
+      "Expert parallelism (EP > 1) uses moe_token_dispatcher_type 'alltoall'.")
+def _dispatcher(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.num_moe_experts is not None and m.expert_model_parallel_size > 1 and m.moe_token_dispatcher_type != "alltoall":
+        fail(f"model.moe_token_dispatcher_type={m.moe_token_dispatcher_type!r} is not implemented for expert "
+             "parallelism: set it to 'alltoall'", "model.moe_token_dispatcher_type")
+
+
+@rule("moe_backend", ("model.num_moe_experts", "dist.use_megatron_fsdp"),
+      "MoE models train with DDP or FSDP2, not Megatron FSDP, in this version.")
+def _backend(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.num_moe_experts is None:
+        return
+    if cfg.dist.use_megatron_fsdp:
+        fail("model.num_moe_experts is set and dist.use_megatron_fsdp=True: Megatron FSDP does not shard the local "
+             "engine's expert weights in this version; use DDP or dist.use_torch_fsdp2=True",
+             "dist.use_megatron_fsdp", "model.num_moe_experts")

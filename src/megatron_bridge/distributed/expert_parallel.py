@@ -1,0 +1,293 @@
+"""Expert parallelism (EP): the routed experts of every MoE layer split over ``model.expert_model_parallel_size``
+ranks, tokens sent to their experts and back with ``all_to_all_single`` (uneven splits, autograd).
+
+Layout. EP is carved out of the data-parallel dimension (PROTOCOL: out of dp × cp; context parallelism is not in
+this version). With data-parallel size ``dp`` and TP size ``tp`` the expert mesh is ``("edp", "ep")`` (or
+``("edp", "ep", "tp")``) over the same ranks as the main ``("dp"[, "tp"])`` mesh, with ``dp index = edp index * ep +
+ep index``: the ranks of one EP group are consecutive data-parallel ranks, and each holds experts
+``ep_rank * E/ep .. (ep_rank + 1) * E/ep - 1`` of every MoE layer. With TP the experts are whole on every TP rank
+(``expert_tensor_parallel_size=1``) and replicated over the TP group.
+
+Dispatch (:class:`AllToAllDispatcher`): each rank sorts its token copies by global expert, exchanges the per-expert
+counts (one ``all_to_all_single`` of ``E`` integers), sends the rows with ``all_to_all_single_autograd`` (uneven and
+zero splits are fine on gloo and NCCL), reorders what it received from source-major to expert-major, runs its local
+experts (grouped matmul), undoes the reordering and sends the outputs back the same way. Routing, probabilities
+and the weighted sum stay on the token's own rank, so outputs equal the EP=1 layer's up to float rounding.
+
+Gradients. The expert weights are plain tensors owned by this module, not by the data-parallel backend: DDP
+ignores them (``_set_params_and_buffers_to_ignore_for_model``) and FSDP2 gets them as ``ignored_params``. After the
+last micro-batch :meth:`ExpertParallel.reduce_grads` sums their gradients over the expert-data-parallel group
+(``"edp"``, the ranks holding the same experts) and divides by the data-parallel size: a rank's expert gradient
+already holds the tokens of its whole EP group, so this equals the data-parallel mean the backends apply to every
+other weight. Gradient clipping (:meth:`ExpertParallel.clip_grad_norm`) adds the experts' squared norm summed over
+the EP group to the other parameters' global norm.
+
+Checkpoints are independent of the EP size: :meth:`ExpertParallel.globalize` turns the expert weights (and their
+optimizer state) into DTensors of the full ``[E, ...]`` shape, sharded over ``"ep"`` and replicated over the other
+dimensions, before DCP saves or loads them; :meth:`ExpertParallel.localize` turns them back. A checkpoint written
+at EP=2 loads at EP=1 (and the other way round) and training continues identically.
+"""
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+
+from megatron_bridge.distributed.common import has_meta_params
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.models.moe import GroupedExperts, MoELayer
+from megatron_bridge.models.provider import materialize_meta_model
+from megatron_bridge.utils.logging import get_logger, log_rank_0
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.distributed.init import DistEnv
+
+logger = get_logger(__name__)
+
+EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+"""Parameter names of :class:`GroupedExperts` (each ``[num_local_experts, ...]``)."""
+
+
+def build_expert_mesh(cfg: "ConfigContainer", env: "DistEnv") -> DeviceMesh:
+    """The ``("edp", "ep"[, "tp"])`` mesh of the module docstring (a collective: every rank calls it).
+
+    Raises:
+        ConfigValidationError: EP does not divide the data-parallel size, or context parallelism is on.
+    """
+    m = cfg.model
+    ep, tp = m.expert_model_parallel_size, m.tensor_model_parallel_size
+    if m.pipeline_model_parallel_size > 1:
+        raise ConfigValidationError(
+            f"model.expert_model_parallel_size={ep} with model.pipeline_model_parallel_size="
+            f"{m.pipeline_model_parallel_size}: expert parallelism with pipeline stages is not implemented in this "
+            "version; set one to 1.", ("model.expert_model_parallel_size", "model.pipeline_model_parallel_size"),
+        )
+    if m.context_parallel_size > 1:
+        raise ConfigValidationError(
+            f"model.expert_model_parallel_size={ep} with model.context_parallel_size={m.context_parallel_size}: "
+            "expert parallelism over context-parallel ranks is not implemented in this version; set one to 1.",
+            ("model.expert_model_parallel_size", "model.context_parallel_size"),
+        )
+    dp = env.world_size // tp
+    if dp % ep:
+        raise ConfigValidationError(
+            f"model.expert_model_parallel_size={ep} must divide the data-parallel size {dp} (world {env.world_size} "
+            f"/ TP {tp}): change the EP size or the number of processes.", ("model.expert_model_parallel_size",),
+        )
+    shape, names = (dp // ep, ep), ("edp", "ep")
+    if tp > 1:
+        shape, names = (dp // ep, ep, tp), ("edp", "ep", "tp")
+    return init_device_mesh(env.device.type, shape, mesh_dim_names=names)
+
+
+class AllToAllDispatcher:
+    """Sends token rows to the EP rank owning their expert and brings the outputs back (module docstring)."""
+
+    def __init__(self, group: dist.ProcessGroup, ep_size: int, num_local_experts: int) -> None:
+        self.group = group
+        self.ep_size = ep_size
+        self.num_local_experts = num_local_experts
+
+    def __call__(self, experts: GroupedExperts, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """``x_sorted [N, h]`` sorted by global expert with ``counts [E]`` → expert outputs in the same order."""
+        ep, n_local = self.ep_size, self.num_local_experts
+        counts = counts.to(torch.int64)
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.group)
+        recv_matrix = received.view(ep, n_local)  # [source rank, local expert]
+        send_splits = counts.view(ep, n_local).sum(dim=1).tolist()
+        recv_splits = recv_matrix.sum(dim=1).tolist()
+        x_recv = _wait(all_to_all_single_autograd(x_sorted, recv_splits, send_splits, self.group))
+        perm = expert_major_order(recv_matrix)
+        y = experts(x_recv[perm], recv_matrix.sum(dim=0))
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        return _wait(all_to_all_single_autograd(y[inverse], send_splits, recv_splits, self.group))
+
+
+def _wait(tensor: torch.Tensor) -> torch.Tensor:
+    wait = getattr(tensor, "wait", None)
+    return wait() if callable(wait) else tensor
+
+
+def expert_major_order(counts: torch.Tensor) -> torch.Tensor:
+    """Row order that turns blocks laid out source-major (``counts[src, e]`` rows for each ``(src, e)``, src outer)
+    into expert-major order (e outer, src inner). Stable within each block."""
+    n_src, n_exp = counts.shape
+    block = torch.arange(n_src * n_exp, device=counts.device).repeat_interleave(counts.reshape(-1))
+    key = (block % n_exp) * n_src + block // n_exp
+    return torch.argsort(key, stable=True)
+
+
+@dataclass
+class ExpertParallel:
+    """The expert-parallel state of the wrapped model chunks: mesh, groups and the expert parameters."""
+
+    mesh: DeviceMesh
+    dp_size: int
+    params: list[dict[str, nn.Parameter]] = field(default_factory=list)
+    """Per chunk: fully qualified name (as in the chunk's state dict) → local expert parameter."""
+    global_experts: int = 0
+
+    @property
+    def ep_group(self) -> dist.ProcessGroup:
+        """The ranks exchanging tokens (one EP group)."""
+        return self.mesh.get_group("ep")
+
+    @property
+    def edp_group(self) -> dist.ProcessGroup:
+        """The ranks holding the same experts (expert-data-parallel group)."""
+        return self.mesh.get_group("edp")
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """Expert weights: replicated over ``edp`` (and ``tp``), sharded on the expert dimension over ``ep``."""
+        return tuple(Shard(0) if name == "ep" else Replicate() for name in self.mesh.mesh_dim_names or ())
+
+    def all_params(self) -> list[nn.Parameter]:
+        """Every local expert parameter of every chunk."""
+        return [p for chunk in self.params for p in chunk.values()]
+
+    # --------------------------------------------------------------------------------------------- gradients
+    @torch.no_grad()
+    def reduce_grads(self) -> None:
+        """Sum expert gradients over ``edp`` and divide by the data-parallel size (module docstring)."""
+        grads = [p.grad for p in self.all_params() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.mesh["edp"].size() > 1:
+            dist.all_reduce(flat, group=self.edp_group)
+        flat.div_(self.dp_size)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    @torch.no_grad()
+    def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float, device: torch.device) -> torch.Tensor:
+        """Global L2 gradient norm of ``params`` (the backend's, expert parameters included) and clipping by
+        ``max_norm`` (> 0) as ``torch.nn.utils.clip_grad_norm_`` does: ``grads *= min(1, max_norm / (norm + 1e-6))``."""
+        expert_ids = {id(p) for p in self.all_params()}
+        dense = [p.grad for p in params if p.grad is not None and id(p) not in expert_ids]
+        experts = [p.grad for p in params if p.grad is not None and id(p) in expert_ids]
+        total_sq = torch.zeros((), dtype=torch.float32, device=device)
+        if dense:
+            norm = torch.nn.utils.get_total_norm(dense, 2.0)
+            norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+            total_sq = total_sq + norm.float().square()
+        expert_sq = torch.zeros((), dtype=torch.float32, device=device)
+        for g in experts:
+            expert_sq += g.float().square().sum()
+        dist.all_reduce(expert_sq, group=self.ep_group)
+        total = (total_sq + expert_sq).sqrt()
+        if max_norm > 0:
+            coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+            if coef < 1.0:
+                for g in dense + experts:
+                    g.mul_(coef)
+        return total
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def _global(self, local: torch.Tensor) -> DTensor:
+        shape = (self.global_experts, *local.shape[1:])
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(local, self.mesh, self.placements, run_check=False, shape=shape, stride=stride)
+
+    def globalize(self, state: dict[str, Any], chunk: int = 0) -> dict[str, Any]:
+        """A model state dict of chunk ``chunk`` with the expert weights as global-shape DTensors sharing the local
+        storage (DCP fills them in place on load)."""
+        names = self.params[chunk]
+        return {k: self._global(v) if k in names and _is_local_tensor(v) else v for k, v in state.items()}
+
+    def globalize_optimizer(self, state: dict[str, Any]) -> dict[str, Any]:
+        """An optimizer state dict (``get_optimizer_state_dict``'s, keyed by parameter name, flat
+        ``state.<name>.<key>`` or nested ``{"state": {name: {key: tensor}}}``) with the per-expert state tensors of
+        expert parameters as global DTensors. New containers: the live optimizer state stays local."""
+        names = {k for chunk in self.params for k in chunk}
+        if "state" in state and isinstance(state["state"], dict):
+            per_param = {
+                key: {n: self._global(v) if _is_local_tensor(v) and key in names else v for n, v in entry.items()}
+                if isinstance(entry, dict) else entry
+                for key, entry in state["state"].items()
+            }
+            return {**state, "state": per_param}
+        prefixes = tuple(f"state.{n}." for n in names)
+        return {k: self._global(v) if k.startswith(prefixes) and _is_local_tensor(v) else v for k, v in state.items()}
+
+    @staticmethod
+    def localize(state: Any) -> Any:
+        """The same (nested) state with every DTensor on an expert mesh replaced by its local tensor."""
+        if isinstance(state, dict):
+            return {k: ExpertParallel.localize(v) for k, v in state.items()}
+        if isinstance(state, DTensor) and "ep" in (state.device_mesh.mesh_dim_names or ()):
+            return state.to_local()
+        return state
+
+
+def _is_local_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.ndim >= 1
+
+
+def apply_expert_parallel(chunks: list[nn.Module], cfg: "ConfigContainer", env: "DistEnv",
+                          device: torch.device) -> ExpertParallel | None:
+    """Keep this rank's experts in every MoE layer of ``chunks`` and install the all-to-all dispatcher; returns the
+    :class:`ExpertParallel` the backend uses, or None when EP is 1 or the model has no MoE layer.
+
+    Chunks built on the meta device are materialized whole first (expert weights are initialized as at EP=1, so the
+    model equals the EP=1 model for a given seed), then sliced.
+    """
+    ep = cfg.model.expert_model_parallel_size
+    if ep <= 1 or not any(isinstance(m, MoELayer) for chunk in chunks for m in chunk.modules()):
+        return None
+    mesh = build_expert_mesh(cfg, env)
+    ep_rank = mesh["ep"].get_local_rank()
+    state = ExpertParallel(mesh=mesh, dp_size=env.world_size // cfg.model.tensor_model_parallel_size,
+                           global_experts=cfg.model.num_moe_experts or 0)
+    for chunk in chunks:
+        if has_meta_params([chunk]):
+            materialize_meta_model(chunk, device)
+        else:
+            chunk.to(device)
+        state.params.append(_shard_experts(chunk, ep, ep_rank, mesh.get_group("ep")))
+    log_rank_0(logger, "EP: %d experts over %d ranks (%d per rank), expert-data-parallel size %d, %d expert tensors",
+               state.global_experts, ep, state.global_experts // ep, mesh["edp"].size(), len(state.all_params()))
+    return state
+
+
+def _shard_experts(chunk: nn.Module, ep: int, ep_rank: int, group: dist.ProcessGroup) -> dict[str, nn.Parameter]:
+    owned: dict[str, nn.Parameter] = {}
+    for name, module in chunk.named_modules():
+        if not isinstance(module, MoELayer):
+            continue
+        experts = module.experts
+        per_rank = experts.num_experts // ep
+        start = ep_rank * per_rank
+        for weight in EXPERT_WEIGHTS:
+            full = getattr(experts, weight)
+            local = nn.Parameter(full.detach()[start : start + per_rank].clone(), requires_grad=full.requires_grad)
+            local._expert_parallel = True  # type: ignore[attr-defined]  # TP leaves it plain
+            setattr(experts, weight, local)
+            owned[f"{name}.experts.{weight}"] = local
+        experts.num_local_experts, experts.expert_offset = per_rank, start
+        module.dispatcher = AllToAllDispatcher(group, ep, per_rank)
+    return owned
+
+
+def ignore_in_ddp(module: nn.Module, expert_parallel: ExpertParallel | None) -> None:
+    """Tell torch DDP not to reduce (or broadcast) the expert parameters of ``module`` (call after activation
+    checkpointing wrapped its blocks, before wrapping it in DDP: DDP matches parameter names)."""
+    if expert_parallel is None:
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    owned = {id(p) for p in expert_parallel.all_params()}
+    names = [name for name, p in module.named_parameters() if id(p) in owned]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)

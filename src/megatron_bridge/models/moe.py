@@ -1,0 +1,357 @@
+"""Mixture-of-experts feed-forward layer of the local engine: a top-k router, routed SwiGLU experts computed as
+grouped matmuls, an optional shared expert. Dropless: every token reaches its k experts.
+
+Module and parameter names (one MoE layer, ``layers.N.mlp``)::
+
+    router.weight          [E, hidden]        router logits (computed in float32)
+    router.expert_bias     [E] (buffer)       aux-loss-free balancing bias (moe_router_enable_expert_bias)
+    experts.gate_proj      [E, hidden, F]     routed experts, F = moe_ffn_hidden_size
+    experts.up_proj        [E, hidden, F]
+    experts.down_proj      [E, F, hidden]
+    shared_experts.{gate,up,down}_proj.weight  the shared expert (moe_shared_expert_intermediate_size), a plain MLP
+
+Routing (Megatron-core's rules, per token, on float32 logits ``z``):
+
+* ``softmax`` with ``moe_router_pre_softmax=False``: top-k of ``z`` (plus the expert bias), probabilities =
+  softmax over the k selected logits (they sum to 1; HF's ``norm_topk_prob=True``);
+* ``softmax`` with ``moe_router_pre_softmax=True``: p = softmax(z) over all experts, top-k of p (+ bias), the k
+  selected p as they are;
+* ``sigmoid``: s = sigmoid(z), top-k of s (+ bias), the selected s divided by their sum when k > 1.
+
+The expert bias shifts only the choice of experts, never the probabilities. ``moe_router_topk_scaling_factor``
+multiplies the probabilities. The expert outputs are weighted by the probabilities and summed per token.
+
+Load-balancing loss (``moe_aux_loss_coeff`` > 0), Switch Transformer's as Megatron-core computes it over ``T`` tokens
+with routing counts ``c_e`` and full score distributions ``P`` (softmax of z, or sigmoid scores normalised to sum 1):
+``coeff * E / (k * T**2) * sum_e c_e * sum_t P[t, e]``; ``seq_aux_loss`` applies it per sequence and averages.
+Router z-loss: ``moe_z_loss_coeff * mean_t(logsumexp(z_t)**2)``. Both losses are not added to the model output:
+:class:`AuxLossScaler` attaches them to the layer output so that backward adds their gradient times
+:func:`set_aux_loss_scale`'s factor (the training loop sets ``1 / micro-batches``, so the gradient is the mean over
+all micro-batches of the global batch, as Megatron's ``MoEAuxLossAutoScaler``).
+
+Expert parallelism replaces the layer's ``dispatcher`` (see :mod:`megatron_bridge.distributed.expert_parallel`);
+without it the tokens go to the local experts directly.
+"""
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.nn import functional as F
+
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.errors import ConfigValidationError
+
+
+Dispatcher = Callable[["GroupedExperts", torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(experts, tokens sorted by expert [N, hidden], tokens per global expert [E]) -> expert outputs [N, hidden]``."""
+
+
+class AuxLossScaler(torch.autograd.Function):
+    """Identity on the layer output whose backward also sends ``scale`` as the gradient of an auxiliary loss."""
+
+    scale: ClassVar[float] = 1.0
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, output: torch.Tensor, aux_loss: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(aux_loss)
+        return output
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_output: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        (aux_loss,) = ctx.saved_tensors
+        return grad_output, torch.full_like(aux_loss, AuxLossScaler.scale)
+
+
+def set_aux_loss_scale(scale: float) -> None:
+    """Factor applied to the gradients of the MoE auxiliary losses (1.0 unless the training loop sets it)."""
+    AuxLossScaler.scale = float(scale)
+
+
+def switch_aux_loss(scores: torch.Tensor, counts: torch.Tensor, topk: int, coeff: float) -> torch.Tensor:
+    """Switch load-balancing loss of ``scores [..., T, E]`` with routing counts ``counts [..., E]``, averaged over the
+    leading dimensions: ``coeff * E / (k * T**2) * sum_e counts_e * sum_t scores[t, e]``."""
+    t, e = scores.shape[-2], scores.shape[-1]
+    per_group = (scores.sum(dim=-2) * counts).sum(dim=-1) * (e * coeff / (topk * t * t))
+    return per_group.mean()
+
+
+def route(logits: torch.Tensor, config: ModelConfig,
+          expert_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k routing of float32 ``logits [T, E]`` (module docstring).
+
+    Returns:
+        probs ``[T, k]`` (float32), expert indices ``[T, k]`` and the full score distribution ``[T, E]`` used by the
+        load-balancing loss.
+    """
+    k = config.moe_router_topk
+    if config.moe_router_score_function == "sigmoid":
+        scores = torch.sigmoid(logits)
+        select = scores if expert_bias is None else scores + expert_bias
+        idx = torch.topk(select, k, dim=-1).indices
+        probs = scores.gather(-1, idx)
+        if k > 1:
+            probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
+        full = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+    else:
+        full = torch.softmax(logits, dim=-1)
+        if config.moe_router_pre_softmax:
+            select = full if expert_bias is None else full + expert_bias
+            idx = torch.topk(select, k, dim=-1).indices
+            probs = full.gather(-1, idx)
+        else:
+            select = logits if expert_bias is None else logits + expert_bias
+            idx = torch.topk(select, k, dim=-1).indices
+            probs = torch.softmax(logits.gather(-1, idx), dim=-1)
+    if config.moe_router_topk_scaling_factor is not None:
+        probs = probs * config.moe_router_topk_scaling_factor
+    return probs, idx, full
+
+
+def _in_backward() -> bool:
+    """True while autograd runs a backward pass (an activation-checkpointing recompute of the forward)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    """The local tensor of a weight replicated over the TP mesh (as a DTensor), else the weight itself."""
+    return weight.to_local() if isinstance(weight, DTensor) else weight
+
+
+def _num_experts(config: ModelConfig) -> int:
+    if config.num_moe_experts is None:
+        raise ConfigValidationError("an MoE layer needs model.num_moe_experts (got None)", ("model.num_moe_experts",))
+    return config.num_moe_experts
+
+
+class TopKRouter(nn.Module):
+    """Router logits ``x @ weight.T`` in float32, top-k routing, auxiliary losses and the step's expert load.
+
+    ``tokens_per_expert`` (non-persistent buffer) accumulates, in training mode, how many token-expert assignments
+    each expert received since :meth:`reset_step_stats`; ``aux_loss_sum``/``aux_loss_count`` the load-balancing
+    losses of the micro-batches. The training loop reads and resets them after each step.
+    """
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        e = _num_experts(config)
+        self.num_experts = e
+        self.weight = nn.Parameter(torch.empty(e, config.hidden_size, device="meta", dtype=dtype))
+        self.expert_bias: torch.Tensor | None
+        if config.moe_router_enable_expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(e, device="meta", dtype=torch.float32))
+        else:
+            self.expert_bias = None
+        self.register_buffer("tokens_per_expert", torch.zeros(e, device="meta", dtype=torch.float32),
+                             persistent=False)
+        self.aux_loss_sum = 0.0
+        self.aux_loss_count = 0
+
+    def reset_parameters(self, std: float) -> None:
+        """``normal(0, std)`` weight (drawn in float32), zero expert bias and counters."""
+        with torch.no_grad():
+            if self.weight.dtype == torch.float32:
+                self.weight.normal_(0.0, std)
+            else:
+                self.weight.copy_(torch.empty_like(self.weight, dtype=torch.float32).normal_(0.0, std))
+            if self.expert_bias is not None:
+                self.expert_bias.zero_()
+        self.reset_step_stats()
+
+    def reset_step_stats(self) -> None:
+        """Zero the per-step expert load and aux-loss accumulators."""
+        with torch.no_grad():
+            self.tokens_per_expert.zero_()
+        self.aux_loss_sum, self.aux_loss_count = 0.0, 0
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``x [b, s, hidden]`` → probs ``[b*s, k]`` (float32), expert ids ``[b*s, k]``, and the auxiliary loss
+        (load balancing + z-loss, a float32 scalar) or None when neither is on."""
+        c = self.config
+        b, s, h = x.shape
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.reshape(b * s, h).float(), _local(self.weight).float())
+        bias = self.expert_bias.detach() if self.expert_bias is not None else None
+        probs, idx, full = route(logits, c, bias)
+        counts = torch.bincount(idx.reshape(-1), minlength=self.num_experts)
+        aux: torch.Tensor | None = None
+        if c.moe_aux_loss_coeff > 0 and c.moe_router_load_balancing_type != "none":
+            if c.moe_router_load_balancing_type == "seq_aux_loss":
+                seq_counts = F.one_hot(idx.view(b, s * c.moe_router_topk), self.num_experts).sum(dim=1)
+                aux = switch_aux_loss(full.view(b, s, -1), seq_counts.float(), c.moe_router_topk,
+                                      c.moe_aux_loss_coeff)
+            else:
+                aux = switch_aux_loss(full, counts.float(), c.moe_router_topk, c.moe_aux_loss_coeff)
+        if c.moe_z_loss_coeff:
+            z_loss = torch.logsumexp(logits, dim=-1).square().mean() * c.moe_z_loss_coeff
+            aux = z_loss if aux is None else aux + z_loss
+        if self.training and not _in_backward():  # not again when activation checkpointing recomputes
+            with torch.no_grad():
+                self.tokens_per_expert += counts.to(self.tokens_per_expert.dtype)
+            if aux is not None:
+                self.aux_loss_sum += float(aux.detach())
+                self.aux_loss_count += 1
+        return probs, idx, aux
+
+
+class GroupedExperts(nn.Module):
+    """The routed SwiGLU experts of one layer as stacked weights ``[E_local, ...]`` (module docstring).
+
+    Expert parallelism keeps only this rank's experts: ``num_local_experts`` of them, global ids
+    ``expert_offset .. expert_offset + num_local_experts - 1``.
+    """
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        e, h, f = _num_experts(config), config.hidden_size, config.expert_ffn_hidden_size
+        self.num_experts = e
+        self.num_local_experts = e
+        self.expert_offset = 0
+        self.grouped_gemm = config.moe_grouped_gemm
+        self.gate_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
+        self.up_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
+        self.down_proj = nn.Parameter(torch.empty(e, f, h, device="meta", dtype=dtype))
+
+    def reset_parameters(self, std: float, out_std: float) -> None:
+        """``normal(0, std)`` for gate/up, ``normal(0, out_std)`` for down (an output projection), drawn per
+        expert in float32 in the order gate, up, down of expert 0, 1, ... (independent of expert parallelism)."""
+        with torch.no_grad():
+            for weight, sd in ((self.gate_proj, std), (self.up_proj, std), (self.down_proj, out_std)):
+                fresh = torch.empty(weight.shape, dtype=torch.float32, device=weight.device).normal_(0.0, sd)
+                weight.copy_(fresh)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """``x [N, hidden]``: tokens sorted by local expert, ``counts [E_local]`` tokens per local expert."""
+        dtype = _compute_dtype(x)
+        x = x.to(dtype)
+        gate = grouped_mm(x, _local(self.gate_proj).to(dtype), counts, self.grouped_gemm)
+        up = grouped_mm(x, _local(self.up_proj).to(dtype), counts, self.grouped_gemm)
+        return grouped_mm(F.silu(gate) * up, _local(self.down_proj).to(dtype), counts, self.grouped_gemm)
+
+    def extra_repr(self) -> str:
+        """Expert counts and shapes, for ``print(model)``."""
+        return (f"experts={self.num_local_experts}/{self.num_experts} (offset {self.expert_offset}), "
+                f"hidden={self.gate_proj.shape[1]}, ffn={self.gate_proj.shape[2]}, grouped_gemm={self.grouped_gemm}")
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` computes ``x @ weight[g]`` per group here: rows of 16-byte aligned width (the
+    kernel's stride rule, on CPU too), at least one token (its backward needs one), and a device that has the kernel:
+    CPU (torch >= 2.9) or CUDA with compute capability >= 9.0 in bfloat16."""
+    if not hasattr(torch, "_grouped_mm") or x.shape[0] == 0:
+        return False
+    if (x.shape[1] * x.element_size()) % 16 or (weight.shape[2] * weight.element_size()) % 16:
+        return False
+    if x.device.type == "cpu":
+        return True
+    if x.device.type != "cuda" or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+        return False
+    return torch.cuda.get_device_capability(x.device) >= (9, 0)
+
+
+def grouped_mm(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, grouped: bool) -> torch.Tensor:
+    """``[N, a] x [G, a, b] -> [N, b]``: rows ``counts[0]`` first go through ``weight[0]``, the next ``counts[1]``
+    through ``weight[1]``, ...; ``torch._grouped_mm`` when ``grouped`` and supported, else one matmul per group."""
+    if grouped and grouped_mm_supported(x, weight):
+        offsets = torch.cumsum(counts, dim=0).to(torch.int32)
+        return torch._grouped_mm(x, weight, offs=offsets)
+    parts = torch.split(x, counts.tolist())
+    return torch.cat([part @ weight[g] for g, part in enumerate(parts)])
+
+
+def local_dispatch(experts: GroupedExperts, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """No expert parallelism: every expert is local."""
+    return experts(x_sorted, counts)
+
+
+class SharedExpertMLP(nn.Module):
+    """The shared expert: a SwiGLU MLP of width ``moe_shared_expert_intermediate_size`` every token goes through."""
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, linear: Callable[..., nn.Linear]) -> None:
+        super().__init__()
+        h, f = config.hidden_size, config.moe_shared_expert_intermediate_size
+        self.gate_proj = linear(h, f, False, dtype=dtype)
+        self.up_proj = linear(h, f, False, dtype=dtype)
+        self.down_proj = linear(f, h, False, dtype=dtype, output_projection=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., hidden] -> [..., hidden]``."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoELayer(nn.Module):
+    """Router → routed experts (+ shared expert); replaces the MLP of MoE layers (module docstring)."""
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, linear: Callable[..., nn.Linear]) -> None:
+        super().__init__()
+        self.config = config
+        self.router = TopKRouter(config, dtype=dtype)
+        self.experts = GroupedExperts(config, dtype=dtype)
+        self.shared_experts: SharedExpertMLP | None = None
+        if config.moe_shared_expert_intermediate_size:
+            self.shared_experts = SharedExpertMLP(config, dtype=dtype, linear=linear)
+        self.dispatcher: Dispatcher = local_dispatch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[b, s, hidden] -> [b, s, hidden]``."""
+        b, s, h = x.shape
+        flat = x.reshape(b * s, h)
+        probs, idx, aux = self.router(x)
+        k = idx.shape[-1]
+        order = torch.argsort(idx.reshape(-1), stable=True)
+        token_of = order // k
+        counts = torch.bincount(idx.reshape(-1), minlength=self.experts.num_experts)
+        expert_out = self.dispatcher(self.experts, flat[token_of], counts)
+        weighted = expert_out.float() * probs.reshape(-1)[order].unsqueeze(-1)
+        out = torch.zeros(b * s, h, dtype=torch.float32, device=x.device).index_add(0, token_of, weighted)
+        out = out.to(x.dtype)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat).to(x.dtype)
+        out = out.view(b, s, h)
+        if aux is not None and self.training and torch.is_grad_enabled():
+            out = AuxLossScaler.apply(out, aux)
+        return out
+
+
+def moe_layers(module: nn.Module) -> list[tuple[int, MoELayer]]:
+    """``(layer index, MoELayer)`` of every MoE layer in ``module`` (several chunks: call per chunk)."""
+    found = []
+    for name, sub in module.named_modules():
+        if isinstance(sub, MoELayer):
+            idx = next((int(p) for p in reversed(name.split(".")) if p.isdigit()), len(found))
+            found.append((idx, sub))
+    return found
+
+
+@torch.no_grad()
+def update_expert_bias(router: TopKRouter, global_tokens_per_expert: torch.Tensor) -> None:
+    """Aux-loss-free balancing step: ``bias += rate * sign(mean load - load)`` (DeepSeek-V3, Megatron-core)."""
+    if router.expert_bias is None:
+        return
+    load = global_tokens_per_expert.to(torch.float32)
+    offset = load.mean() - load
+    router.expert_bias += torch.sign(offset) * router.config.moe_router_bias_update_rate
+
+
+__all__ = [
+    "AuxLossScaler",
+    "GroupedExperts",
+    "MoELayer",
+    "SharedExpertMLP",
+    "TopKRouter",
+    "grouped_mm",
+    "moe_layers",
+    "route",
+    "set_aux_loss_scale",
+    "switch_aux_loss",
+    "update_expert_bias",
+]

@@ -1,0 +1,49 @@
+"""Qwen3-MoE pretraining recipes: Qwen3-30B-A3B and Qwen3-235B-A22B (dimensions of the published models, the
+``moe_*`` settings of Megatron-Bridge's Qwen3-MoE bridge, and its recipes' parallel layouts where this library can
+express them)."""
+
+from typing import Any
+
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.recipes.base import apply_common_overrides, pretrain_common
+
+
+def qwen3_moe_model(num_layers: int, hidden: int, ffn: int, heads: int, moe_ffn: int, **layout: Any) -> ModelConfig:
+    """A Qwen3-MoE decoder: every layer MoE with 128 routed SwiGLU experts, top-8 routing with the softmax over the
+    selected logits (``norm_topk_prob``), switch aux loss 1e-3, no shared expert; head dim 128, 4 KV heads,
+    QK-norm, RoPE base 1e6, vocab 151936, seq 4096 (positions up to 40960), untied output layer."""
+    return ModelConfig(
+        num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+        num_query_groups=4, kv_channels=128, vocab_size=151936, seq_length=4096, max_position_embeddings=40960,
+        rotary_base=1_000_000.0,
+        normalization="RMSNorm", layernorm_epsilon=1e-6, activation="swiglu", qk_layernorm=True,
+        share_embeddings_and_output_weights=False, num_moe_experts=128, moe_ffn_hidden_size=moe_ffn,
+        moe_router_topk=8, moe_router_score_function="softmax", moe_router_pre_softmax=False,
+        moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-3, moe_grouped_gemm=True,
+        moe_token_dispatcher_type="alltoall", moe_permute_fusion=True, expert_tensor_parallel_size=1, **layout,
+    )
+
+
+def qwen3_30b_a3b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3-30B-A3B (48 layers, hidden 2048, 32 heads, 128 experts of width 768, top-8; 30.5B parameters, 3.3B
+    active); Megatron-Bridge's 16-GPU layout: TP1 PP1 CP1 EP16 (experts 8 per rank), 16 GPUs.
+
+    Megatron-Bridge's 8-GPU variant is TP4 PP2 EP4 with sequence parallelism: pass
+    ``tensor_model_parallel_size=4, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
+    sequence_parallel=True``.
+    """
+    model = qwen3_moe_model(48, 2048, 6144, 32, 768, expert_model_parallel_size=16)
+    return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def qwen3_235b_a22b_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3-235B-A22B (94 layers, hidden 4096, 64 heads, 128 experts of width 1536, top-8; 235B parameters, 22B
+    active); TP4 PP2 CP2 EP8 with sequence parallelism, 256 GPUs (DP 16).
+
+    Megatron-Bridge runs it with PP16 and its embedding/loss-aware uneven pipeline split (94 layers + 2 = 16 × 6);
+    this library splits layers evenly, and 94 = 2 × 47, hence PP2 (the other sizes as there).
+    """
+    model = qwen3_moe_model(94, 4096, 12288, 64, 1536, tensor_model_parallel_size=4, pipeline_model_parallel_size=2,
+                            context_parallel_size=2, expert_model_parallel_size=8, sequence_parallel=True)
+    return apply_common_overrides(pretrain_common(model), **overrides)

@@ -1,0 +1,149 @@
+"""pretrain() of the tiny MoE model with expert parallelism on gloo ranks against one process at EP=1.
+
+Every case trains the same 8 AdamW steps (fp32, top-2 of 8 experts, aux loss, z-loss, aux-loss-free expert bias,
+a shared expert, grouped matmuls) on the same global batches. The padded vocabulary is 512 in every case (so the TP
+case has the same embedding shape). Tolerances: per-step losses rtol 1e-5, final weights (expert biases included)
+atol 1e-5; observed differences come from float summation order only.
+
+* ``test_ep2_ddp_matches_ep1``: 2 ranks, DDP, EP=2 (4 experts per rank, expert-data-parallel size 1).
+* ``test_four_ranks_match_ep1``: 4 ranks, one launch, two layouts: FSDP2 with EP=2 × expert-data-parallel 2;
+  FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=2 over the data-parallel ranks.
+* ``test_checkpoint_ep2_to_ep1``: 2 ranks: steps 1-4 at EP=2 save a checkpoint; steps 5-8 load it at EP=1 (DDP over
+  2 ranks) and continue: losses and weights equal the uninterrupted reference.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.recipes import tiny_moe_pretrain_config
+from megatron_bridge.training.callbacks import Callback
+from megatron_bridge.training.pretrain import pretrain
+from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.training._common import assert_finite_decreasing, max_weight_diff
+
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
+
+LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
+STEPS = 8
+
+
+def moe_config(ep: int = 1, tp: int = 1, **overrides: Any) -> ConfigContainer:
+    """The tiny MoE recipe at seq 64, 8 steps of 8 samples, every MoE option on, no eval, no checkpoints."""
+    base = {"train_iters": STEPS, "global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
+            "eval_interval": None, "lr_warmup_iters": 2, "log_interval": 4, "expert_model_parallel_size": ep,
+            "tensor_model_parallel_size": tp, "sequence_parallel": tp > 1}
+    cfg = tiny_moe_pretrain_config(**{**base, **overrides})
+    m = cfg.model
+    m.num_layers, m.moe_layer_freq = 3, [0, 1, 1]  # a dense first layer, then MoE
+    m.moe_router_enable_expert_bias, m.moe_z_loss_coeff = True, 1e-3
+    m.moe_shared_expert_intermediate_size = 64
+    m.make_vocab_size_divisible_by = 256 // tp
+    m.expert_tensor_parallel_size = 1
+    cfg.checkpoint.save = cfg.checkpoint.load = None
+    cfg.validation.eval_interval = None
+    return cfg
+
+
+class GlobalWeights(Callback):
+    """Full weights at the end of training through the backend's (EP-independent) state dict, on every rank."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def on_train_end(self, ctx: Any) -> None:
+        state = ctx.backend.model_state_dict()["model"]
+        self.weights = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
+                        for k, v in state.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """One process, EP=1: losses and weights (computed once, in the launching process only)."""
+    if is_worker():
+        return None
+    weights = GlobalWeights()
+    result = pretrain(moe_config(), callbacks=[weights])
+    path = tmp_path_factory.mktemp("moe_reference") / "reference.pt"
+    torch.save({"losses": torch.tensor(result.losses, dtype=torch.float64), "weights": weights.weights}, path)
+    return path
+
+
+def _compare_losses(losses: list[float], label: str, first_step: int = 0) -> dict[str, Any]:
+    ref = torch.load(os.environ["MB_REFERENCE"], weights_only=True)
+    want = ref["losses"].tolist()[first_step : first_step + len(losses)]
+    assert len(losses) == len(want), (losses, want)
+    for got, exp in zip(losses, want, strict=True):
+        assert abs(got - exp) <= LOSS_RTOL * abs(exp), (label, losses, want)
+    return ref
+
+
+def _compare(losses: list[float], weights: dict[str, torch.Tensor], label: str, first_step: int = 0) -> None:
+    ref = _compare_losses(losses, label, first_step)
+    assert first_step + len(losses) == STEPS
+    diff = max_weight_diff(weights, ref["weights"])
+    assert diff <= WEIGHT_ATOL, f"{label}: max weight difference {diff} > {WEIGHT_ATOL}"
+    if int(os.environ["RANK"]) == 0:
+        print(f"[moe parity] {label}: max weight diff {diff:.3e}, losses {losses}")
+
+
+def _join_job() -> None:
+    """One process group for the whole test, created here (not by pretrain, which then reuses it and leaves it
+    alone): a test that calls pretrain() twice must not destroy and re-create the group on the same torchrun store,
+    which races (the second rendezvous can read the first one's keys)."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+def _run(cfg: ConfigContainer, label: str) -> None:
+    weights = GlobalWeights()
+    result = pretrain(cfg, callbacks=[weights])
+    assert result.final_step == STEPS
+    assert_finite_decreasing(result.losses)
+    _compare(result.losses, weights.weights, label)
+
+
+def test_ep2_ddp_matches_ep1(reference: Path | None) -> None:
+    if not is_worker():
+        launch(f"{__file__}::test_ep2_ddp_matches_ep1", nproc=2, env={"MB_REFERENCE": str(reference)})
+        return
+    _run(moe_config(ep=2), "EP=2, DDP")
+
+
+@pytest.mark.timeout(1000)
+def test_four_ranks_match_ep1(reference: Path | None) -> None:
+    """One launch of 4 ranks, two layouts in turn: EP=2 × EDP=2 with FSDP2, then TP=2 (SP) × DP=2 with EP=2.
+    About 2 minutes on an idle 2-core machine; the launch allows 15 (4 processes share 2 cores with other jobs)."""
+    if not is_worker():
+        launch(f"{__file__}::test_four_ranks_match_ep1", nproc=4, timeout=900, env={"MB_REFERENCE": str(reference)})
+        return
+    _join_job()
+    _run(moe_config(ep=2, use_torch_fsdp2=True), "EP=2 x EDP=2, FSDP2")
+    _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "EP=2 x TP=2 (SP), FSDP2")
+
+
+def test_checkpoint_ep2_to_ep1(reference: Path | None, tmp_path: Path) -> None:
+    if not is_worker():
+        launch(f"{__file__}::test_checkpoint_ep2_to_ep1", nproc=2,
+               env={"MB_REFERENCE": str(reference), "MB_CKPT_DIR": str(tmp_path / "ckpt")})
+        return
+    _join_job()
+    folder = os.environ["MB_CKPT_DIR"]
+    first = moe_config(ep=2)
+    first.checkpoint.save, first.checkpoint.save_interval, first.train.exit_interval = folder, 2, 4
+    result = pretrain(first)  # saves at steps 2 (training goes on) and 4
+    assert result.final_step == 4 and result.exit_reason == "exit_interval"
+    _compare_losses(result.losses, "EP=2, steps 1-4")
+    second = moe_config(ep=1)
+    second.checkpoint.load = second.checkpoint.save = folder
+    weights = GlobalWeights()
+    resumed = pretrain(second, callbacks=[weights])
+    assert resumed.steps == [5, 6, 7, 8]
+    _compare(resumed.losses, weights.weights, "EP=2 -> checkpoint -> EP=1", first_step=4)
