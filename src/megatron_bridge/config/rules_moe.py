@@ -139,8 +139,10 @@ def _dispatcher(cfg: "ConfigContainer", world_size: int) -> None:
              "parallelism: set it to 'alltoall'", "model.moe_token_dispatcher_type")
 
 
-@rule("moe_backend", ("model.num_moe_experts", "dist.use_megatron_fsdp"),
-      "MoE models train with DDP or FSDP2, not Megatron FSDP, in this version.")
+@rule("moe_backend", ("model.num_moe_experts", "dist.use_megatron_fsdp", "model.pipeline_model_parallel_size",
+                      "model.context_parallel_size"),
+      "MoE models train with DDP or FSDP2 (not Megatron FSDP), without pipeline or context parallelism, in this "
+      "version.")
 def _backend(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if m.num_moe_experts is None:
@@ -149,3 +151,9 @@ def _backend(cfg: "ConfigContainer", world_size: int) -> None:
         fail("model.num_moe_experts is set and dist.use_megatron_fsdp=True: Megatron FSDP does not shard the local "
              "engine's expert weights in this version; use DDP or dist.use_torch_fsdp2=True",
              "dist.use_megatron_fsdp", "model.num_moe_experts")
+    for path, size in (("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size),
+                       ("model.context_parallel_size", m.context_parallel_size)):
+        if size > 1:
+            fail(f"model.num_moe_experts is set and {path}={size}: MoE layers are not wired into pipeline stages or "
+                 "context-parallel attention in this version (per-stage expert statistics, per-sequence aux loss); "
+                 f"set {path}=1", path, "model.num_moe_experts")
