@@ -20,7 +20,7 @@ GPU, one tensor at a time; an output folder appears complete or not at all. Exam
 
 Every output loads as ``checkpoint.pretrained_checkpoint`` (HF folders are checked against cfg.model first).
 Bad input (missing files, truncated shards, mismatched shapes, unknown tensors or config keys, an unknown
-architecture or rope_type) exits with status 1 and a one-line error; no partial output is left behind.
+architecture or rope_type) exits with status 2 and a one-line error; no partial output is left behind.
 """
 
 import argparse
@@ -28,7 +28,6 @@ import sys
 
 from megatron_bridge.checkpoint.convert import TARGETS, convert_weights
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.utils.logging import setup_logging
 
 
@@ -65,16 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         options["source_path"] = args.hf_source
     if args.family:
         options["family"] = args.family
-    try:
-        model_config = ConfigContainer.from_yaml(args.config).model if args.config else None
-        hf_options = options if args.to in ("hf", "megatron") else {}
-        out = convert_weights(args.src, args.dst, args.to, step=args.step, model_config=model_config, **hf_options)
-    except MegatronBridgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    model_config = ConfigContainer.from_yaml(args.config).model if args.config else None
+    hf_options = options if args.to in ("hf", "megatron") else {}
+    out = convert_weights(args.src, args.dst, args.to, step=args.step, model_config=model_config, **hf_options)
     print(f"wrote {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_bridge.utils.cli import run_cli
+
+    sys.exit(run_cli(main))

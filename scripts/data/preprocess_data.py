@@ -15,7 +15,6 @@ import sys
 
 from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.preprocess import preprocess_jsonl
-from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.utils.logging import setup_logging
 
 
@@ -40,18 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TokenizerConfig(
         tokenizer_type=args.tokenizer_type, tokenizer_file=args.tokenizer_file, eod_token=args.eod_token
     )
-    try:
-        summary = preprocess_jsonl(
-            args.input,
-            args.output_prefix,
-            cfg,
-            json_keys=args.json_keys,
-            append_eod=args.append_eod,
-            workers=args.workers,
-        )
-    except MegatronBridgeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    summary = preprocess_jsonl(
+        args.input,
+        args.output_prefix,
+        cfg,
+        json_keys=args.json_keys,
+        append_eod=args.append_eod,
+        workers=args.workers,
+    )
     for key, prefix in summary.output_prefixes.items():
         print(f"{key}: {prefix}.bin / {prefix}.idx")
     print(f"docs={summary.documents} tokens={summary.tokens} seconds={summary.seconds:.2f}")
@@ -59,4 +54,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_bridge.utils.cli import run_cli
+
+    sys.exit(run_cli(main))

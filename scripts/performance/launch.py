@@ -63,4 +63,6 @@ def run(cfg, output_dir: str) -> int:  # noqa: ANN001
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_bridge.utils.cli import run_cli
+
+    sys.exit(run_cli(main))

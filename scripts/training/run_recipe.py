@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Train any recipe: ``python scripts/training/run_recipe.py --recipe tiny_llama [--nproc 2] [key=value ...]``.
 
-Precedence: recipe defaults < ``--config-file`` YAML < trailing ``key=value`` overrides. ``--corpus`` trains on the
+Precedence: recipe defaults < ``--config-file`` YAML < trailing ``key=value`` overrides. Errors: one line and exit
+code 2 for a user error (``--debug`` shows the traceback); see docs/troubleshooting.md. ``--corpus`` trains on the
 shipped text corpus (tokenized into ``--data-cache`` on first use). ``--dry-run`` prints the validated YAML and the
 per-rank memory/FLOPs estimate (against ``profiling.estimate_gpu``) as YAML comments, and exits.
 """
@@ -23,6 +24,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--corpus", action="store_true", help="train on the shipped text corpus (byte tokenizer)")
     p.add_argument("--data-cache", default="runs/data_cache", help="where the tokenized corpus is cached")
     p.add_argument("--dry-run", action="store_true", help="print the validated YAML and the memory estimate; exit")
+    p.add_argument("--debug", action="store_true", help="print tracebacks of errors (or MEGATRON_BRIDGE_DEBUG=1)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.train_iters=10")
     return p.parse_args(argv)
 
@@ -44,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_bridge.utils.launch import finish_worker, relaunch_with_torchrun, running_under_torchrun
 
     if args.nproc > 1 and not running_under_torchrun() and not args.dry_run:
-        if args.corpus:  # tokenize once before the ranks start
-            build_config(args)
+        build_config(args).validate(world_size=args.nproc)  # config errors once, before any rank starts
         return relaunch_with_torchrun(args.nproc, [os.path.abspath(__file__), *_without_nproc(sys.argv[1:])])
     cfg = build_config(args)
     if args.dry_run:
@@ -85,4 +86,6 @@ def _without_nproc(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_bridge.utils.cli import run_cli
+
+    sys.exit(run_cli(main))

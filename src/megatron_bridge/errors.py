@@ -38,6 +38,18 @@ class BridgeError(CheckpointError):
     value (e.g. an unknown rope_type), missing or unexpected weights, or a config that does not match the model."""
 
 
+class RunFolderLockedError(CheckpointError):
+    """Another live job holds the lock of the ``checkpoint.save`` folder."""
+
+
+class CheckpointOverwriteError(CheckpointError):
+    """Saving would overwrite checkpoints this run did not resume from (see ``checkpoint.overwrite``)."""
+
+
+class DiskFullError(CheckpointError):
+    """Not enough free space to write a checkpoint (the previous checkpoint stays intact)."""
+
+
 class DataError(MegatronBridgeError):
     """A dataset file is missing or malformed, or a data config does not fit the files."""
 

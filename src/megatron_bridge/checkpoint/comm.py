@@ -5,12 +5,13 @@ must not interleave with the training loop's collectives on the default group, a
 staging even when training uses NCCL.
 """
 
+import errno
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from megatron_bridge.errors import CheckpointError
+from megatron_bridge.errors import CheckpointError, CheckpointOverwriteError, DiskFullError, RunFolderLockedError
 
 
 T = TypeVar("T")
@@ -25,7 +26,9 @@ def new_checkpoint_group() -> dist.ProcessGroup | None:
     """A gloo group over all ranks (collective: every rank must call it at the same point); None without one."""
     if not is_distributed():
         return None
-    return dist.new_group(backend="gloo")
+    from megatron_bridge.distributed.failure import world_timeout
+
+    return dist.new_group(backend="gloo", timeout=world_timeout())
 
 
 def rank() -> int:
@@ -53,21 +56,29 @@ def broadcast_from_rank0(value: T, group: dist.ProcessGroup | None) -> T:
     return box[0]
 
 
+_ERRORS: dict[str, type[CheckpointError]] = {
+    cls.__name__: cls for cls in (CheckpointError, RunFolderLockedError, CheckpointOverwriteError, DiskFullError)
+}
+
+
 def run_on_rank0(fn: Callable[[], T], group: dist.ProcessGroup | None) -> T:
-    """Run ``fn`` on rank 0 and give its result to every rank; a CheckpointError or OSError it raises is raised on
-    every rank as a CheckpointError (so no rank waits forever for a failed rank 0)."""
+    """Run ``fn`` on rank 0 and give its result to every rank; a CheckpointError (of any subclass) or OSError it
+    raises is raised on every rank, as the same CheckpointError class (an OSError as a CheckpointError, or a
+    DiskFullError for "no space left"), so no rank waits forever for a failed rank 0."""
     result: Any = None
-    error: str | None = None
+    error: tuple[str, str] | None = None
     if rank() == 0:
         try:
             result = fn()
         except CheckpointError as exc:
-            error = str(exc)
+            error = (type(exc).__name__, str(exc))
         except OSError as exc:
-            error = f"checkpoint file operation failed: {exc}"
+            error = ("CheckpointError", f"checkpoint file operation failed: {exc}")
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                error = ("DiskFullError", f"no space left on the device while writing a checkpoint: {exc}")
     result, error = broadcast_from_rank0((result, error), group)
     if error is not None:
-        raise CheckpointError(error)
+        raise _ERRORS.get(error[0], CheckpointError)(error[1])
     return result
 
 

@@ -282,6 +282,11 @@ def keep_most_recent(root: str | Path, k: int, protect: int | None = None) -> li
     return doomed
 
 
+def is_stale_folder(path: str | Path) -> bool:
+    """True for a ``.tmp-<id>`` or ``.trash-<id>`` folder of an interrupted save."""
+    return Path(path).is_dir() and _STALE_RE.match(Path(path).name) is not None
+
+
 def remove_stale_folders(root: str | Path) -> list[str]:
     """Remove ``.tmp-<id>`` and ``.trash-<id>`` folders left by interrupted saves. Returns their names."""
     root = Path(root)

@@ -117,12 +117,36 @@ def inspect_folder(folder: Path, weights_only: bool) -> LoadSource:
                       bool(manifest.get("has_optimizer")), manifest.get("world_size"))
 
 
+def check_load_root(path_str: str) -> None:
+    """A ``checkpoint.load`` path that exists must be a checkpoint folder: a file, or a folder with other content
+    and no checkpoint, is an error (not "starting fresh"). A missing or empty folder starts fresh."""
+    path = Path(path_str)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint.load={path_str!r} is a file, not a checkpoint folder: to start from a weights file use "
+            "checkpoint.pretrained_checkpoint"
+        )
+    ignorable = {"run.lock"}
+    other = sorted(p.name for p in path.iterdir() if p.name not in ignorable and not layout.is_stale_folder(p))
+    if other:
+        hint = (" (a Hugging Face folder: use checkpoint.pretrained_checkpoint)" if convert.is_hf_folder(path)
+                else "")
+        raise CheckpointError(
+            f"checkpoint.load={path_str!r} holds no checkpoint (no tracker file, no committed iter_* folder) but is "
+            f"not empty: {other[:_MAX_NAMED]}{hint}. Point checkpoint.load at a checkpoint folder, or at a missing "
+            "or empty folder to start fresh"
+        )
+
+
 def resolve_source(ckpt_cfg: CheckpointConfig) -> LoadSource | None:
     """Decide what ``cfg.checkpoint`` asks to load (run on rank 0). None means start fresh."""
     if ckpt_cfg.load:
         folder = resolve_folder(ckpt_cfg.load, ckpt_cfg.ckpt_step)
         if folder is not None:
             return inspect_folder(folder, weights_only=ckpt_cfg.finetune)
+        check_load_root(ckpt_cfg.load)
     if ckpt_cfg.pretrained_checkpoint:
         return resolve_pretrained(ckpt_cfg.pretrained_checkpoint)
     if ckpt_cfg.load and ckpt_cfg.exit_on_missing_checkpoint:

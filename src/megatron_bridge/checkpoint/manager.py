@@ -5,6 +5,7 @@ The loop calls :meth:`~CheckpointManager.load` once at setup, :meth:`~Checkpoint
 saves) and :meth:`~CheckpointManager.close` at exit (waits for pending saves). Every rank calls every method.
 """
 
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from megatron_bridge.checkpoint import comm, layout
+from megatron_bridge.checkpoint import comm, layout, run_folder
 from megatron_bridge.checkpoint import load as loading
 from megatron_bridge.checkpoint import save as saving
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.checkpoint.rng import load_rng_file
-from megatron_bridge.errors import CheckpointError
+from megatron_bridge.errors import CheckpointError, DiskFullError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
@@ -70,6 +71,10 @@ class CheckpointManager:
         self._committer: ThreadPoolExecutor | None = None
         self._last_saved: tuple[Path, int] | None = None
         """(folder, step) of the newest checkpoint this run loaded or saved; saving it again is skipped."""
+        self._locked = False
+        """This process (rank 0) holds the lock of ``checkpoint.save`` (see run_folder.py)."""
+        self._overwrite_checked = False
+        """The save folder was checked for checkpoints this run did not resume from."""
 
     # ------------------------------------------------------------------------------------------------- load
     def load(self) -> bool:
@@ -79,10 +84,12 @@ class CheckpointManager:
             CheckpointError: the checkpoint is missing (with exit_on_missing_checkpoint), incomplete, corrupt, or
                 its model shapes differ from the model's.
         """
+        self._lock_save_folder()
         source = comm.run_on_rank0(lambda: loading.resolve_source(self.ckpt), self.group)
         if source is None:
             if self.ckpt.load:
                 log_rank_0(logger, "no checkpoint in checkpoint.load=%s: starting fresh", self.ckpt.load)
+            self._check_overwrite(None)
             return False
         start = time.perf_counter()
         load_optim = self.ckpt.load_optim and not source.weights_only and source.has_optimizer
@@ -102,6 +109,9 @@ class CheckpointManager:
         comm.barrier(self.group)
         if not source.weights_only:
             self._last_saved = (Path(source.path).resolve().parent, source.step)
+        from_save_folder = bool(self.ckpt.save) and self._last_saved is not None and (
+            self._last_saved[0] == Path(self.ckpt.save).resolve())
+        self._check_overwrite(source.step if from_save_folder else None)
         log_rank_0(
             logger, "loaded %s %s (step %d, %s) in %.2fs", "weights of" if source.weights_only else "checkpoint",
             source.path, self.train_state.step, source.kind, time.perf_counter() - start,
@@ -141,12 +151,27 @@ class CheckpointManager:
         if not self.ckpt.save:
             return
         self.wait()
+        self._lock_save_folder()
+        self._check_overwrite(None)
         step = self.train_state.step
         if self._last_saved == (Path(self.ckpt.save).resolve(), step):
             log_rank_0(logger, "checkpoint of step %d already exists in %s: not saving again", step, self.ckpt.save)
             return
         start = time.perf_counter()
+        needed = comm.run_on_rank0(self._check_disk_space, self.group)
         job = self._new_job(step)
+        try:
+            self._write(job, start)
+        except DCP_ERRORS as exc:
+            if not run_folder.find_enospc(exc):
+                raise
+            if self.rank == 0:  # free what the failed save wrote; the previous checkpoint is untouched
+                shutil.rmtree(job.tmp, ignore_errors=True)
+            raise DiskFullError(run_folder.disk_full_message(self.ckpt.save, needed, _free_bytes(job.root))) from exc
+        self._last_saved = (Path(self.ckpt.save).resolve(), step)
+
+    def _write(self, job: saving.SaveJob, start: float) -> None:
+        step = job.step
         saving.write_rank_files(job.tmp, self.rank, self.world_size, self.ckpt.save_rng)
         layout.fault_point("rank_files_written")
         state = saving.collect_state(self.backend, self.optimizer, self.scheduler, self.ckpt.save_optim)
@@ -159,7 +184,45 @@ class CheckpointManager:
             self._write_sync(state, job)
             log_rank_0(logger, "saved checkpoint of step %d to %s in %.2fs", step, job.final,
                        time.perf_counter() - start)
-        self._last_saved = (Path(self.ckpt.save).resolve(), step)
+
+    # ------------------------------------------------------------------------------------------ run folder
+    def _lock_save_folder(self) -> None:
+        """Lock ``checkpoint.save`` (rank 0) and remove interrupted saves' folders, once, before loading or saving."""
+        if not self.ckpt.save or self._locked:
+            return
+        root = self.ckpt.save
+
+        def lock_and_clean() -> None:
+            run_folder.acquire_lock(root)
+            run_folder.clean_interrupted_saves(root)
+
+        comm.run_on_rank0(lock_and_clean, self.group)
+        self._locked = True
+
+    def _check_overwrite(self, resumed_step: int | None) -> None:
+        """Refuse checkpoints in ``checkpoint.save`` this run did not resume from (once; see run_folder.py)."""
+        if not self.ckpt.save or self._overwrite_checked:
+            return
+        root, overwrite = self.ckpt.save, self.ckpt.overwrite
+        comm.run_on_rank0(lambda: run_folder.check_overwrite(root, resumed_step, overwrite), self.group)
+        self._overwrite_checked = True
+
+    def _check_disk_space(self) -> int:
+        """Rank 0: expected bytes of a save (the newest checkpoint's size, else an estimate from the parameters);
+        DiskFullError when the file system has less free."""
+        needed = run_folder.committed_size(self.ckpt.save)
+        if needed is None:
+            params = list(self.backend.parameters())
+            needed = sum(p.numel() * p.element_size() for p in params)
+            if self.ckpt.save_optim:  # Adam's two fp32 moments
+                needed += 8 * sum(p.numel() for p in params)
+        run_folder.check_free_space(self.ckpt.save, needed)
+        return needed
+
+    def _release_lock(self) -> None:
+        if self._locked and self.rank == 0:
+            run_folder.release_lock(self.ckpt.save)
+        self._locked = False
 
     def _new_job(self, step: int) -> saving.SaveJob:
         root = Path(self.ckpt.save)
@@ -223,10 +286,22 @@ class CheckpointManager:
         except CheckpointError:
             raise
         except DCP_ERRORS as exc:
+            if run_folder.find_enospc(exc):
+                raise DiskFullError(run_folder.disk_full_message(self.ckpt.save, None, _free_bytes(self.ckpt.save))
+                                    ) from exc
             msg = dcp_error_message(exc)
             raise CheckpointError(f"async checkpoint save of step {pending.step} failed: {msg}") from exc
         log_rank_0(logger, "async checkpoint of step %d committed (%.2fs after it started)", pending.step,
                    time.perf_counter() - pending.started)
+
+    def abandon(self) -> None:
+        """After a failure: drop a pending async save without waiting for it (its ``.tmp`` folder is removed at the
+        next start-up; the previous checkpoint stays the latest). Never enters a collective."""
+        self._pending = None
+        if self._committer is not None:
+            self._committer.shutdown(wait=False, cancel_futures=True)
+            self._committer = None
+        self._release_lock()
 
     def close(self) -> None:
         """Wait for pending saves and release the background thread (call at exit, on every rank)."""
@@ -236,3 +311,11 @@ class CheckpointManager:
             if self._committer is not None:
                 self._committer.shutdown(wait=True)
                 self._committer = None
+            self._release_lock()
+
+
+def _free_bytes(path: str | Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None

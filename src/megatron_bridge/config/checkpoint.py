@@ -39,3 +39,7 @@ class CheckpointConfig:
     """Load this step instead of the latest one."""
     exit_on_missing_checkpoint: bool = False
     """Fail instead of starting fresh when `load` is set but holds no checkpoint."""
+    overwrite: bool = False
+    """Allow saving into a `save` folder that holds checkpoints this run did not resume from (another run's, or
+    steps after the resumed one): they are deleted before training, with a warning. False makes that a named error.
+    Not a Megatron-Bridge field."""

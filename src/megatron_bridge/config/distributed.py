@@ -21,7 +21,10 @@ class DistributedInitConfig:
     distributed_backend: Literal["nccl", "gloo"] | None = None
     """Process-group backend; None picks nccl when CUDA is available and gloo otherwise."""
     distributed_timeout_minutes: int = 10
-    """Timeout of collectives, in minutes."""
+    """Timeout of collectives, in minutes: a collective that waits longer for another rank fails the job."""
+    distributed_timeout_seconds: int | None = None
+    """Timeout of collectives in seconds; overrides distributed_timeout_minutes when set (short timeouts in tests,
+    fast failure of hung jobs). Not a Megatron-Bridge field."""
     use_megatron_fsdp: bool = False
     """Wrap the model with Megatron FSDP (the megatron-fsdp package). Cannot be used together with use_torch_fsdp2."""
     use_torch_fsdp2: bool = False

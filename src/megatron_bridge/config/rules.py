@@ -137,6 +137,7 @@ _POSITIVE_OR_NONE_FIELDS = (
     "scheduler.lr_decay_iters",
     "ddp.bucket_size",
     "ddp.bucket_cap_mb",
+    "dist.distributed_timeout_seconds",
 )
 
 

@@ -13,13 +13,13 @@
 
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from megatron_bridge.distributed.failure import collective_timeout
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
@@ -86,7 +86,8 @@ def initialize_distributed(cfg: "ConfigContainer") -> DistEnv:
     """Create (or reuse) the default process group and return this rank's :class:`DistEnv`.
 
     Backend from ``cfg.dist.distributed_backend`` (None: nccl when CUDA is available, else gloo); collective
-    timeout from ``cfg.dist.distributed_timeout_minutes``. With NCCL, ``torch.cuda.set_device(local_rank)``.
+    timeout from ``cfg.dist.distributed_timeout_seconds`` or ``distributed_timeout_minutes``. With NCCL,
+    ``torch.cuda.set_device(local_rank)``.
     Idempotent: an existing default group is reused as it is (its backend wins).
 
     Raises:
@@ -101,7 +102,7 @@ def initialize_distributed(cfg: "ConfigContainer") -> DistEnv:
 
     backend = resolve_backend(cfg.dist.distributed_backend)
     device = _device_for(backend, local_rank)
-    timeout = timedelta(minutes=cfg.dist.distributed_timeout_minutes)
+    timeout = collective_timeout(cfg)
     if _launched_by_torchrun():
         dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
     else:

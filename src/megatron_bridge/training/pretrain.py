@@ -145,6 +145,12 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
     state = TrainState()
     checkpoint = _checkpoint_manager(cfg, backend, optimizer, scheduler, state)
     loaded = checkpoint.load() if checkpoint is not None else False
+    if loaded and state.step > cfg.train_iters:
+        raise ConfigValidationError(
+            f"the checkpoint loaded from checkpoint.load={cfg.checkpoint.load!r} is at step {state.step}, beyond "
+            f"train.train_iters={cfg.train_iters}: set train.train_iters >= {state.step} to train on from it, or "
+            "load an earlier step with checkpoint.ckpt_step", ("train.train_iters", "checkpoint.load"),
+        )
     dp_size = cfg.data_parallel_size(env.world_size)
     dp_rank = data_parallel_rank(cfg, env.rank, env.world_size)  # TP and CP ranks of one group read the same samples
     cp_rank = context_parallel_rank(cfg, env.rank)  # ... and CP ranks keep their zig-zag slice
@@ -196,12 +202,15 @@ def pretrain(
     Works in a plain process (a 1-rank group is created) and under ``torchrun`` (gloo on CPU, nccl on CUDA unless
     ``dist.distributed_backend`` says otherwise). Process groups this call created are destroyed on return.
     """
+    from megatron_bridge.distributed.failure import abort_distributed, annotate_failure
     from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
+    from megatron_bridge.utils.process import watch_parent
 
     setup_logging(cfg.logger.logging_level)
     cfg.validate()
     _check_forward_step(cfg, forward_step_func)
     env = initialize_distributed(cfg)
+    watch_parent()  # under a launcher (torchrun): exit when it dies instead of training on as an orphan
     ctx: TrainingContext | None = None
     try:
         if cfg.logger.save_config_filepath and env.rank == 0:
@@ -211,12 +220,34 @@ def pretrain(
         log_rank_0(logger, "training %.2fM parameters for %d steps on %d rank(s) with %s (%d micro-batches/step)",
                    n_params / 1e6, cfg.train_iters, env.world_size, ctx.backend.name,
                    cfg.num_microbatches(env.world_size))
-        return run_training(ctx, forward_step_func)
-    finally:
-        if ctx is not None:
-            if ctx.checkpoint is not None:
-                ctx.checkpoint.close()
-            ctx.profiler.close()
-            ctx.metrics.close()
-            ctx.exits.close()
+        result = run_training(ctx, forward_step_func)
+    except BaseException as exc:
+        # Fail fast: no barrier, no wait for pending saves; aborting the groups makes the peers' collectives fail
+        # at once instead of after the collective timeout.
+        annotate_failure(exc, env.rank, env.world_size)
+        abort_distributed()
+        try:
+            _close(ctx, failed=True)
+        except Exception as close_exc:  # the original error is the one to show, not the teardown's
+            logger.debug("teardown after a failure raised %r", close_exc)
         destroy_distributed()
+        raise
+    _close(ctx, failed=False)
+    destroy_distributed()
+    return result
+
+
+def _close(ctx: TrainingContext | None, failed: bool) -> None:
+    """Release what ``setup`` opened; after a failure, pending checkpoint saves are abandoned, not awaited."""
+    if ctx is None:
+        return
+    try:
+        if ctx.checkpoint is not None:
+            if failed:
+                ctx.checkpoint.abandon()
+            else:
+                ctx.checkpoint.close()
+    finally:
+        ctx.profiler.close()
+        ctx.metrics.close()
+        ctx.exits.close()

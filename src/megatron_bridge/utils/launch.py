@@ -2,7 +2,6 @@
 
 import os
 import socket
-import subprocess
 import sys
 
 
@@ -23,8 +22,14 @@ def relaunch_with_torchrun(nproc: int, argv: list[str] | None = None, threads_pe
 
     Each launch uses its own free port (two jobs on one machine do not collide). On machines without CUDA,
     ``OMP_NUM_THREADS`` defaults to cores // nproc (at least 1) so ranks do not oversubscribe the CPU.
+
+    No orphans: torchrun (through :mod:`megatron_bridge.utils.torchrun`, which returns the workers' exit code) runs
+    in its own process group and gets SIGTERM from the kernel if this process dies; SIGINT/SIGTERM/SIGHUP sent to
+    this process are forwarded to it (:func:`megatron_bridge.utils.process.run_job`), and it stops the workers.
     """
     import torch
+
+    from megatron_bridge.utils.process import run_job
 
     args = argv if argv is not None else sys.argv
     env = dict(os.environ)
@@ -33,19 +38,14 @@ def relaunch_with_torchrun(nproc: int, argv: list[str] | None = None, threads_pe
     if threads_per_rank is not None:
         env.setdefault("OMP_NUM_THREADS", str(threads_per_rank))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+    cmd = [sys.executable, "-m", "megatron_bridge.utils.torchrun", f"--nproc_per_node={nproc}",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
-    return subprocess.call(cmd, env=env)
+    return run_job(cmd, env=env)
 
 
 def finish_worker(code: int = 0) -> int:
     """End a torchrun worker with ``os._exit`` after flushing (torch 2.13's gloo can abort a rank during interpreter
     teardown, after all work is done); outside torchrun, just return ``code``."""
-    if not running_under_torchrun():
-        return code
-    import logging
+    from megatron_bridge.utils.cli import finish
 
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return finish(code)

@@ -17,6 +17,7 @@ from megatron_bridge.checkpoint.convert import (
     write_hf_folder,
 )
 from megatron_bridge.errors import CheckpointError
+from megatron_bridge.utils.cli import EXIT_USER_ERROR, run_cli
 from tests.unit_tests.checkpoint.toy import VOCAB, build_run, full_weights, tiny_cfg, train
 
 
@@ -102,7 +103,7 @@ def test_hf_export_of_a_weights_file_needs_the_config(trained, tmp_path):
 
 
 def test_cli(tmp_path):
-    """The script end to end: checkpoint → HF folder → torch file; errors exit 1 with a message."""
+    """The script end to end: checkpoint → HF folder → torch file; errors exit 2 with a message."""
     root = tmp_path / "ckpt"
     run = build_run(tiny_cfg(save=str(root)))
     run.manager.save()
@@ -120,4 +121,4 @@ def test_cli(tmp_path):
     assert cli.main([str(tmp_path / "hf"), str(from_hf), "--to", "torch"]) == 0
     back = torch.load(from_hf, weights_only=True)["model"]
     assert torch.equal(back["embed_tokens.weight"], weights["embed_tokens.weight"][:VOCAB])
-    assert cli.main([str(tmp_path / "nothing"), str(from_hf), "--to", "torch"]) == 1
+    assert run_cli(cli.main, [str(tmp_path / "nothing"), str(from_hf), "--to", "torch"]) == EXIT_USER_ERROR

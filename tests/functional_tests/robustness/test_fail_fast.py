@@ -1,0 +1,51 @@
+"""Fail fast: an error (or a hang) on one rank ends the whole 2-rank job within seconds, the first error shown once.
+
+The job runs ``worker.py`` under ``python -m megatron_bridge.utils.torchrun`` (what ``run_recipe.py --nproc 2``
+uses), with ``dist.distributed_timeout_seconds=5``.
+"""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.functional_tests.launcher import REPO_ROOT, free_port
+
+
+WORKER = Path(__file__).with_name("worker.py")
+LIMIT_S = 30
+
+
+def run_job(mode: str, timeout: float = 120) -> tuple[int, str, float]:
+    """(exit code, output, seconds) of a 2-rank worker job in ``mode``."""
+    cmd = [sys.executable, "-m", "megatron_bridge.utils.torchrun", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(WORKER)]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MB_FAIL_MODE": mode}
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+def test_exception_on_one_rank_ends_the_job_fast():
+    code, out, seconds = run_job("raise")
+    assert seconds < LIMIT_S, f"took {seconds:.1f}s\n{out[-4000:]}"
+    assert code == 1, out[-4000:]  # a crash: the worker's traceback, torchrun's exit code is the worker's
+    assert out.count("boom-on-rank-1") == 1, out[-4000:]  # the original error, once
+    assert "raised on rank 1 of 2" in out, out[-4000:]
+    assert "ChildFailedError" not in out, out[-4000:]
+
+
+def test_user_error_on_one_rank_is_one_line_and_exit_code_2():
+    code, out, seconds = run_job("user_error")
+    assert seconds < LIMIT_S, f"took {seconds:.1f}s\n{out[-4000:]}"
+    assert code == 2, out[-4000:]
+    assert out.count("bad-sample-on-rank-1") == 1, out[-4000:]
+    assert "error (rank 1): bad-sample-on-rank-1" in out, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+
+
+def test_hung_rank_is_bounded_by_the_collective_timeout():
+    code, out, seconds = run_job("hang")
+    assert seconds < LIMIT_S + 10, f"took {seconds:.1f}s\n{out[-4000:]}"
+    assert code == 3, out[-4000:]  # rank 0 stopped: its collective with the hung rank timed out
+    assert "another rank failed" in out, out[-4000:]
