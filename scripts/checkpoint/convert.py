@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="config.json RoPE format: transformers >= 5 (rope_parameters) or 4.x (rope_scaling); "
                         "default: the source's, else rope_parameters")
     p.add_argument("--family", default=None, help="HF model family of an export (default: detected), e.g. llama")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output (file or folder)")
     return p.parse_args(argv)
 
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.family:
         options["family"] = args.family
     model_config = ConfigContainer.from_yaml(args.config).model if args.config else None
-    hf_options = options if args.to in ("hf", "megatron") else {}
+    hf_options = options if args.to in ("hf", "megatron") else {"overwrite": args.overwrite}
     out = convert_weights(args.src, args.dst, args.to, step=args.step, model_config=model_config, **hf_options)
     print(f"wrote {out}")
     return 0

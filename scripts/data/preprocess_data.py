@@ -29,6 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json-keys", nargs="+", default=["text"], help="keys whose strings are tokenized")
     p.add_argument("--append-eod", action="store_true", help="append the end-of-document token to every document")
     p.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing dataset at the output prefix (the new one is renamed in when complete)")
     return p.parse_args(argv)
 
 
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         json_keys=args.json_keys,
         append_eod=args.append_eod,
         workers=args.workers,
+        overwrite=args.overwrite,
     )
     for key, prefix in summary.output_prefixes.items():
         print(f"{key}: {prefix}.bin / {prefix}.idx")

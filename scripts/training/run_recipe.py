@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_bridge.utils.launch import finish_worker, relaunch_with_torchrun, running_under_torchrun
 
     if args.nproc > 1 and not running_under_torchrun() and not args.dry_run:
+        import logging
+
+        logging.getLogger("megatron_bridge").setLevel(logging.ERROR)  # the ranks log the adjustments themselves
         build_config(args).validate(world_size=args.nproc)  # config errors once, before any rank starts
         return relaunch_with_torchrun(args.nproc, [os.path.abspath(__file__), *_without_nproc(sys.argv[1:])])
     cfg = build_config(args)

@@ -168,6 +168,19 @@ def write_torch_weights(weights: dict[str, torch.Tensor], path: str | Path) -> P
     return path
 
 
+def write_torch_output(weights: dict[str, torch.Tensor], dst: str | Path, overwrite: bool) -> Path:
+    """:func:`write_torch_weights` to a temporary file renamed to ``dst`` when complete (an error leaves ``dst`` as
+    it was); an existing ``dst`` needs ``overwrite`` (CheckpointError otherwise)."""
+    from megatron_bridge.utils.atomic import atomic_output
+
+    if Path(dst).exists() and not overwrite:
+        raise CheckpointError(f"output {str(dst)!r} already exists: pass --overwrite (overwrite=True) to replace it, "
+                              "or choose another output path")
+    with atomic_output(dst) as tmp:
+        write_torch_weights(weights, tmp)
+    return Path(dst)
+
+
 def convert_weights(src: str | Path, dst: str | Path, to: str, *, step: int | None = None,
                     model_config: ModelConfig | None = None, **hf_options: Any) -> Path:
     """Convert ``src`` (any source :func:`read_model_weights` accepts) to ``to`` = "torch" (a file), "hf" (a
@@ -178,7 +191,7 @@ def convert_weights(src: str | Path, dst: str | Path, to: str, *, step: int | No
 
     src_path = Path(src)
     if to == "torch":
-        return write_torch_weights(read_model_weights(src, step=step), dst)
+        return write_torch_output(read_model_weights(src, step=step), dst, bool(hf_options.get("overwrite")))
     if to == "megatron":
         if not is_hf_folder(src_path):
             raise CheckpointError(f"--to megatron converts a Hugging Face folder; {str(src)!r} is not one")

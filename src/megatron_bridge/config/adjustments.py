@@ -55,6 +55,36 @@ def _set(cfg: "ConfigContainer", path: str, value: object, reason: str, level: i
         logger.log(level, "config: set %s=%r (was %r): %s", path, value, old, reason)
 
 
+PRESET_FIELDS: tuple[tuple[str, str], ...] = (
+    ("model.params_dtype", "params_dtype"),
+    ("optimizer.bf16", "bf16"),
+    ("optimizer.fp16", "fp16"),
+    ("optimizer.loss_scale", "loss_scale"),
+    ("optimizer.initial_loss_scale", "initial_loss_scale"),
+    ("ddp.grad_reduce_in_fp32", "grad_reduce_in_fp32"),
+)
+"""Config paths the mixed-precision preset sets, and the MixedPrecisionConfig field each one is copied from."""
+
+
+def preset_conflicts(cfg: "ConfigContainer", paths: set[str]) -> list[str]:
+    """Which of ``paths`` (set explicitly, e.g. on the command line) hold a value the ``mixed_precision`` preset
+    would replace at ``finalize()``; one description per conflict."""
+    if cfg.mixed_precision is None:
+        return []
+    mp = cfg.mixed_precision
+    preset = get_mixed_precision_preset(mp) if isinstance(mp, str) else mp
+    name = repr(mp) if isinstance(mp, str) else "(a mapping)"
+    out = []
+    for path, attr in PRESET_FIELDS:
+        if path not in paths:
+            continue
+        section, leaf = path.split(".")
+        value, wanted = getattr(getattr(cfg, section), leaf), getattr(preset, attr)
+        if value != wanted:
+            out.append(f"{path}={value!r} would be replaced by mixed_precision={name}, which sets {wanted!r}")
+    return out
+
+
 @_adjustment(
     "mixed_precision_preset",
     "A `mixed_precision` preset name is resolved to a MixedPrecisionConfig and its fields are copied to "
@@ -67,11 +97,8 @@ def _apply_mixed_precision(cfg: "ConfigContainer") -> None:
         cfg.mixed_precision = get_mixed_precision_preset(cfg.mixed_precision)
     mp: MixedPrecisionConfig = cfg.mixed_precision
     reason = "copied from the mixed_precision preset"
-    for path, value in (("model.params_dtype", mp.params_dtype), ("optimizer.bf16", mp.bf16),
-                        ("optimizer.fp16", mp.fp16), ("optimizer.loss_scale", mp.loss_scale),
-                        ("optimizer.initial_loss_scale", mp.initial_loss_scale),
-                        ("ddp.grad_reduce_in_fp32", mp.grad_reduce_in_fp32)):
-        _set(cfg, path, value, reason, level=logging.INFO)
+    for path, attr in PRESET_FIELDS:
+        _set(cfg, path, getattr(mp, attr), reason, level=logging.INFO)
 
 
 @_adjustment(

@@ -143,6 +143,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigOverrideError(f"'{path}' must be a list (got {value!r})")
         (item_tp,) = typing.get_args(tp) or (Any,)
+        if item_tp is str:  # YAML and `a=[0.7,x]` overrides parse a blend's weights as numbers
+            value = [_number_as_str(v) for v in value]
         return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
@@ -150,6 +152,14 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         key_tp, val_tp = typing.get_args(tp) or (Any, Any)
         return {_coerce(k, key_tp, f"{path}.{k}"): _coerce(v, val_tp, f"{path}.{k}") for k, v in value.items()}
     return _coerce_scalar(value, tp, path)
+
+
+def _number_as_str(value: Any) -> Any:
+    """A number inside a list of strings as its text (``dataset.data_path=[0.7,a,0.3,b]``: the documented blend
+    syntax); anything else unchanged."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value) if isinstance(value, float) else str(value)
+    return value
 
 
 def _coerce_scalar(value: Any, tp: Any, path: str) -> Any:
@@ -201,10 +211,36 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_overrides(cfg: T, yaml_path: str | Path | None, overrides: list[str]) -> T:
-    """A new config built from ``cfg`` < the YAML file < the ``key=value`` overrides."""
+    """A new config built from ``cfg`` < the YAML file < the ``key=value`` overrides.
+
+    A ``key=value`` override of a field the ``mixed_precision`` preset sets (``optimizer.bf16``, ...) to another
+    value than the preset's is a ConfigOverrideError: ``finalize()`` would silently replace it.
+    """
     data = to_dict(cfg)
     if yaml_path is not None:
         data = merge(data, _load_yaml_mapping(yaml_path))
-    if overrides:
-        data = merge(data, parse_overrides(overrides))
-    return from_dict(type(cfg), data)
+    cli = parse_overrides(overrides) if overrides else {}
+    data = merge(data, cli)
+    out = from_dict(type(cfg), data)
+    if cli and hasattr(out, "mixed_precision"):
+        _check_preset_overrides(out, cli)
+    return out
+
+
+def _flat_keys(data: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        keys |= _flat_keys(value, f"{path}.") if isinstance(value, dict) else {path}
+    return keys
+
+
+def _check_preset_overrides(cfg: Any, cli: dict[str, Any]) -> None:
+    from megatron_bridge.config.adjustments import preset_conflicts
+
+    conflicts = preset_conflicts(cfg, _flat_keys(cli))
+    if conflicts:
+        raise ConfigOverrideError(
+            "; ".join(conflicts) + ". Set mixed_precision=null to choose these fields yourself, or pick the preset "
+            "that sets them (bf16_mixed, fp16_mixed, fp32)"
+        )

@@ -2,6 +2,7 @@
 
 import json
 import multiprocessing
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.indexed import IndexedDatasetBuilder, bin_path_of, idx_path_of, optimal_dtype
 from megatron_bridge.data.tokenizers import Tokenizer, build_tokenizer
 from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.utils.atomic import remove_path, temporary_sibling
 from megatron_bridge.utils.logging import get_logger
 
 
@@ -75,8 +77,29 @@ def _worker_encode(args: tuple[str, int, str, tuple[str, ...], bool]) -> dict[st
 
 
 def _read_lines(path: str) -> Iterator[tuple[int, str]]:
-    with open(path, encoding="utf-8") as f:
-        yield from enumerate(f, start=1)
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start} of the line: "
+                                f"{raw[max(0, e.start - 8):e.start + 8]!r}); convert the file to UTF-8") from None
+
+
+def _check_outputs(prefixes: dict[str, str], overwrite: bool) -> None:
+    existing = [p for prefix in prefixes.values() for p in (bin_path_of(prefix), idx_path_of(prefix))
+                if Path(p).exists()]
+    if existing and not overwrite:
+        raise DataError(f"output {existing[0]!r} already exists: pass --overwrite (overwrite=True) to replace the "
+                        "dataset, or choose another --output-prefix")
+
+
+def _publish(prefixes: dict[str, str], tmp: dict[str, tuple[str, str]]) -> None:
+    """Rename every complete temporary ``.bin``/``.idx`` pair into place (the ``.idx`` last)."""
+    for key, prefix in prefixes.items():
+        tmp_bin, tmp_idx = tmp[key]
+        os.replace(tmp_bin, bin_path_of(prefix))
+        os.replace(tmp_idx, idx_path_of(prefix))
 
 
 def preprocess_jsonl(
@@ -87,6 +110,7 @@ def preprocess_jsonl(
     json_keys: Sequence[str] = ("text",),
     append_eod: bool = False,
     workers: int = 1,
+    overwrite: bool = False,
 ) -> PreprocessSummary:
     """Tokenize every line of a JSONL file (one document per line) into one indexed dataset per json key.
 
@@ -98,9 +122,14 @@ def preprocess_jsonl(
         append_eod: append the eod token to every non-empty document (needed so that GPT samples, which span
             documents, see where a document ends).
         workers: tokenizer processes (1 tokenizes in this process); the output order is the input order.
+        overwrite: replace existing output files (otherwise they are a DataError, before any work).
+
+    Outputs are written to temporary files and renamed into place only once every ``.bin``/``.idx`` pair is
+    complete: an error or a kill leaves an existing dataset as it was.
 
     Raises:
-        DataError: a missing input file, or a line that is not a JSON object with string values at json_keys.
+        DataError: a missing input file, an existing output without ``overwrite``, a line that is not valid UTF-8
+            or not a JSON object with string values at json_keys (file and line number named).
     """
     if not Path(input_path).is_file():
         raise DataError(f"input file {input_path!r} does not exist")
@@ -113,7 +142,10 @@ def preprocess_jsonl(
     tokenizer = build_tokenizer(tokenizer_cfg)
     dtype = optimal_dtype(tokenizer.vocab_size)
     prefixes = {k: output_prefix_for(output_prefix, k) for k in keys}
-    builders = {k: IndexedDatasetBuilder(bin_path_of(p), dtype) for k, p in prefixes.items()}
+    _check_outputs(prefixes, overwrite)
+    tmp = {k: (str(temporary_sibling(bin_path_of(p))), str(temporary_sibling(idx_path_of(p))))
+           for k, p in prefixes.items()}
+    builders = {k: IndexedDatasetBuilder(tmp[k][0], dtype) for k in prefixes}
     docs = 0
     tokens = 0
     jobs = ((input_path, n, line, keys, append_eod) for n, line in _read_lines(input_path))
@@ -133,16 +165,18 @@ def preprocess_jsonl(
             for k, ids in doc.items():
                 builders[k].add_document(ids)
                 tokens += len(ids)
+        for k in prefixes:
+            builders[k].finalize(tmp[k][1])
+        _publish(prefixes, tmp)
     except BaseException:
-        for b in builders.values():
+        for k, b in builders.items():
             b.abort()
+            remove_path(tmp[k][1])
         raise
     finally:
         if pool is not None:
             pool.terminate()
             pool.join()
-    for k, p in prefixes.items():
-        builders[k].finalize(idx_path_of(p))
     seconds = time.perf_counter() - start
     logger.info("preprocessed %s: %d documents, %d tokens in %.2f s", input_path, docs, tokens, seconds)
     return PreprocessSummary(documents=docs, tokens=tokens, seconds=seconds, output_prefixes=prefixes)

@@ -1,0 +1,55 @@
+"""Outputs that appear complete or not at all: write to a temporary sibling, then ``os.replace`` it into place.
+
+Used by preprocessing (the ``.bin``/``.idx`` pair) and the weight converter (a file or a Hugging Face folder); the
+checkpoint commit has its own, stricter sequence (``checkpoint/layout.py``).
+"""
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def temporary_sibling(path: str | Path) -> Path:
+    """A fresh hidden name next to ``path``: ``.<name>.tmp-<id>``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+
+
+def remove_path(path: str | Path) -> None:
+    """Delete a file or a folder tree if it exists."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def publish(tmp: str | Path, final: str | Path) -> None:
+    """Move a complete ``tmp`` (file or folder) to ``final``, replacing what is there (a folder is renamed aside
+    first and removed after, as ``os.replace`` cannot replace a non-empty folder)."""
+    tmp, final = Path(tmp), Path(final)
+    if final.is_dir() and not final.is_symlink():
+        old = temporary_sibling(final)
+        os.rename(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+@contextmanager
+def atomic_output(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary path to write ``final`` into; on success it replaces ``final``, on any error it is removed
+    and ``final`` is untouched."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(final)
+    try:
+        yield tmp
+    except BaseException:
+        remove_path(tmp)
+        raise
+    publish(tmp, final)
