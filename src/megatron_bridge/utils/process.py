@@ -60,7 +60,8 @@ def _watch(parent: int, poll_s: float, grace_s: float, on_orphan: Callable[[], N
 def watch_parent(poll_s: float = 0.5, grace_s: float = 5.0, on_orphan: Callable[[], None] | None = None) -> bool:
     """Start (once per process) the thread that stops this worker when its parent process dies.
 
-    Only under a launcher (torchrun sets ``TORCHELASTIC_RUN_ID``/``LOCAL_WORLD_SIZE``); returns True when watching.
+    Only under a launcher (torchrun sets ``TORCHELASTIC_RUN_ID``/``LOCAL_WORLD_SIZE``) that is not pid 1; returns
+    True when watching.
     ``on_orphan`` replaces the default reaction (SIGTERM to self, ``os._exit(1)`` after ``grace_s``), for tests.
     """
     global _WATCHER
@@ -69,8 +70,8 @@ def watch_parent(poll_s: float = 0.5, grace_s: float = 5.0, on_orphan: Callable[
     if "TORCHELASTIC_RUN_ID" not in os.environ and "LOCAL_WORLD_SIZE" not in os.environ:
         return False
     parent = os.getppid()
-    if parent == 1:  # already orphaned before we looked
-        parent = -1
+    if parent == 1:  # the launcher is init (e.g. torchrun as a container's pid 1): it cannot die before us
+        return False
     _WATCHER = threading.Thread(target=_watch, args=(parent, poll_s, grace_s, on_orphan), daemon=True,
                                 name="parent-watch")
     _WATCHER.start()

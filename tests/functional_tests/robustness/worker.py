@@ -11,6 +11,10 @@ import time
 from pathlib import Path
 
 
+HANG_TIMEOUT_S = 20
+"""dist.distributed_timeout_seconds of the "hang" mode."""
+
+
 def _mode_step(mode: str):  # noqa: ANN202
     from megatron_bridge.errors import DataError
     from megatron_bridge.training.gpt_step import forward_step
@@ -38,7 +42,8 @@ def main(argv: list[str]) -> int:
 
     mode = os.environ["MB_FAIL_MODE"]
     cfg = small_config(train_iters=8)
-    cfg.dist.distributed_timeout_seconds = 5
+    if mode == "hang":  # long enough for a slow start of one rank on a loaded machine, short for a test
+        cfg.dist.distributed_timeout_seconds = HANG_TIMEOUT_S
     cfg.logger.tensorboard_dir = None
     pretrain(cfg, _mode_step(mode))
     return 0
