@@ -201,6 +201,10 @@ def pretrain(
 
     Works in a plain process (a 1-rank group is created) and under ``torchrun`` (gloo on CPU, nccl on CUDA unless
     ``dist.distributed_backend`` says otherwise). Process groups this call created are destroyed on return.
+
+    When anything raises on a rank, that rank aborts the process groups (no barrier, pending async saves are
+    abandoned) and re-raises, so the other ranks' collectives fail at once and the whole job stops within seconds;
+    see docs/troubleshooting.md.
     """
     from megatron_bridge.distributed.failure import abort_distributed, annotate_failure
     from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
