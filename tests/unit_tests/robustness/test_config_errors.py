@@ -36,6 +36,7 @@ def test_resume_with_train_iters_below_the_checkpoint_step_says_so(tmp_path):
                                          dir=str(tmp_path))
         cfg.model.num_layers, cfg.model.hidden_size, cfg.model.ffn_hidden_size = 1, 32, 64
         cfg.logger.tensorboard_dir = None
+        cfg.scheduler.lr_decay_iters = 4  # the same schedule in both runs: only train_iters differs
         return cfg
 
     pretrain(config(4))

@@ -25,21 +25,26 @@ def test_orphaned_worker_stops(tmp_path):
         os.environ["LOCAL_WORLD_SIZE"] = "1"
         from megatron_bridge.utils.process import watch_parent
         assert watch_parent(poll_s=0.1, grace_s=2.0)
-        open({str(marker)!r}, "w").write(str(os.getpid()))
+        tmp = {str(marker)!r} + ".tmp"
+        open(tmp, "w").write(str(os.getpid()))
+        os.replace(tmp, {str(marker)!r})
         time.sleep(120)
     """)
     parent_code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(120)"
     parent = subprocess.Popen([sys.executable, "-c", parent_code])
     try:
-        deadline = time.monotonic() + 60
-        while not marker.exists() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 180  # a loaded machine starts Python slowly
+        while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
             time.sleep(0.1)
         pid = int(marker.read_text())
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 15
         while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            try:
+                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:
+                break
             if state == "Z":
                 break
             time.sleep(0.1)
