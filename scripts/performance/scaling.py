@@ -267,4 +267,6 @@ def write_json(rows: list[dict[str, Any]], path: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_bridge.utils.cli import run_cli
+
+    sys.exit(run_cli(main))
