@@ -47,7 +47,7 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 
 def _wait_training(proc: subprocess.Popen, log: Path, marker: str, n: int) -> list[int]:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a loaded machine starts two ranks slowly
     while time.monotonic() < deadline:
         workers = _workers(marker)
         if len(workers) == n and "training 0.84M parameters" in log.read_text():

@@ -13,6 +13,7 @@ from megatron_bridge import AutoBridge
 from megatron_bridge.config.checkpoint import CheckpointConfig
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import BridgeError
+from megatron_bridge.utils.cli import EXIT_USER_ERROR, run_cli
 from tests.unit_tests.bridge.hf_models import VOCAB, hf_logits, hf_model, our_logits, write_tokenizer
 from tests.unit_tests.checkpoint.toy import build_run
 
@@ -110,9 +111,9 @@ def test_cli_import_export_and_errors(hf_folder, tmp_path) -> None:  # noqa: ANN
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
     # the output exists: refused without --overwrite, nothing touched
-    assert cli.main([str(tmp_path / "ck"), str(tmp_path / "hf"), "--to", "hf"]) == 1
+    assert run_cli(cli.main, [str(tmp_path / "ck"), str(tmp_path / "hf"), "--to", "hf"]) == EXIT_USER_ERROR
     assert cli.main([str(tmp_path / "ck"), str(tmp_path / "hf"), "--to", "hf", "--overwrite"]) == 0
-    assert cli.main([str(tmp_path / "nothing"), str(tmp_path / "x"), "--to", "megatron"]) == 1
+    assert run_cli(cli.main, [str(tmp_path / "nothing"), str(tmp_path / "x"), "--to", "megatron"]) == EXIT_USER_ERROR
     assert not (tmp_path / "x").exists()
     help_text = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, cwd=REPO)
     assert help_text.returncode == 0
