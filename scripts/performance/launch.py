@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Performance runs in the style of Megatron-Bridge's launcher.
 
-    python scripts/performance/launch.py --model llama3 --size 8b -ng 8 --use_megatron_fsdp true
+    python scripts/performance/launch.py -m llama -mr llama3_8b -g h100 -ng 8 -c bf16   # Megatron-Bridge's command
+    python scripts/performance/launch.py -mr llama3_8b -ng 8 --use_megatron_fsdp true
     python scripts/performance/launch.py --recipe tiny_llama -ng 2 -ms 20          # on a CPU, gloo
     python scripts/performance/launch.py --use_megatron_fsdp true --dryrun          # the final YAML + memory estimate
     python scripts/performance/launch.py --compare runA/results.json runB/results.json
 
-Precedence: recipe < perf overrides < flags < trailing key=value overrides. See docs/performance.md.
+Precedence (Megatron-Bridge's): recipe < per-GPU perf config (-g) < benchmark defaults < trailing key=value overrides
+< flags; the flags are defined and applied in src/megatron_bridge/perf/args.py. See docs/performance.md.
 """
 
 import json
@@ -18,7 +20,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse, build the config, dry-run / compare / launch / train."""
-    from megatron_bridge.perf.args import build_config, build_parser, recipe_name
+    from megatron_bridge.perf.args import build_config, build_parser, environment, recipe_name
     from megatron_bridge.perf.results import compare
 
     argv = sys.argv[1:] if argv is None else argv
@@ -28,11 +30,15 @@ def main(argv: list[str] | None = None) -> int:
         print(compare(a, b))
         return 0
     cfg = build_config(args)
+    env = environment(args, cfg)
+    for key, value in env.items():  # the perf config's process environment (Megatron-Bridge's env_vars)
+        os.environ.setdefault(key, value)
     if args.dryrun:
         from megatron_bridge.perf.estimate import dry_run_report
 
         cfg.validate(world_size=args.num_gpus)
         print(cfg.to_yaml(), end="")
+        print("".join(f"# env {key}={os.environ[key]}\n" for key in env), end="")
         print(dry_run_report(cfg, args.num_gpus, args.gpu), end="")
         return 0
     from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun

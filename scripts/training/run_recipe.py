@@ -11,15 +11,17 @@ import argparse
 import os
 import sys
 
+from megatron_bridge.perf.args import positive_int
 from megatron_bridge.recipes import RECIPES, get_recipe
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments; trailing key=value pairs land in ``overrides``."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--recipe", required=True, help=f"one of {sorted(RECIPES)}")
     p.add_argument("--config-file", default=None, help="YAML file merged over the recipe")
-    p.add_argument("--nproc", type=int, default=1, help="processes to launch on this machine (torchrun)")
+    p.add_argument("--nproc", type=positive_int, default=1, help="processes to launch on this machine (torchrun), >= 1")
     p.add_argument("--dir", default=None, help="run folder: checkpoints and TensorBoard logs go here")
     p.add_argument("--corpus", action="store_true", help="train on the shipped text corpus (byte tokenizer)")
     p.add_argument("--data-cache", default="runs/data_cache", help="where the tokenized corpus is cached")

@@ -20,7 +20,9 @@ class CheckpointConfig:
     most_recent_k: int = -1
     """Keep only the newest k checkpoints; -1 keeps all."""
     ckpt_format: CkptFormat = "torch_dist"
-    """"torch_dist" (sharded DCP, DDP path), "fsdp_dtensor" (DTensor shards, FSDP backends) or "torch" (one file)."""
+    """"torch_dist" (sharded DCP, DDP path), "fsdp_dtensor" (DTensor shards, FSDP backends) or "torch" (one file).
+    Differs from Megatron-Bridge: "torch_dist" is PyTorch DCP, not Megatron dist-checkpointing (the folders do not
+    load across the two libraries), and "fsdp_dtensor" also works with FSDP2 (Megatron-Bridge: Megatron FSDP only)."""
     async_save: bool = False
     """Write checkpoints in the background while training goes on (torch_dist and fsdp_dtensor only)."""
     save_optim: bool = True

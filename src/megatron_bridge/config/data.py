@@ -37,7 +37,8 @@ class TokenizerConfig:
     """The tokenizer that turns text into ids (for data preparation and for the vocab size)."""
 
     tokenizer_type: Literal["byte", "huggingface", "null"] = "byte"
-    """"byte": UTF-8 bytes plus special tokens, no download; "huggingface": a tokenizer.json file; "null": ids only."""
+    """"byte": UTF-8 bytes plus special tokens, no download; "huggingface": a tokenizer.json file; "null": ids only.
+    Differs from Megatron-Bridge's names ("HuggingFaceTokenizer", "NullTokenizer", ...): no Hub downloads here."""
     tokenizer_file: str | None = None
     """Path to a Hugging Face tokenizer.json (required for tokenizer_type="huggingface")."""
     vocab_size: int | None = None

@@ -28,7 +28,8 @@ class DistributedInitConfig:
     use_megatron_fsdp: bool = False
     """Wrap the model with Megatron FSDP (the megatron-fsdp package). Cannot be used together with use_torch_fsdp2."""
     use_torch_fsdp2: bool = False
-    """Wrap the model with PyTorch FSDP2 (fully_shard). Cannot be used together with use_megatron_fsdp."""
+    """Wrap the model with PyTorch FSDP2 (fully_shard). Cannot be used together with use_megatron_fsdp. Differs from
+    Megatron-Bridge: tensor parallelism (TP > 1) runs on this backend (recipes with TP set it)."""
 
 
 @dataclass(kw_only=True)
@@ -37,22 +38,26 @@ class DistributedDataParallelConfig:
 
     # Shared Megatron-style options.
     grad_reduce_in_fp32: bool = False
-    """Reduce gradients in fp32 if True."""
+    """Reduce gradients in fp32 if True (Megatron FSDP). Differs from Megatron-Bridge: torch DDP reduces in the
+    gradient dtype, which is fp32 here (master weights stay fp32); FSDP2 uses fsdp2.mp_policy.reduce_dtype."""
     overlap_grad_reduce: bool = False
     """Overlap gradient reduction with backward compute if True."""
     overlap_param_gather: bool = False
     """Overlap parameter all-gather with forward compute if True (Megatron FSDP / distributed optimizer)."""
     use_distributed_optimizer: bool = False
-    """Shard optimizer state over data-parallel ranks; kept equal to optimizer.use_distributed_optimizer."""
+    """Shard optimizer state over data-parallel ranks (ZeRO-1 with DDP); kept equal to
+    optimizer.use_distributed_optimizer."""
     check_for_nan_in_grad: bool = False
     """DDP/FSDP2: fail with a named error when the gradient norm is NaN/Inf. Megatron FSDP (megatron-fsdp>=0.5):
     legacy no-op kept for config compatibility, dropped with a one-time warning; use report_nan_in_param_grad."""
     report_nan_in_param_grad: bool = False
     """Megatron FSDP: precise per-parameter gradient NaN check (replacement of check_for_nan_in_grad; slow)."""
     bucket_size: int | None = None
-    """Megatron FSDP: communication bucket size in elements (suggested_communication_unit_size); None: default."""
+    """Megatron FSDP: communication bucket size in elements (suggested_communication_unit_size); None: default.
+    Differs from Megatron-Bridge: torch DDP ignores it (its bucket size is ddp.bucket_cap_mb, in MiB)."""
     average_in_collective: bool = False
-    """Average gradients inside the collective (instead of dividing before it) if True."""
+    """Average gradients inside the collective (instead of dividing before it) if True. Differs from
+    Megatron-Bridge: torch DDP always averages (same gradients either way); Megatron FSDP sets it False (logged)."""
     use_megatron_fsdp: bool = False
     """Megatron FSDP is on; kept equal to dist.use_megatron_fsdp by validate()."""
     data_parallel_sharding_strategy: ShardingStrategy = "no_shard"

@@ -15,7 +15,9 @@ class MixedPrecisionConfig:
     fp16: bool = False
     """Compute in float16 with loss scaling."""
     params_dtype: DType = "float32"
-    """Storage dtype of the master weights (copied to model.params_dtype)."""
+    """Storage dtype of the master weights (copied to model.params_dtype). Differs from Megatron-Bridge, whose
+    bf16_mixed/fp16_mixed store the model in bf16/fp16 with fp32 main weights in the optimizer: here the weights
+    stay fp32 and the forward computes in bf16/fp16 (autocast, or FSDP2's MixedPrecisionPolicy)."""
     grad_reduce_in_fp32: bool = True
     """Reduce gradients in fp32 (copied to ddp.grad_reduce_in_fp32)."""
     loss_scale: float | None = None

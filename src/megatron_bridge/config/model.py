@@ -70,7 +70,8 @@ class ModelConfig:
     tensor_model_parallel_size: int = 1
     """Tensor-parallel size (TP)."""
     pipeline_model_parallel_size: int = 1
-    """Pipeline-parallel size (PP)."""
+    """Pipeline-parallel size (PP). Differs from Megatron-Bridge for now: PP > 1 is refused by validate() (rule
+    engine_parallel_layout) until pipeline parallelism is built; the same holds for virtual PP, CP and EP."""
     virtual_pipeline_model_parallel_size: int | None = None
     """Virtual pipeline stages (model chunks) per PP rank, for the multi-stage schedules; None: one stage per rank."""
     pipeline_schedule: PipelineSchedule | None = None
@@ -171,7 +172,8 @@ class ModelConfig:
     """Megatron's fused permutation kernels (Transformer Engine). A GPU performance switch with no effect on the
     local engine (it always permutes with index ops); kept so Megatron-Bridge configs load."""
     transformer_impl: Literal["local", "transformer_engine", "megatron_core"] = "local"
-    """Engine of the decoder blocks: "local" (plain PyTorch, runs everywhere) or a GPU engine that must be installed."""
+    """Engine of the decoder blocks: "local" (plain PyTorch, runs everywhere) or a GPU engine that must be installed.
+    Differs from Megatron-Bridge (whose recipes use "transformer_engine"): only "local" is built in this version."""
     params_dtype: DType = "float32"
     """Storage dtype of the master weights. Mixed-precision presets keep float32 and compute in bf16/fp16."""
 

@@ -27,8 +27,9 @@ class OptimizerConfig:
     clip_grad: float = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping (the norm is still logged)."""
     use_distributed_optimizer: bool = False
-    """Shard optimizer state over data-parallel ranks: what FSDP2 and Megatron FSDP do; with the DDP backend it has no
-    effect (warned once) - the state stays replicated."""
+    """Shard optimizer state over data-parallel ranks (ZeRO-1). FSDP2 and Megatron FSDP always do. Differs from
+    Megatron-Bridge with DDP: torch's ZeroRedundancyOptimizer (each rank updates ~1/DP of the parameters and
+    broadcasts them), while Megatron's distributed optimizer also reduce-scatters the gradients DDP all-reduces."""
     bf16: bool = False
     """The model computes in bfloat16 (set by the mixed-precision preset)."""
     fp16: bool = False

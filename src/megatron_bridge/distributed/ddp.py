@@ -13,6 +13,9 @@ Options of ``cfg.ddp`` and where they go:
   None and a mixed-precision preset set ``optimizer.bf16`` / ``optimizer.fp16``, the forward autocasts to bfloat16 /
   float16 (the master weights stay in ``model.params_dtype``).
 * ``check_for_nan_in_grad`` → ``clip_grad_norm`` raises TrainingError when the global gradient norm is NaN/Inf.
+* ``optimizer.use_distributed_optimizer`` (kept equal to ``ddp.use_distributed_optimizer``) → ZeRO-1: the optimizer
+  becomes torch's ZeroRedundancyOptimizer (``prepare_optimizer``; :mod:`megatron_bridge.distributed.zero`), each
+  rank holding the state of ~1/DP of the parameters; checkpoints keep the replicated format.
 
 Gradient accumulation: ``grad_sync_context(is_last_microbatch=False)`` is DDP's ``no_sync()``. A world of one
 process still wraps (gloo), so every code path is the same as in a multi-process run. Models built on the meta
@@ -46,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from megatron_bridge.config.pipeline_layout import resolve_schedule
 from megatron_bridge.config.rules import enforce
 from megatron_bridge.distributed.activation_checkpointing import ac_settings, apply_ac_settings
-from megatron_bridge.distributed.base import DataParallelBackend
+from megatron_bridge.distributed.base import DataParallelBackend, _as_module
 from megatron_bridge.distributed.common import (
     autocast_context,
     check_grad_norm_finite,
@@ -111,6 +114,12 @@ def _replicate(chunk: nn.Module, dp_mesh: DeviceMesh | None) -> nn.Module:
     return replicate(chunk, mesh=dp_mesh)
 
 
+def _is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return isinstance(optimizer, ZeroRedundancyOptimizer)
+
+
 class DDPBackend(DataParallelBackend):
     """torch DistributedDataParallel around each model chunk, configured by ``cfg.ddp``."""
 
@@ -124,11 +133,6 @@ class DDPBackend(DataParallelBackend):
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
         """Materialize meta chunks, apply activation checkpointing, wrap each chunk in DDP."""
         enforce(self.cfg, "tensor_parallel_backend", "engine_parallel_layout")
-        if self.cfg.optimizer.use_distributed_optimizer:
-            warn_once(logger, "ddp_distributed_optimizer",
-                      "optimizer.use_distributed_optimizer=True has no effect with the DDP backend: optimizer state "
-                      "stays replicated on every rank. Set dist.use_torch_fsdp2=True (or dist.use_megatron_fsdp=True "
-                      "on GPUs) to shard it.")
         env = initialize_distributed(self.cfg)
         self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device)
         settings = ac_settings(self.cfg, "ddp")
@@ -161,6 +165,37 @@ class DDPBackend(DataParallelBackend):
             log_rank_0(logger, "DDP: wrapped %d chunk(s) (%s), autocast %s", len(wrapped),
                        ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "process_group"), self.autocast_dtype)
         return wrapped
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """With ``optimizer.use_distributed_optimizer``: the same optimizer as ZeRO-1 (torch's
+        ZeroRedundancyOptimizer, :mod:`megatron_bridge.distributed.zero`); otherwise ``optimizer`` itself."""
+        if not self.cfg.optimizer.use_distributed_optimizer:
+            return optimizer
+        if self.cfg.model.pipeline_model_parallel_size > 1:  # ranks of different stages hold different parameters
+            warn_once(logger, "ddp_zero_pipeline", "optimizer.use_distributed_optimizer with DDP and pipeline "
+                      "parallelism: the optimizer state stays replicated within each stage in this version (ZeRO-1 "
+                      "over the data-parallel group of a stage is not wired yet)")
+            return optimizer
+        from megatron_bridge.distributed.zero import shard_optimizer
+
+        return shard_optimizer(optimizer)
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Replicated optimizer state keyed by parameter name (the ZeRO shards are gathered: collective)."""
+        if not _is_zero(optimizer):
+            return super().optimizer_state_dict(optimizer)
+        from megatron_bridge.distributed.zero import full_state_dict
+
+        return full_state_dict(optimizer, _as_module(self.chunks))
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Load a replicated state dict; with ZeRO every rank keeps its own shard."""
+        if not _is_zero(optimizer):
+            super().load_optimizer_state_dict(optimizer, state)
+            return
+        from megatron_bridge.distributed.zero import load_full_state_dict
+
+        load_full_state_dict(optimizer, _as_module(self.chunks), state)
 
     def forward_context(self) -> AbstractContextManager:
         """``torch.autocast`` when an autocast dtype is configured (or implied by a preset)."""

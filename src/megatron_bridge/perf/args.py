@@ -1,7 +1,11 @@
-"""Command-line flags of the performance launcher and how they turn into a config.
+"""Command-line flags of the performance launcher (Megatron-Bridge's ``scripts/performance`` names) and how they turn
+into a config. Every flag and its effect is in this one module: add a flag to :func:`build_parser` and apply it in
+:func:`apply_flags`; compute dtypes live in :data:`COMPUTE_DTYPES` / :data:`FP8_DTYPES`.
 
-Precedence (one rule, documented in docs/performance.md): recipe defaults < perf overrides < flags < trailing
-``key=value`` overrides.
+Precedence (Megatron-Bridge's default path, ``run_script.py``; docs/performance.md): recipe < per-GPU perf config
+(``-g``) < benchmark defaults < trailing ``key=value`` overrides < flags. Then, unless ``-gb`` is given, the global
+batch weak-scales with the data-parallel size when ``-ng`` differs from the GPU count the recipe or perf config is
+laid out for.
 """
 
 import argparse
@@ -11,16 +15,27 @@ from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import RECIPES, get_recipe
 from megatron_bridge.recipes.perf import common_perf_overrides, megatron_fsdp_overrides
+from megatron_bridge.recipes.perf_configs import PerfConfig, get_perf_config
 
 
-_TRUE = {"true", "1", "yes", "y", "on"}
-_FALSE = {"false", "0", "no", "n", "off"}
+_TRUE = {"true", "1", "yes", "y", "t", "on"}
+_FALSE = {"false", "0", "no", "n", "f", "off"}
 COMPUTE_DTYPES = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": "fp32"}
+"""``-c`` values this version runs, and the mixed-precision preset each selects."""
 FP8_DTYPES = ("fp8_cs", "fp8_mx", "fp8_sc", "nvfp4")
+"""``-c`` values Megatron-Bridge has that need transformer-engine (a named error here)."""
+MODEL_FAMILIES = ("llama", "qwen")
+"""``-m`` values: the recipe name (``-mr``) starts with the family."""
+GPUS = ("h100", "h200", "h20", "b200", "b300", "gb200", "gb300", "vr200", "r100", "a100", "l40s")
+"""``-g`` values (Megatron-Bridge's GPU list plus the dry-run estimate's)."""
+RECOMPUTE_MODULES = {"core_attn": "selective"}
+"""``--recompute_modules`` entries this version recomputes, and the recompute_granularity they select."""
+DEFAULT_STEPS = 50
+"""Steps of a benchmark run without ``-ms`` (Megatron-Bridge's ``_benchmark_common``)."""
 
 
 def bool_arg(value: str | bool) -> bool:
-    """Parse true/false/1/0/yes/no (any case)."""
+    """Parse true/false/1/0/yes/no/t/f (any case), as Megatron-Bridge's ``bool_arg``."""
     if isinstance(value, bool):
         return value
     v = value.strip().lower()
@@ -31,85 +46,198 @@ def bool_arg(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false/1/0/yes/no), got {value!r}")
 
 
+def positive_int(value: str) -> int:
+    """An integer >= 1 (process counts, parallel sizes, batch sizes, steps)."""
+    try:
+        number = int(value, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+def optional_positive_int(value: str) -> int | None:
+    """``None`` (the word) or an integer >= 1: ``-vp None`` as in Megatron-Bridge."""
+    return None if value == "None" else positive_int(value)
+
+
+VP_UNSET = -1
+"""Default of ``-vp``: not given (``None`` is a value: no virtual pipeline)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The launcher's argument parser (Megatron-Bridge's flag names)."""
-    p = argparse.ArgumentParser(prog="launch.py", description="Megatron-Bridge-style performance runs.")
+    """The launcher's argument parser. Abbreviated flags are refused (``allow_abbrev=False``)."""
+    p = argparse.ArgumentParser(prog="launch.py", description="Megatron-Bridge-style performance runs.",
+                                allow_abbrev=False)
     what = p.add_argument_group("what to run")
-    what.add_argument("--recipe", default=None, help=f"recipe name, one of {sorted(RECIPES)}")
-    what.add_argument("-m", "--model", "--model_family_name", dest="model", default=None,
-                      help="model family, e.g. llama3, llama31, llama32, qwen3 (with --size)")
-    what.add_argument("-s", "--size", default=None, help="model size, e.g. 8b, 70b, 600m (with --model)")
-    what.add_argument("-g", "--gpu", default=None, help="GPU type the dry-run estimate is checked against (h100, "
-                      "h200, b200, gb200, a100, ...); default: profiling.estimate_gpu, else h100")
-    what.add_argument("-ng", "--num_gpus", type=int, default=1, help="processes (GPUs, or CPU ranks on gloo)")
+    what.add_argument("-m", "--model_family_name", type=str.lower, choices=MODEL_FAMILIES, default=None,
+                      help="model family (llama, qwen); checked against the recipe")
+    what.add_argument("-mr", "--model_recipe_name", type=str.lower, default=None,
+                      help=f"recipe, one of {sorted(RECIPES)} (default llama3_8b)")
+    what.add_argument("--recipe", default=None, help="same as -mr (this library's spelling)")
+    what.add_argument("-g", "--gpu", type=str.lower, choices=GPUS, default=None,
+                      help="GPU type: selects the per-GPU perf config when one is registered, and the dry-run "
+                      "memory estimate's device")
+    what.add_argument("-ng", "--num_gpus", type=positive_int, default=1, help="processes (GPUs, or CPU ranks)")
     par = p.add_argument_group("parallelism and batch")
-    for short, long, help_ in (("-tp", "--tensor_model_parallel_size", "TP"),
+    for short, long, help_ in (("-tp", "--tensor_model_parallel_size", "TP (sets sequence parallel to TP > 1)"),
                                ("-pp", "--pipeline_model_parallel_size", "PP"),
                                ("-cp", "--context_parallel_size", "CP"),
-                               ("-vp", "--virtual_pipeline_model_parallel_size", "VP"),
+                               ("-ep", "--expert_model_parallel_size", "EP"),
                                ("-gb", "--global_batch_size", "global batch size"),
                                ("-mb", "--micro_batch_size", "micro batch size"),
                                ("-sl", "--seq_length", "sequence length"),
-                               ("-ms", "--max_steps", "training steps")):
-        par.add_argument(short, long, type=int, default=None, help=help_)
+                               ("-ms", "--max_steps", f"training steps (default {DEFAULT_STEPS})")):
+        par.add_argument(short, long, type=positive_int, default=None, help=help_)
+    par.add_argument("-vp", "--virtual_pipeline_model_parallel_size", type=optional_positive_int, default=VP_UNSET,
+                     help="virtual pipeline stages per PP rank, or None")
+    par.add_argument("-et", "--expert_tensor_parallel_size", type=optional_positive_int, nargs="?", const=None,
+                     default=VP_UNSET, help="expert TP (this version has no separate expert TP: only 1/None)")
     feat = p.add_argument_group("features")
-    feat.add_argument("--use_megatron_fsdp", type=bool_arg, default=False, help="Megatron FSDP (true/false)")
-    feat.add_argument("--use_torch_fsdp2", type=bool_arg, default=False, help="PyTorch FSDP2 (true/false)")
-    feat.add_argument("-c", "--compute_dtype", default=None, choices=[*COMPUTE_DTYPES, *FP8_DTYPES])
-    feat.add_argument("--activation_checkpointing", type=bool_arg, default=False,
-                      help="full activation recomputation of every block")
-    feat.add_argument("--cpu_offloading", type=int, nargs="?", const=1, default=None,
-                      help="offload activations of the first N blocks to CPU (default N=1)")
-    feat.add_argument("--warmup_iters", type=int, default=10, help="LR warmup steps (clipped to max_steps - 1)")
+    feat.add_argument("-c", "--compute_dtype", default=None, choices=[*COMPUTE_DTYPES, *FP8_DTYPES],
+                      help="compute precision (default: the recipe's; bf16 with -g)")
+    feat.add_argument("--use_megatron_fsdp", type=bool_arg, default=None, help="Megatron FSDP (true/false)")
+    feat.add_argument("--use_torch_fsdp2", type=bool_arg, default=None, help="PyTorch FSDP2 (true/false)")
+    feat.add_argument("--recompute_modules", type=lambda s: [m for m in s.split(",") if m], default=None,
+                      help=f"comma-separated modules to recompute ({', '.join(RECOMPUTE_MODULES)})")
+    feat.add_argument("-rl", "--recompute_num_layers", type=positive_int, default=None,
+                      help="full recompute of the first N blocks (recompute_method block)")
+    feat.add_argument("-ol", "--activation_offload_layers", type=positive_int, default=None,
+                      help="offload the activations of the first N blocks to CPU memory")
+    feat.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    feat.add_argument("--min_lr", type=float, default=None, help="final learning rate")
+    feat.add_argument("--warmup_iters", type=int, default=10, help="LR warmup steps (capped below the run length)")
     out = p.add_argument_group("output")
-    out.add_argument("-d", "--dryrun", action="store_true", help="print the final YAML and exit without running")
+    out.add_argument("-d", "--dryrun", action="store_true", help="print the final YAML and estimate; no run")
     out.add_argument("--output_dir", default=None, help="where results.json and the plot go")
     out.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="print the ratio table of two runs")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides; they win over every flag")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides (flags win over them)")
     return p
 
 
 def recipe_name(args: argparse.Namespace) -> str:
-    """--recipe, else <model>_<size>, else llama3_8b."""
-    if args.recipe:
-        return args.recipe
-    if args.model or args.size:
-        if not (args.model and args.size):
-            raise ConfigValidationError("--model and --size go together (e.g. --model llama3 --size 8b)")
-        return f"{args.model}_{args.size}".lower()
-    return "llama3_8b"
+    """``-mr`` (or ``--recipe``), else llama3_8b; ``-m`` must name the recipe's family."""
+    if args.model_recipe_name and args.recipe and args.model_recipe_name != args.recipe:
+        raise ConfigValidationError(f"-mr {args.model_recipe_name} and --recipe {args.recipe} disagree: give one")
+    name = (args.model_recipe_name or args.recipe or "llama3_8b").removesuffix("_pretrain_config")
+    get_recipe(name)  # unknown names: a named error listing the recipes
+    family = args.model_family_name
+    if family is not None and not name.startswith(family):
+        raise ConfigValidationError(f"-m {family} does not match the recipe {name!r} (-mr): recipes of family "
+                                    f"{family!r} are {sorted(n for n in RECIPES if n.startswith(family))}")
+    return name
 
 
-def _flag_values(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "tensor_model_parallel_size": args.tensor_model_parallel_size,
-        "pipeline_model_parallel_size": args.pipeline_model_parallel_size,
-        "context_parallel_size": args.context_parallel_size,
-        "virtual_pipeline_model_parallel_size": args.virtual_pipeline_model_parallel_size,
-        "global_batch_size": args.global_batch_size,
-        "micro_batch_size": args.micro_batch_size,
-        "seq_length": args.seq_length,
-    }
+def perf_config(args: argparse.Namespace) -> PerfConfig | None:
+    """The per-GPU perf config ``-g`` selects for this recipe and dtype (None without ``-g`` or when none exists)."""
+    if args.gpu is None:
+        return None
+    return get_perf_config(recipe_name(args), args.gpu, args.compute_dtype or "bf16")
+
+
+def _set_compute_dtype(cfg: ConfigContainer, dtype: str | None, has_perf_config: bool) -> None:
+    if dtype in FP8_DTYPES:
+        raise ConfigValidationError(
+            f"--compute_dtype {dtype} needs transformer-engine (model.transformer_impl='transformer_engine'), which "
+            "this version does not wire; use bf16, fp16 or fp32", ("mixed_precision",))
+    if dtype is not None and not has_perf_config:  # a perf config already set its own precision for the dtype
+        cfg.mixed_precision = COMPUTE_DTYPES[dtype]
+
+
+def _set_recompute(cfg: ConfigContainer, args: argparse.Namespace) -> None:
+    if args.recompute_num_layers is not None:
+        m = cfg.model
+        m.recompute_granularity, m.recompute_method, m.recompute_num_layers = "full", "block", args.recompute_num_layers
+    if args.recompute_modules is not None:
+        unknown = [m for m in args.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown or not args.recompute_modules:
+            raise ConfigValidationError(f"--recompute_modules {','.join(args.recompute_modules)}: this version "
+                                        f"recomputes only {sorted(RECOMPUTE_MODULES)} (selective recompute)")
+        cfg.model.recompute_granularity, cfg.model.recompute_method = "selective", None
+    if args.activation_offload_layers is not None:
+        cfg.model.cpu_offloading, cfg.model.cpu_offloading_weights = True, False
+        cfg.model.cpu_offloading_num_layers = args.activation_offload_layers
+
+
+def apply_flags(cfg: ConfigContainer, args: argparse.Namespace, has_perf_config: bool) -> ConfigContainer:
+    """The user's flags, as Megatron-Bridge's ``set_user_overrides`` applies them (in place)."""
+    m, t = cfg.model, cfg.train
+    _set_compute_dtype(cfg, args.compute_dtype, has_perf_config)
+    if args.use_megatron_fsdp:
+        megatron_fsdp_overrides(cfg)
+    if args.use_torch_fsdp2 is not None:
+        cfg.dist.use_torch_fsdp2 = args.use_torch_fsdp2
+    _set_recompute(cfg, args)
+    if args.max_steps is not None:
+        t.train_iters, t.train_samples = args.max_steps, None
+        cfg.scheduler.lr_decay_iters = args.max_steps
+    if args.tensor_model_parallel_size is not None:
+        m.tensor_model_parallel_size = args.tensor_model_parallel_size
+        m.sequence_parallel = args.tensor_model_parallel_size > 1  # as Megatron-Bridge
+        if args.use_torch_fsdp2 is None and not cfg.dist.use_megatron_fsdp:
+            cfg.dist.use_torch_fsdp2 = args.tensor_model_parallel_size > 1  # TP runs on FSDP2 here
+    for flag, path in (("pipeline_model_parallel_size", "pipeline_model_parallel_size"),
+                       ("context_parallel_size", "context_parallel_size"),
+                       ("expert_model_parallel_size", "expert_model_parallel_size")):
+        if getattr(args, flag) is not None:
+            setattr(m, path, getattr(args, flag))
+    if args.virtual_pipeline_model_parallel_size != VP_UNSET:
+        m.virtual_pipeline_model_parallel_size = args.virtual_pipeline_model_parallel_size
+    if args.expert_tensor_parallel_size not in (VP_UNSET, None, 1):
+        raise ConfigValidationError(f"-et {args.expert_tensor_parallel_size}: this version has no separate expert "
+                                    "tensor parallelism; leave -et out (or 1/None)")
+    if args.global_batch_size is not None:
+        t.global_batch_size = args.global_batch_size
+    if args.micro_batch_size is not None:
+        t.micro_batch_size = args.micro_batch_size
+    if args.seq_length is not None:
+        m.seq_length = cfg.dataset.seq_length = args.seq_length
+    if args.lr is not None:
+        cfg.optimizer.lr = args.lr
+    if args.min_lr is not None:
+        cfg.optimizer.min_lr = args.min_lr
+    return cfg
+
+
+def _model_parallel(cfg: ConfigContainer) -> int:
+    m = cfg.model
+    return m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+
+
+def weak_scale_global_batch(cfg: ConfigContainer, base_gbs: int, base_dp: int, num_gpus: int) -> None:
+    """Megatron-Bridge's weak scaling: when the recipe's global batch is unchanged and the data-parallel size
+    differs from the one it was laid out for, scale the global batch by dp / base_dp (at least one sample per
+    data-parallel rank and micro-batch)."""
+    dp = max(1, num_gpus // _model_parallel(cfg))
+    if cfg.train.global_batch_size != base_gbs or dp == base_dp:
+        return
+    cfg.train.global_batch_size = max(base_gbs * dp // base_dp, dp * cfg.train.micro_batch_size)
 
 
 def build_config(args: argparse.Namespace) -> ConfigContainer:
-    """Recipe → perf overrides → flags → key=value overrides."""
-    cfg = get_recipe(recipe_name(args)).fn(**{k: v for k, v in _flag_values(args).items() if v is not None})
-    steps = args.max_steps if args.max_steps is not None else 50
-    common_perf_overrides(cfg, train_iters=steps, warmup_iters=args.warmup_iters)
-    if args.use_megatron_fsdp:
-        megatron_fsdp_overrides(cfg)
-    if args.use_torch_fsdp2:
-        cfg.dist.use_torch_fsdp2 = True
-    if args.compute_dtype in FP8_DTYPES:
-        raise ConfigValidationError(
-            f"--compute_dtype {args.compute_dtype} needs transformer-engine (model.transformer_impl="
-            "'transformer_engine'), which this version does not wire; use bf16, fp16 or fp32", ("mixed_precision",))
-    if args.compute_dtype:
-        cfg.mixed_precision = COMPUTE_DTYPES[args.compute_dtype]
-    if args.activation_checkpointing:
-        cfg.model.recompute_granularity = "full"
-    if args.cpu_offloading is not None:
-        cfg.model.cpu_offloading = True
-        cfg.model.cpu_offloading_num_layers = args.cpu_offloading
-    return cfg.apply_overrides(overrides=args.overrides)
+    """Recipe → perf config (``-g``) → benchmark defaults → key=value overrides → flags → weak-scaled batch."""
+    name = recipe_name(args)
+    cfg = get_recipe(name).fn()
+    perf = perf_config(args)
+    base_gpus = RECIPES[name].world_size
+    if perf is not None:
+        perf.apply(cfg, args.compute_dtype or "bf16")
+        base_gpus = perf.num_gpus
+    base_gbs, base_dp = cfg.train.global_batch_size, max(1, base_gpus // _model_parallel(cfg))
+    common_perf_overrides(cfg, train_iters=args.max_steps or DEFAULT_STEPS, warmup_iters=args.warmup_iters)
+    cfg = cfg.apply_overrides(overrides=args.overrides)
+    apply_flags(cfg, args, perf is not None)
+    if args.global_batch_size is None:
+        weak_scale_global_batch(cfg, base_gbs, base_dp, args.num_gpus)
+    return cfg
+
+
+def environment(args: argparse.Namespace, cfg: ConfigContainer) -> dict[str, str]:
+    """Environment variables of the run: the perf config's (Megatron-Bridge's ``env_vars``). With Megatron FSDP,
+    CUDA_DEVICE_MAX_CONNECTIONS is 32 (megatron-fsdp needs more than 1, as Megatron-Bridge's FSDP perf recipes set)."""
+    perf = perf_config(args)
+    env: dict[str, Any] = dict(perf.env_vars) if perf is not None else {}
+    if cfg.dist.use_megatron_fsdp and env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
+    return {k: str(v) for k, v in env.items()}

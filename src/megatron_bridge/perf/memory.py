@@ -11,7 +11,7 @@ allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron
   over the expert-data-parallel group) and ``fsdp2.offload_policy`` moves them to host memory; Megatron FSDP shards
   them by ``ddp.data_parallel_sharding_strategy`` (optim → optimizer, optim_grads → + gradients,
   optim_grads_params → + parameters), gradients in fp32 with ``ddp.grad_reduce_in_fp32``, plus fp32 main weights
-  when parameters are 16-bit. DDP never shards (``use_distributed_optimizer`` has no effect there).
+  when parameters are 16-bit. DDP shards only optimizer state, with ``optimizer.use_distributed_optimizer`` (ZeRO-1).
 * **Activations**: :mod:`megatron_bridge.perf.activations`.
 * **Buffers**: communication and cast copies that are neither state nor activations (:func:`buffer_bytes`): DDP's
   flat gradient buckets (P per parameter, unless ``ddp.gradient_as_bucket_view``) for the whole run, the rest
@@ -155,7 +155,7 @@ def _sharded(cfg: "ConfigContainer", layout: Layout) -> tuple[bool, bool, bool]:
     if layout.backend == "megatron_fsdp":
         s = cfg.ddp.data_parallel_sharding_strategy
         return s == "optim_grads_params", s in ("optim_grads", "optim_grads_params"), s != "no_shard"
-    return False, False, False
+    return False, False, cfg.optimizer.use_distributed_optimizer  # DDP: ZeRO-1 shards optimizer state only
 
 
 def state_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> tuple[int, int, int]:
@@ -241,7 +241,8 @@ def estimate_memory(cfg: "ConfigContainer", world_size: int) -> MemoryEstimate:
         host, p, g, o = p + g + o, 0, 0, 0
         notes.append("fsdp2.offload_policy: sharded parameters, gradients and optimizer state live in host memory")
     if layout.backend == "ddp" and cfg.optimizer.use_distributed_optimizer:
-        notes.append("optimizer.use_distributed_optimizer has no effect with DDP: the optimizer state is replicated")
+        notes.append("optimizer.use_distributed_optimizer with DDP: ZeRO-1, optimizer state sharded over "
+                     "data-parallel ranks (ZeroRedundancyOptimizer)")
     acts = estimate_activations(cfg, layout)
     host += acts.host_bytes
     buffers, largest = buffer_bytes(cfg, layout, params)

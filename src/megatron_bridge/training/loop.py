@@ -231,7 +231,8 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
         metrics = StepMetrics(state.step, loss, grad_norm, lr, step_time, result.tokens_per_step,
                               result.flops_per_step, state.consumed_train_samples,
                               params_norm=params_norm(ctx.backend) if cfg.logger.log_params_norm else None,
-                              moe_aux_loss=ctx.moe.last.aux_loss if ctx.moe is not None else None)
+                              moe_aux_loss=ctx.moe.last.aux_loss if ctx.moe is not None else None,
+                              loss_scale=float(ctx.grad_scaler.get_scale()) if ctx.grad_scaler else 1.0)
         ctx.metrics.log_step(metrics)
         if ctx.moe is not None:
             ctx.metrics.log_moe(state.step, ctx.moe.last)

@@ -32,6 +32,53 @@ class StepMetrics:
     params_norm: float | None = None
     moe_aux_loss: float | None = None
     """MoE auxiliary loss of the step (sum over MoE layers), when the model has one."""
+    loss_scale: float = 1.0
+
+
+TENSORBOARD_TAGS: dict[str, str] = {
+    "lm loss": "training loss (mean over the step's tokens), per step; also `lm loss vs samples`",
+    "learning-rate": "learning rate after the step's schedule update; also `... vs samples`",
+    "batch-size": "global batch size in samples; also `... vs samples`",
+    "loss-scale": "fp16 loss scale (1.0 without fp16); also `... vs samples`",
+    "world-size": "number of processes; also `... vs samples`",
+    "grad-norm": "global L2 gradient norm before clipping; also `... vs samples`",
+    "params-norm": "global L2 norm of the parameters (with logger.log_params_norm); also `... vs samples`",
+    "iteration-time": "seconds per step",
+    "throughput/tflops/device": "model TFLOP/s per device (10^12 FLOP/s)",
+    "throughput/tflops": "model TFLOP/s over all devices",
+    "throughput/tokens_per_sec": "tokens/s over all devices",
+    "throughput/device/tokens_per_sec": "tokens/s per device",
+    "throughput/samples_per_sec": "samples/s over all devices",
+    "throughput/device/samples_per_sec": "samples/s per device",
+    "memory/mem-allocated-gigabytes": "CUDA allocator: allocated memory now, GB (10^9 bytes); CPU: resident set now",
+    "memory/mem-max-allocated-gigabytes": "CUDA allocator: peak allocated, GB; CPU: peak resident set size",
+    "memory/mem-reserved-gigabytes": "CUDA only: reserved by the caching allocator now, GB",
+    "memory/mem-max-reserved-gigabytes": "CUDA only: peak reserved, GB",
+    "lm loss validation": "validation loss (eval_iters batches); also `lm loss validation ppl`",
+}
+"""The scalars written to TensorBoard (Megatron-Bridge's names) and their units; docs list this table."""
+
+
+def memory_report(device: torch.device) -> dict[str, float]:
+    """Memory in gigabytes (10^9 bytes) under Megatron-Bridge's names: CUDA allocator statistics on GPU; on CPU the
+    process's current and peak resident set size as ``mem-allocated``/``mem-max-allocated``."""
+    if device.type == "cuda":
+        stats = torch.cuda.memory_stats(device)
+        keys = {"allocated_bytes.all.current": "mem-allocated-gigabytes",
+                "allocated_bytes.all.peak": "mem-max-allocated-gigabytes",
+                "reserved_bytes.all.current": "mem-reserved-gigabytes",
+                "reserved_bytes.all.peak": "mem-max-reserved-gigabytes"}
+        return {name: stats.get(key, 0) / 1e9 for key, name in keys.items()}
+    return {"mem-allocated-gigabytes": _current_rss_bytes() / 1e9,
+            "mem-max-allocated-gigabytes": peak_memory_bytes(device) / 1e9}
+
+
+def _current_rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return peak_memory_bytes(torch.device("cpu"))
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -76,20 +123,34 @@ class TrainingLogger:
         return tokens_per_s, tflops
 
     def _write_scalars(self, m: StepMetrics) -> None:
-        w = self._writer
-        w.add_scalar("lm loss", m.loss, m.step)
-        w.add_scalar("lm loss vs samples", m.loss, m.consumed_samples)
-        w.add_scalar("learning-rate", m.lr, m.step)
-        w.add_scalar("grad-norm", m.grad_norm, m.step)
-        w.add_scalar("iteration-time", m.step_time, m.step)
+        """TensorBoard scalars under Megatron-Bridge's tag names (see :data:`TENSORBOARD_TAGS` for units)."""
+        w, samples = self._writer, m.consumed_samples
+
+        def both(tag: str, value: float) -> None:  # the tag per step and its "vs samples" twin, as Megatron does
+            w.add_scalar(tag, value, m.step)
+            w.add_scalar(f"{tag} vs samples", value, samples)
+
+        both("lm loss", m.loss)
+        both("learning-rate", m.lr)
+        both("batch-size", self.cfg.train.global_batch_size)
+        both("loss-scale", m.loss_scale)
+        both("world-size", self.world_size)
+        both("grad-norm", m.grad_norm)
         if m.params_norm is not None:
-            w.add_scalar("params-norm", m.params_norm, m.step)
+            both("params-norm", m.params_norm)
+        w.add_scalar("iteration-time", m.step_time, m.step)
         if self.cfg.logger.log_throughput:
             tokens_per_s, tflops = self._rates(m)
+            samples_per_s = self.cfg.train.global_batch_size / m.step_time if m.step_time > 0 else 0.0
+            w.add_scalar("throughput/tflops/device", tflops, m.step)
+            w.add_scalar("throughput/tflops", tflops * self.world_size, m.step)
             w.add_scalar("throughput/tokens_per_sec", tokens_per_s, m.step)
-            w.add_scalar("throughput/tflops_per_device", tflops, m.step)
+            w.add_scalar("throughput/device/tokens_per_sec", tokens_per_s / self.world_size, m.step)
+            w.add_scalar("throughput/samples_per_sec", samples_per_s, m.step)
+            w.add_scalar("throughput/device/samples_per_sec", samples_per_s / self.world_size, m.step)
         if self.cfg.logger.log_memory:
-            w.add_scalar("memory/peak_gigabytes", peak_memory_bytes(self.device) / 2**30, m.step)
+            for tag, value in memory_report(self.device).items():
+                w.add_scalar(f"memory/{tag}", value, m.step)
 
     def _print_window(self) -> None:
         window, self._window = self._window, []
@@ -114,7 +175,7 @@ class TrainingLogger:
             tokens_per_s, tflops = self._rates(avg)
             parts += [f"tokens/s {tokens_per_s:.0f}", f"TFLOP/s/device {tflops:.4f}"]
         if self.cfg.logger.log_memory:
-            parts.append(f"peak memory (GB) {peak_memory_bytes(self.device) / 2**30:.2f}")
+            parts.append(f"peak memory (GB) {peak_memory_bytes(self.device) / 1e9:.2f}")
         if self._progress:
             sys.stderr.write("\r" + " " * 60 + "\r")
         logger.info(" | ".join(parts))
@@ -150,8 +211,10 @@ class TrainingLogger:
         ppl = math.exp(min(loss, 20.0))
         logger.info(f"{split} loss at iteration {step} | lm loss value: {loss:.6e} | lm loss PPL: {ppl:.6e}")
         if self._writer is not None:
-            self._writer.add_scalar(f"lm loss {split}", loss, step)
-            self._writer.add_scalar(f"lm loss {split} ppl", ppl, step)
+            samples = step * self.cfg.train.global_batch_size
+            for tag, value in ((f"lm loss {split}", loss), (f"lm loss {split} ppl", ppl)):
+                self._writer.add_scalar(tag, value, step)
+                self._writer.add_scalar(f"{tag} vs samples", value, samples)
 
     def close(self) -> None:
         """Flush and close TensorBoard."""

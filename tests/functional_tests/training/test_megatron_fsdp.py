@@ -1,10 +1,11 @@
 """Megatron FSDP end to end through ``pretrain(cfg, forward_step)``.
 
-GPU (``@pytest.mark.gpu``, skipped without CUDA) — the seed's smoke test, run directly under torchrun:
-    CUDA_VISIBLE_DEVICES=0,1 python -m torch.distributed.run --nproc_per_node=2 -m pytest \
+The seed's smoke test runs on GPUs and on CPU, directly under torchrun or under plain pytest:
+    python -m torch.distributed.run --nproc_per_node=2 -m pytest \
         tests/functional_tests/training/test_megatron_fsdp.py::TestMegatronFSDP::test_fsdp_pretrain_basic -v -s
-Success: ``1 passed`` and a finite loss at the last iteration (the ``[smoke]`` line). Under plain pytest the GPU tests
-launch min(2, number of GPUs) ranks themselves (one rank per GPU; NCCL refuses two ranks on one GPU).
+Success: ``1 passed`` and a finite loss at the last iteration (the ``[smoke]`` line). With CUDA it runs megatron-fsdp's
+real CUDA path (plain pytest launches min(2, number of GPUs) ranks: NCCL refuses two ranks on one GPU); without CUDA
+the CPU harness below. The other GPU tests (``@pytest.mark.gpu``) are skipped without CUDA.
 
 CPU (skipped when CUDA is present): the same backend on 2 gloo ranks through the test-only harness
 (tests/functional_tests/megatron_fsdp_cpu_harness.py), which runs megatron-fsdp's CUDA code path on CPU with
@@ -56,6 +57,11 @@ def mfsdp_config(strategy: str = "optim_grads_params", **overrides: Any) -> Conf
 def gpu_ranks() -> int:
     """Ranks for a GPU test launched by plain pytest: one per GPU, at most 2."""
     return max(1, min(2, torch.cuda.device_count()))
+
+
+def smoke_ranks() -> int:
+    """Ranks of the smoke test under plain pytest: one per GPU (at most 2), or 2 gloo ranks without CUDA."""
+    return gpu_ranks() if torch.cuda.is_available() else 2
 
 
 def install_cpu_harness() -> None:
@@ -117,12 +123,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
 class TestMegatronFSDP:
     """Megatron FSDP through pretrain(): GPU smoke and resume, CPU-harness parity and resume."""
 
-    @pytest.mark.gpu
     def test_fsdp_pretrain_basic(self) -> None:
-        """10 steps of optim_grads_params (bf16 mixed precision); finite loss at the last iteration."""
+        """The seed's smoke test: 10 steps of optim_grads_params (bf16 mixed precision); finite loss at the last
+        iteration. With CUDA the real megatron-fsdp path; without, the same backend through the CPU harness on 2
+        gloo ranks (``torch.distributed.run --nproc_per_node=2 -m pytest ...`` works on either)."""
         if not is_worker():
-            launch(f"{__file__}::TestMegatronFSDP::test_fsdp_pretrain_basic", nproc=gpu_ranks())
+            launch(f"{__file__}::TestMegatronFSDP::test_fsdp_pretrain_basic", nproc=smoke_ranks())
             return
+        if not torch.cuda.is_available():
+            install_cpu_harness()
         cfg = mfsdp_config(train_iters=10, mixed_precision="bf16_mixed")
         result = pretrain(cfg, forward_step)
         assert result.backend == "megatron_fsdp" and result.final_step == 10 and len(result.losses) == 10

@@ -7,10 +7,14 @@ Parity tolerance (fp32, 8 AdamW steps on the same global batch of 8 samples): lo
 within 2e-5 absolute. The distributed runs differ from the reference only in float summation order.
 """
 
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.pretrain import pretrain
 from tests.functional_tests.launcher import is_worker, launch
 from tests.functional_tests.training._common import (
@@ -59,3 +63,45 @@ def test_fsdp2_pretrain_basic(reference: Path | None) -> None:
         launch(f"{__file__}::test_fsdp2_pretrain_basic", env={"MB_REFERENCE": str(reference)})
         return
     _run_and_compare(use_fsdp2=True)
+
+
+class _ShardProbe(Callback):
+    """Records whether the optimizer is ZeRO-1 and how many parameter elements this rank holds state for."""
+
+    def on_train_end(self, ctx: Any) -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        from megatron_bridge.distributed.zero import local_parameter_count
+
+        self.sharded = isinstance(ctx.optimizer, ZeroRedundancyOptimizer)
+        self.local = local_parameter_count(ctx.optimizer) if self.sharded else -1
+        self.total = sum(p.numel() for p in ctx.backend.parameters())
+        self.with_state = sum(p.numel() for p in ctx.optimizer.optim.state) if self.sharded else -1
+
+
+def test_ddp_distributed_optimizer_pretrain(reference: Path | None, tmp_path: Path) -> None:
+    """DDP with optimizer.use_distributed_optimizer (ZeRO-1): parity with the one-process reference, each rank holds
+    optimizer state for part of the parameters only, and a resume from step 4 repeats steps 5-8 exactly."""
+    node = f"{__file__}::test_ddp_distributed_optimizer_pretrain"
+    if not is_worker():
+        for phase in ("full", "resumed"):
+            launch(node, env={"MB_REFERENCE": str(reference), "MB_ZERO_DIR": str(tmp_path), "MB_ZERO_PHASE": phase})
+        full, resumed = (json.loads((tmp_path / f"{p}.json").read_text()) for p in ("full", "resumed"))
+        assert resumed == full[4:], (resumed, full)
+        return
+    phase, root = os.environ["MB_ZERO_PHASE"], Path(os.environ["MB_ZERO_DIR"])
+    cfg = small_config()
+    cfg.optimizer.use_distributed_optimizer = True
+    if phase == "full":
+        cfg.checkpoint.save, cfg.checkpoint.save_interval = str(root / "ckpt"), 4
+    else:
+        cfg.checkpoint.load, cfg.checkpoint.ckpt_step = str(root / "ckpt"), 4
+    weights, probe = FullWeights(), _ShardProbe()
+    result = pretrain(cfg, callbacks=[weights, probe])
+    assert result.backend == "ddp" and probe.sharded
+    assert 0 < probe.local < probe.total and probe.with_state == probe.local, vars(probe)
+    if phase == "full":
+        assert_matches_reference(result, weights.weights, loss_rtol=LOSS_RTOL, weight_atol=WEIGHT_ATOL,
+                                 label="backend=ddp+ZeRO-1")
+    if int(os.environ["RANK"]) == 0:
+        (root / f"{phase}.json").write_text(json.dumps(result.losses))

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from megatron_bridge.errors import ConfigValidationError
-from megatron_bridge.perf.args import bool_arg, build_config, build_parser, recipe_name
+from megatron_bridge.perf.args import bool_arg, build_config, build_parser, environment, recipe_name
 from megatron_bridge.perf.results import build_results, compare, peak_tflops, summary_line
 
 
@@ -35,11 +35,45 @@ def test_bool_arg_rejects_garbage() -> None:
 
 def test_recipe_selection() -> None:
     parser = build_parser()
-    assert recipe_name(parser.parse_args(["--model", "llama3", "--size", "70b"])) == "llama3_70b"
+    assert recipe_name(parser.parse_args(["-m", "llama", "-mr", "llama3_70b"])) == "llama3_70b"
+    assert recipe_name(parser.parse_args(["--model_family_name", "qwen", "--model_recipe_name", "qwen3_8b"])) \
+        == "qwen3_8b"
     assert recipe_name(parser.parse_args(["--recipe", "tiny_llama"])) == "tiny_llama"
     assert recipe_name(parser.parse_args([])) == "llama3_8b"
-    with pytest.raises(ConfigValidationError, match="--model and --size go together"):
-        recipe_name(parser.parse_args(["--model", "llama3"]))
+    with pytest.raises(ConfigValidationError, match="-m qwen does not match the recipe 'llama3_8b'"):
+        recipe_name(parser.parse_args(["-m", "qwen", "-mr", "llama3_8b"]))
+    with pytest.raises(ConfigValidationError, match="unknown recipe 'llama9'"):
+        recipe_name(parser.parse_args(["-mr", "llama9"]))
+
+
+def _parse_error(*argv: str, capsys: pytest.CaptureFixture) -> str:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(list(argv))
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-ng", "0"], "must be >= 1, got 0"),
+    (["-ng", "-2"], "must be >= 1"),
+    (["--num_gpus", "two"], "expected a whole number"),
+    (["-tp", "0"], "must be >= 1"),
+    (["--use_megatron_fsdp", "maybe"], "expected a boolean"),
+    (["--use_meg", "true"], "unrecognized arguments: --use_meg"),  # abbreviations are refused
+    (["--num_gpu", "2"], "unrecognized arguments: --num_gpu"),
+    (["-x", "1"], "unrecognized arguments: -x"),
+    (["-g", "k80"], "invalid choice: 'k80'"),
+    (["-c", "int4"], "invalid choice: 'int4'"),
+    (["-m", "gpt"], "invalid choice: 'gpt'"),
+    (["-vp", "zero"], "expected a whole number"),
+])
+def test_malformed_flags_are_clear_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    assert message in _parse_error(*argv, capsys=capsys)
+
+
+def test_stray_value_is_not_read_as_an_override() -> None:
+    with pytest.raises(Exception, match="must look like 'section.key=value'"):
+        _cfg("--recipe", "tiny_llama", "-tp", "2", "3")
 
 
 def test_perf_overrides_and_flags() -> None:
@@ -52,9 +86,46 @@ def test_perf_overrides_and_flags() -> None:
     assert cfg.scheduler.lr_warmup_iters == 10
 
 
-def test_key_value_overrides_win_over_flags() -> None:
+def test_flags_win_over_key_value_overrides() -> None:
+    """Megatron-Bridge's default path applies the Hydra-style overrides first, then the flags."""
     cfg = _cfg("--recipe", "tiny_llama", "-gb", "32", "train.global_batch_size=64", "train.train_iters=7")
-    assert cfg.train.global_batch_size == 64 and cfg.train.train_iters == 7
+    assert cfg.train.global_batch_size == 32 and cfg.train.train_iters == 7
+
+
+def test_tp_sets_sequence_parallel_and_vp_none() -> None:
+    cfg = _cfg("-mr", "qwen3_8b", "-tp", "2", "-vp", "None", "-ng", "4")
+    assert cfg.model.tensor_model_parallel_size == 2 and cfg.model.sequence_parallel is True
+    assert cfg.dist.use_torch_fsdp2 is True  # TP runs on the FSDP2 backend here
+    assert cfg.model.virtual_pipeline_model_parallel_size is None
+    one = _cfg("-mr", "qwen3_8b", "-tp", "1", "-ng", "4")
+    assert one.model.sequence_parallel is False and one.model.tensor_model_parallel_size == 1
+    assert _cfg("-mr", "llama3_70b", "-vp", "2").model.virtual_pipeline_model_parallel_size == 2
+    assert _cfg("-mr", "llama3_70b").model.virtual_pipeline_model_parallel_size == 5  # -vp not given
+
+
+def test_per_gpu_perf_config_llama3_8b_h100_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """-g h100 selects Megatron-Bridge's flat recipe values: TP1 CP2, GBS 128, MBS 1, grad reduce in bf16."""
+    cfg = _cfg("-m", "llama", "-mr", "llama3_8b", "-g", "h100", "-ng", "8", "-c", "bf16")
+    m = cfg.model
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size) == (1, 1, 2)
+    assert m.virtual_pipeline_model_parallel_size is None and m.sequence_parallel is False
+    assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (128, 1)
+    cfg.finalize()
+    assert cfg.ddp.grad_reduce_in_fp32 is False and cfg.optimizer.bf16
+    args = build_parser().parse_args(["-mr", "llama3_8b", "-g", "h100", "-ng", "8"])
+    env = environment(args, build_config(args))
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["TORCH_NCCL_HIGH_PRIORITY"] == "1"
+    assert env["NVTE_FWD_LAYERNORM_SM_MARGIN"] == "20"
+    recipe = _cfg("-mr", "llama3_8b", "-ng", "2")  # without -g: the recipe's own layout and batch
+    assert recipe.model.context_parallel_size == 1 and recipe.train.global_batch_size == 512
+
+
+def test_global_batch_weak_scales_with_num_gpus() -> None:
+    assert _cfg("-mr", "llama3_8b", "-g", "h100", "-ng", "16").train.global_batch_size == 256  # DP 4 -> 8
+    assert _cfg("-mr", "llama3_8b", "-g", "h100", "-ng", "4").train.global_batch_size == 64
+    assert _cfg("-mr", "llama3_8b", "-g", "h100", "-ng", "16", "-gb", "128").train.global_batch_size == 128
+    assert _cfg("-mr", "llama3_8b", "-ng", "4").train.global_batch_size == 1024  # recipe laid out for 2 GPUs
+    assert _cfg("--recipe", "tiny_llama", "-ng", "2").train.global_batch_size == 16
 
 
 def test_megatron_fsdp_flag_applies_parity_overrides() -> None:
@@ -65,11 +136,19 @@ def test_megatron_fsdp_flag_applies_parity_overrides() -> None:
     assert cfg.model.init_model_with_meta_device and cfg.checkpoint.load is None
     assert cfg.checkpoint.ckpt_format == "fsdp_dtensor"
     cfg.validate(world_size=1)
+    args = build_parser().parse_args(["-g", "h100", "--use_megatron_fsdp", "t", "-ng", "8"])
+    assert environment(args, build_config(args))["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
 
 
-def test_activation_checkpointing_and_offloading_flags() -> None:
-    assert _cfg("--recipe", "tiny_llama", "--activation_checkpointing", "yes").model.recompute_granularity == "full"
-    cfg = _cfg("--recipe", "tiny_llama", "--cpu_offloading", "2")
+def test_recompute_and_offloading_flags() -> None:
+    cfg = _cfg("--recipe", "tiny_llama", "-rl", "2")
+    assert (cfg.model.recompute_granularity, cfg.model.recompute_method, cfg.model.recompute_num_layers) == \
+        ("full", "block", 2)
+    assert _cfg("--recipe", "tiny_llama", "--recompute_modules", "core_attn").model.recompute_granularity == \
+        "selective"
+    with pytest.raises(ConfigValidationError, match="recomputes only \\['core_attn'\\]"):
+        _cfg("--recipe", "tiny_llama", "--recompute_modules", "core_attn,mlp")
+    cfg = _cfg("--recipe", "tiny_llama", "-ol", "2")
     assert cfg.model.cpu_offloading and cfg.model.cpu_offloading_num_layers == 2
 
 
@@ -109,3 +188,14 @@ def test_peak_table_prefers_longest_match() -> None:
     assert peak_tflops("NVIDIA GB200", "bfloat16") == 2500.0
     assert peak_tflops(None, "bfloat16") is None
     assert peak_tflops("Some GPU", "bfloat16") is None
+
+
+@pytest.mark.parametrize("script,flag", [("scripts/training/run_recipe.py", "--nproc"),
+                                         ("scripts/performance/launch.py", "-ng")])
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_process_count_below_one_is_an_error(script: str, flag: str, value: str) -> None:
+    """--nproc/-ng 0 is an error, never silently one process."""
+    proc = subprocess.run([sys.executable, script, "--recipe", "tiny_llama", flag, value, "--dry-run"
+                           if "run_recipe" in script else "--dryrun"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "must be >= 1" in proc.stderr and flag in proc.stderr
