@@ -22,12 +22,17 @@ from megatron_bridge.config.optimizer import OptimizerConfig, SchedulerConfig
 from megatron_bridge.config.train import ProfilingConfig, RNGConfig, TrainingConfig, ValidationConfig
 
 
+GPTDatasetConfig = DatasetConfig
+"""Megatron-Bridge's name of the GPT pretraining dataset config (``cfg.dataset``): the same class."""
+
+
 __all__ = [
     "CheckpointConfig",
     "ConfigContainer",
     "DatasetConfig",
     "DistributedDataParallelConfig",
     "DistributedInitConfig",
+    "GPTDatasetConfig",
     "FSDP2Config",
     "FSDP2MixedPrecisionPolicy",
     "FSDP2OffloadPolicy",

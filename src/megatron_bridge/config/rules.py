@@ -332,6 +332,25 @@ def _tokenizer(cfg: "ConfigContainer", world_size: int) -> None:
         fail("tokenizer.tokenizer_type='null' needs tokenizer.vocab_size", "tokenizer.vocab_size")
 
 
+BYTE_TOKENIZER_IDS = 258
+"""Ids of the byte tokenizer before extra special tokens: 256 bytes, <eod>, <pad> (data/tokenizers.py)."""
+
+
+@rule("tokenizer_vocab_fits", ("tokenizer.tokenizer_type", "tokenizer.vocab_size", "model.vocab_size"),
+      "The byte and null tokenizers' ids fit in model.vocab_size (a huggingface tokenizer is checked when loaded).")
+def _tokenizer_vocab(cfg: "ConfigContainer", world_size: int) -> None:
+    t = cfg.tokenizer
+    if t.tokenizer_type == "byte":
+        size, what = BYTE_TOKENIZER_IDS + len(t.extra_special_tokens), "the byte tokenizer"
+    elif t.tokenizer_type == "null" and t.vocab_size:
+        size, what = t.vocab_size, "tokenizer.vocab_size"
+    else:
+        return
+    if size > cfg.model.vocab_size:
+        fail(f"{what} has {size} ids but model.vocab_size={cfg.model.vocab_size}: set model.vocab_size={size} (or "
+             "larger)", "model.vocab_size", "tokenizer.tokenizer_type")
+
+
 @rule("scheduler_warmup_exclusive", ("scheduler.lr_warmup_fraction", "scheduler.lr_warmup_iters"),
       "scheduler.lr_warmup_fraction and scheduler.lr_warmup_iters are not both set; the fraction is in [0, 1).")
 def _warmup_exclusive(cfg: "ConfigContainer", world_size: int) -> None:

@@ -25,3 +25,10 @@ def test_config_floor_imports_no_torch() -> None:
     code = "import sys, megatron_bridge.training.config, megatron_bridge.recipes; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_megatron_bridge_class_alias() -> None:
+    from megatron_bridge.training.config import ConfigContainer, GPTDatasetConfig
+
+    cfg = ConfigContainer(dataset=GPTDatasetConfig(seq_length=64))
+    assert isinstance(cfg.dataset, config_floor.DatasetConfig) and GPTDatasetConfig is config_floor.DatasetConfig

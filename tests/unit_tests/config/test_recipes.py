@@ -119,3 +119,44 @@ def test_config_and_recipes_import_light_and_fast() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 1)
     assert out[1].strip() == "[]", f"heavy modules imported: {out[1]}"
     assert float(out[0]) < 0.5
+
+
+def test_qwen3_training_values_are_megatron_bridges() -> None:
+    """Megatron-Bridge's Qwen3 recipes: its _pretrain_common training values, no sequence parallelism, recompute
+    only for 32B."""
+    from megatron_bridge.recipes import qwen3_4b_pretrain_config, qwen3_32b_pretrain_config
+
+    for fn in (qwen3_4b_pretrain_config, qwen3_8b_pretrain_config, qwen3_32b_pretrain_config):
+        cfg = fn()
+        assert (cfg.train.train_iters, cfg.train.global_batch_size, cfg.train.micro_batch_size) == (300_000, 32, 2)
+        assert cfg.scheduler.lr_warmup_iters == 500
+        assert (cfg.validation.eval_interval, cfg.validation.eval_iters) == (500, 32)
+        assert (cfg.optimizer.lr, cfg.optimizer.min_lr) == (3e-4, 3e-5)
+        assert cfg.model.sequence_parallel is False
+        assert cfg.dist.use_torch_fsdp2 is (cfg.model.tensor_model_parallel_size > 1)  # TP runs on FSDP2 here
+    assert qwen3_8b_pretrain_config().model.recompute_granularity is None
+    m = qwen3_32b_pretrain_config().model
+    assert (m.recompute_granularity, m.recompute_method, m.recompute_num_layers) == ("full", "uniform", 1)
+
+
+def test_llama31_sequence_lengths_and_context_parallel() -> None:
+    from megatron_bridge.recipes import llama31_8b_pretrain_config, llama31_70b_pretrain_config
+
+    m8, m70, m405 = (fn().model for fn in (llama31_8b_pretrain_config, llama31_70b_pretrain_config,
+                                           llama31_405b_pretrain_config))
+    assert (m8.seq_length, m8.context_parallel_size) == (8192, 1)  # Megatron-Bridge: CP 2 (docstring says why not)
+    assert (m70.seq_length, m70.context_parallel_size, m70.tensor_model_parallel_size) == (131072, 2, 4)
+    assert (m405.seq_length, m405.context_parallel_size, m405.pipeline_model_parallel_size) == (131072, 4, 7)
+    assert "CP" in llama31_8b_pretrain_config.__doc__ and "PP=7" in llama31_405b_pretrain_config.__doc__
+
+
+def test_default_run_folder(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without dir, checkpoints and TensorBoard go to <cwd>/nemo_experiments/default, as in Megatron-Bridge."""
+    monkeypatch.chdir(tmp_path)
+    cfg = llama3_8b_pretrain_config()
+    run = tmp_path / "nemo_experiments" / "default"
+    assert cfg.checkpoint.save == cfg.checkpoint.load == str(run / "checkpoints")
+    assert cfg.logger.tensorboard_dir == str(run / "tb_logs")
+    other = llama3_8b_pretrain_config(dir=str(tmp_path / "mine"))
+    assert other.checkpoint.save == str(tmp_path / "mine" / "checkpoints")
+    assert not run.exists()  # a recipe call creates nothing

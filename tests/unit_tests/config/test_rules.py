@@ -137,6 +137,8 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                                   ddp__activation_checkpointing="selective"), 1,
                                              "ddp.activation_checkpointing",
                                              _set(ddp__activation_checkpointing="selective")),
+    "tokenizer_vocab_fits": (_set(tokenizer__extra_special_tokens=["<x>"]), 1, "model.vocab_size",
+                             _set(tokenizer__extra_special_tokens=["<x>"], model__vocab_size=259)),
     "field_types": (_set(ddp__data_parallel_sharding_strategy="zero3"), 1, "ddp.data_parallel_sharding_strategy",
                     _set(ddp__data_parallel_sharding_strategy="optim")),
     "model_head_dim": (_set(model__hidden_size=130), 1, "model.num_attention_heads",
