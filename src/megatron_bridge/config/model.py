@@ -71,7 +71,7 @@ class ModelConfig:
     """Tensor-parallel size (TP)."""
     pipeline_model_parallel_size: int = 1
     """Pipeline-parallel size (PP). Differs from Megatron-Bridge for now: PP > 1 is refused by validate() (rule
-    engine_parallel_layout) until pipeline parallelism is built; the same holds for virtual PP, CP and EP."""
+    engine_parallel_layout) until pipeline parallelism is built; the same holds for virtual PP and EP."""
     virtual_pipeline_model_parallel_size: int | None = None
     """Virtual pipeline stages (model chunks) per PP rank, for the multi-stage schedules; None: one stage per rank."""
     pipeline_schedule: PipelineSchedule | None = None

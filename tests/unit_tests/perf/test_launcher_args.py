@@ -117,7 +117,7 @@ def test_per_gpu_perf_config_llama3_8b_h100_bf16(monkeypatch: pytest.MonkeyPatch
     assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["TORCH_NCCL_HIGH_PRIORITY"] == "1"
     assert env["NVTE_FWD_LAYERNORM_SM_MARGIN"] == "20"
     recipe = _cfg("-mr", "llama3_8b", "-ng", "2")  # without -g: the recipe's own layout and batch
-    assert recipe.model.context_parallel_size == 1 and recipe.train.global_batch_size == 512
+    assert recipe.model.context_parallel_size == 2 and recipe.train.global_batch_size == 512
 
 
 def test_global_batch_weak_scales_with_num_gpus() -> None:
