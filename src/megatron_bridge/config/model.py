@@ -70,8 +70,7 @@ class ModelConfig:
     tensor_model_parallel_size: int = 1
     """Tensor-parallel size (TP)."""
     pipeline_model_parallel_size: int = 1
-    """Pipeline-parallel size (PP). Differs from Megatron-Bridge for now: PP > 1 is refused by validate() (rule
-    engine_parallel_layout) until pipeline parallelism is built; the same holds for virtual PP and EP."""
+    """Pipeline-parallel size (PP)."""
     virtual_pipeline_model_parallel_size: int | None = None
     """Virtual pipeline stages (model chunks) per PP rank, for the multi-stage schedules; None: one stage per rank."""
     pipeline_schedule: PipelineSchedule | None = None

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("-vp", "--virtual_pipeline_model_parallel_size", type=optional_positive_int, default=VP_UNSET,
                      help="virtual pipeline stages per PP rank, or None")
     par.add_argument("-et", "--expert_tensor_parallel_size", type=optional_positive_int, nargs="?", const=None,
-                     default=VP_UNSET, help="expert TP (this version has no separate expert TP: only 1/None)")
+                     default=VP_UNSET, help="expert tensor-parallel size, or None (validate() names what is built)")
     feat = p.add_argument_group("features")
     feat.add_argument("-c", "--compute_dtype", default=None, choices=[*COMPUTE_DTYPES, *FP8_DTYPES],
                       help="compute precision (default: the recipe's; bf16 with -g)")
@@ -184,9 +184,8 @@ def apply_flags(cfg: ConfigContainer, args: argparse.Namespace, has_perf_config:
             setattr(m, path, getattr(args, flag))
     if args.virtual_pipeline_model_parallel_size != VP_UNSET:
         m.virtual_pipeline_model_parallel_size = args.virtual_pipeline_model_parallel_size
-    if args.expert_tensor_parallel_size not in (VP_UNSET, None, 1):
-        raise ConfigValidationError(f"-et {args.expert_tensor_parallel_size}: this version has no separate expert "
-                                    "tensor parallelism; leave -et out (or 1/None)")
+    if args.expert_tensor_parallel_size != VP_UNSET:  # "-et" alone or "-et None": Megatron's default (None)
+        m.expert_tensor_parallel_size = args.expert_tensor_parallel_size
     if args.global_batch_size is not None:
         t.global_batch_size = args.global_batch_size
     if args.micro_batch_size is not None:
