@@ -7,6 +7,7 @@ saves) and :meth:`~CheckpointManager.close` at exit (waits for pending saves). E
 
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,8 @@ class CheckpointManager:
         optimizer: the optimizer (as returned by ``backend.prepare_optimizer``).
         scheduler: the learning-rate scheduler.
         train_state: the run's counters; restored in place by :meth:`load`, saved by :meth:`save`.
+        extra_files: returns more rank-0 files (name → bytes) to store in every checkpoint, e.g. the modelopt state
+            of a quantized model (read back before the model is wrapped, see megatron_bridge.optimization).
     """
 
     def __init__(
@@ -57,8 +60,10 @@ class CheckpointManager:
         optimizer: torch.optim.Optimizer,
         scheduler: "OptimizerParamScheduler",
         train_state: "TrainState",
+        extra_files: Callable[[], dict[str, bytes]] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.extra_files = extra_files
         self.ckpt = cfg.checkpoint
         self.backend = backend
         self.optimizer = optimizer
@@ -237,7 +242,7 @@ class CheckpointManager:
         return saving.SaveJob(
             root=root, step=step, tmp=layout.temporary_dir(root, step, save_id),
             train_state_bytes=saving.serialize(self.train_state.state_dict()), config_yaml=self.cfg.to_yaml(),
-            info=info,
+            info=info, extra_files=self.extra_files() if self.extra_files is not None and self.rank == 0 else {},
         )
 
     def _write_sync(self, state: dict, job: saving.SaveJob) -> None:

@@ -49,6 +49,8 @@ class SaveJob:
     """``run_config.yaml`` content."""
     info: dict[str, Any] = field(default_factory=dict)
     """Extra manifest fields: format, backend, world size."""
+    extra_files: dict[str, bytes] = field(default_factory=dict)
+    """More rank-0 files by name (e.g. ``modelopt_state.pt``), captured when the save started."""
 
     @property
     def final(self) -> Path:
@@ -93,9 +95,11 @@ def write_rank_files(tmp: Path, rank: int, world_size: int, save_rng: bool) -> N
 
 
 def write_rank0_files(job: SaveJob) -> None:
-    """Write ``train_state.pt`` and ``run_config.yaml`` into the temporary folder (rank 0)."""
+    """Write ``train_state.pt``, ``run_config.yaml`` and the extra files into the temporary folder (rank 0)."""
     (job.tmp / TRAIN_STATE_FILENAME).write_bytes(job.train_state_bytes)
     (job.tmp / RUN_CONFIG_FILENAME).write_text(job.config_yaml)
+    for name, data in job.extra_files.items():
+        (job.tmp / name).write_bytes(data)
 
 
 def _writer(folder: Path) -> FileSystemWriter:

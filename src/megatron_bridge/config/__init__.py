@@ -18,6 +18,7 @@ from megatron_bridge.config.distributed import (
 from megatron_bridge.config.logger import LoggerConfig
 from megatron_bridge.config.mixed_precision import MixedPrecisionConfig
 from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.model_optimization import DistillationConfig, QuantizationConfig
 from megatron_bridge.config.optimizer import OptimizerConfig, SchedulerConfig
 from megatron_bridge.config.train import ProfilingConfig, RNGConfig, TrainingConfig, ValidationConfig
 
@@ -30,6 +31,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfigContainer",
     "DatasetConfig",
+    "DistillationConfig",
     "DistributedDataParallelConfig",
     "DistributedInitConfig",
     "GPTDatasetConfig",
@@ -41,6 +43,7 @@ __all__ = [
     "ModelConfig",
     "OptimizerConfig",
     "ProfilingConfig",
+    "QuantizationConfig",
     "RNGConfig",
     "SchedulerConfig",
     "TokenizerConfig",

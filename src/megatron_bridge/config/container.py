@@ -22,6 +22,7 @@ from megatron_bridge.config.distributed import (
 from megatron_bridge.config.logger import LoggerConfig
 from megatron_bridge.config.mixed_precision import MixedPrecisionConfig
 from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.model_optimization import DistillationConfig, QuantizationConfig
 from megatron_bridge.config.optimizer import OptimizerConfig, SchedulerConfig
 from megatron_bridge.config.train import ProfilingConfig, RNGConfig, TrainingConfig, ValidationConfig
 from megatron_bridge.utils.dist_env import get_world_size
@@ -56,11 +57,16 @@ class ConfigContainer:
     fsdp2: FSDP2Config = field(default_factory=FSDP2Config)
     """Options of PyTorch FSDP2."""
     mixed_precision: MixedPrecisionConfig | str | None = None
-    """A preset name ("bf16_mixed", "fp16_mixed", "fp32") or a MixedPrecisionConfig; None leaves the fields as set."""
+    """A preset name ("bf16_mixed", "fp16_mixed", "fp32", or an FP8/FP4 preset such as
+    "bf16_with_fp8_current_scaling_mixed") or a MixedPrecisionConfig; None leaves the fields as set."""
     rng: RNGConfig = field(default_factory=RNGConfig)
     """Random seeds."""
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     """Profiler settings."""
+    quantization: QuantizationConfig = field(default_factory=QuantizationConfig)
+    """nvidia-modelopt quantization-aware training (off unless quantization.quant_cfg is set)."""
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    """Knowledge distillation from a teacher checkpoint (off unless distillation.teacher_checkpoint is set)."""
 
     # ----------------------------------------------------------------------------------------------- lifecycle
     def finalize(self) -> "ConfigContainer":

@@ -3,7 +3,8 @@
 ``check_rules`` runs them all and raises one ConfigValidationError listing every violation. The table of rules in
 docs/training/config-container.md is checked against ``RULES`` by a test, so the docs cannot drift.
 Rules about the data-parallel backends and checkpoint formats live in :mod:`.rules_distributed`, those of pipeline
-parallelism in :mod:`.rules_pipeline`.
+parallelism in :mod:`.rules_pipeline`, those of the FP8/FP4 presets in :mod:`.rules_precision`, those of quantization
+and distillation in :mod:`.rules_model_optimization`.
 """
 
 from collections.abc import Callable
@@ -414,3 +415,5 @@ import megatron_bridge.config.rules_model  # noqa: E402, F401, I001
 import megatron_bridge.config.rules_distributed  # noqa: E402, F401
 import megatron_bridge.config.rules_pipeline  # noqa: E402, F401
 import megatron_bridge.config.rules_moe  # noqa: E402, F401
+import megatron_bridge.config.rules_model_optimization  # noqa: E402, F401
+import megatron_bridge.config.rules_precision  # noqa: E402, F401

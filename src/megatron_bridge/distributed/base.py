@@ -117,11 +117,14 @@ class DataParallelBackend(ABC):
         """Model state for checkpointing: one entry per chunk ("model" or "model0", "model1", ...).
 
         Pipeline stages keep the full model's parameter names, so under PP every chunk of every stage goes into one
-        ``"model"`` entry: each rank holds its stages' keys, and a checkpoint loads at any PP/VPP layout.
+        ``"model"`` entry: each rank holds its stages' keys, and a checkpoint loads at any PP/VPP layout. The weights
+        only: buffers of modelopt quantizers are saved apart (megatron_bridge.optimization.state).
         """
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        states = [get_model_state_dict(chunk) for chunk in self.chunks]
+        from megatron_bridge.optimization.state import without_quantizer_keys
+
+        states = [without_quantizer_keys(get_model_state_dict(chunk)) for chunk in self.chunks]
         if self.expert_parallel is not None:
             states = [self.expert_parallel.globalize(state, i) for i, state in enumerate(states)]
         if self.pipelined:
@@ -129,8 +132,10 @@ class DataParallelBackend(ABC):
         return _by_chunk(states)
 
     def load_model_state_dict(self, state: dict[str, Any]) -> None:
-        """Load what ``model_state_dict`` returned (after DCP filled it in place)."""
+        """Load what ``model_state_dict`` returned (after DCP filled it in place); quantizer buffers are kept."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        from megatron_bridge.optimization.state import is_quantizer_key
 
         if self.expert_parallel is not None:
             state = self.expert_parallel.localize(state)
@@ -140,7 +145,8 @@ class DataParallelBackend(ABC):
                 set_model_state_dict(chunk, {k: merged[k] for k in get_model_state_dict(chunk)})
             return
         for chunk, chunk_state in zip(self.chunks, _from_chunks(state, len(self.chunks))):
-            set_model_state_dict(chunk, chunk_state)
+            live = {k: v for k, v in get_model_state_dict(chunk).items() if is_quantizer_key(k)}
+            set_model_state_dict(chunk, {**chunk_state, **live} if live else chunk_state)
 
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Optimizer state for checkpointing, flat and keyed by parameter names (``state.<fqn>.exp_avg``,

@@ -36,13 +36,14 @@ def masked_next_token_loss(
 
 def forward_step(data_iterator: Iterator[Batch], model: nn.Module) -> tuple[torch.Tensor, LossFunc]:
     """Run the model on the next micro-batch; return per-token losses and the masked loss function."""
-    device = _module_device(model)
+    device = module_device(model)
     batch = get_batch(data_iterator, device)
     output = model(batch["tokens"], position_ids=batch.get("position_ids"), labels=batch["labels"])
     return output, partial(masked_next_token_loss, batch["loss_mask"])
 
 
-def _module_device(model: nn.Module) -> torch.device:
+def module_device(model: nn.Module) -> torch.device:
+    """The device of the model's first materialized parameter (CPU when all are on the meta device)."""
     for p in model.parameters():
         if p.device.type != "meta":
             return p.device

@@ -61,6 +61,9 @@ class TrainResult:
     """Data-parallel backend name."""
     peak_memory_bytes: int = 0
     """Peak memory of this rank (CUDA allocator peak, or peak RSS on CPU)."""
+    reported_losses: dict[str, list[float]] = field(default_factory=dict)
+    """Per step, the global token-weighted value of every loss the forward step reports besides the objective
+    (e.g. "lm loss" and "logits distillation loss" with distillation); empty when it reports only "lm loss"."""
 
     @property
     def final_loss(self) -> float:
@@ -102,17 +105,31 @@ def _global_tokens(ctx: Any, batches: list[dict[str, torch.Tensor]]) -> float | 
     return _global_sum([local_tokens], ctx.device)[0] / model_copies
 
 
+def _add_report(sums: dict[str, list[float]], report: dict[str, torch.Tensor]) -> None:
+    """Accumulate a loss function's ``{name: [loss_sum, tokens]}`` report (only when it has more than "lm loss")."""
+    if set(report) == {"lm loss"}:
+        return
+    for name, value in report.items():
+        loss_sum, tokens = (float(v) for v in value.detach().reshape(-1)[:2])
+        acc = sums.setdefault(name, [0.0, 0.0])
+        acc[0] += loss_sum
+        acc[1] += tokens
+
+
 def _accumulate(ctx: Any, forward_step_func: Callable[..., Any], batches: list[dict[str, torch.Tensor]],
-                global_tokens: float | None) -> tuple[float, float]:
-    """Forward and backward of every micro-batch (no pipeline); returns this rank's (loss sum, token count)."""
+                global_tokens: float | None) -> tuple[float, float, dict[str, list[float]]]:
+    """Forward and backward of every micro-batch (no pipeline); returns this rank's (loss sum, token count) and the
+    summed report entries (see :func:`_add_report`)."""
     backend, n_micro = ctx.backend, len(batches)
     loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     token_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    report_sums: dict[str, list[float]] = {}
     for i, batch in enumerate(batches):
         with backend.grad_sync_context(is_last_microbatch=i == n_micro - 1):
             with backend.forward_context():
                 output, loss_func = call_forward_step(forward_step_func, ctx, iter([batch]), ctx.model)
-                micro_loss, micro_tokens, _ = loss_func(output)
+                micro_loss, micro_tokens, report = loss_func(output)
+            _add_report(report_sums, report)
             if global_tokens is not None:
                 scaled = micro_loss * (ctx.dp_size * ctx.cp_size / global_tokens)
             else:  # no loss_mask in the batch: mean per micro-batch, averaged over micro-batches
@@ -123,14 +140,16 @@ def _accumulate(ctx: Any, forward_step_func: Callable[..., Any], batches: list[d
         loss_sum += micro_loss.detach().to(torch.float64)
         token_sum += micro_tokens.detach().to(torch.float64)
     backend.finish_grad_sync()
-    return loss_sum.item(), token_sum.item()
+    return loss_sum.item(), token_sum.item(), report_sums
 
 
-def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, float]:
-    """One optimizer step over ``num_microbatches`` micro-batches; returns (global loss, grad norm).
+def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, float, dict[str, float]]:
+    """One optimizer step over ``num_microbatches`` micro-batches; returns (global loss, grad norm, reported losses).
 
     Under pipeline parallelism (``ctx.pipeline``) the schedule runs the micro-batches; the loss lives on the last
-    stage and the all-reduce over every rank gives each the global loss (other stages add zeros).
+    stage and the all-reduce over every rank gives each the global loss (other stages add zeros). The reported
+    losses are the forward step's report entries besides the objective, token-weighted globally (in the loss's
+    all-reduce); empty when it reports only "lm loss".
     """
     backend, cfg = ctx.backend, ctx.cfg
     n_micro = cfg.num_microbatches(ctx.env.world_size)
@@ -139,15 +158,18 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
     if ctx.moe is not None:  # MoE aux-loss gradients: mean over the step's micro-batches
         ctx.moe.begin_step(n_micro, float(ctx.grad_scaler.get_scale()) if ctx.grad_scaler is not None else 1.0)
     backend.zero_grad(ctx.optimizer)
+    report_sums: dict[str, list[float]] = {}
     if ctx.pipeline is not None:
         scale = None if global_tokens is None else ctx.dp_size * ctx.cp_size / global_tokens
         local_loss, local_tokens = ctx.pipeline.run(batches, scale=scale, train=True)
     else:
-        local_loss, local_tokens = _accumulate(ctx, forward_step_func, batches, global_tokens)
+        local_loss, local_tokens, report_sums = _accumulate(ctx, forward_step_func, batches, global_tokens)
     if ctx.moe is not None:  # global expert load, expert-bias update, logged statistics
         ctx.moe.end_step()
-    total_loss, total_tokens = _global_sum([local_loss, local_tokens], ctx.device)
+    flat = [local_loss, local_tokens] + [v for pair in report_sums.values() for v in pair]
+    total_loss, total_tokens, *reported = _global_sum(flat, ctx.device)
     loss = total_loss / max(total_tokens, 1.0)
+    reported_losses = {name: reported[2 * i] / max(reported[2 * i + 1], 1.0) for i, name in enumerate(report_sums)}
     if not math.isfinite(loss):
         raise TrainingError(
             f"the training loss is {loss} at iteration {ctx.train_state.step + 1}: lower optimizer.lr, check the data, "
@@ -162,7 +184,7 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
     else:
         ctx.optimizer.step()
     ctx.scheduler.step()
-    return loss, grad_norm
+    return loss, grad_norm, reported_losses
 
 
 @torch.no_grad()
@@ -222,17 +244,20 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
         ctx.profiler.step_begin(state.step)
         timer.reset()
         lr = ctx.optimizer.param_groups[0]["lr"]
-        loss, grad_norm = train_step(ctx, forward_step_func)
+        loss, grad_norm, reported = train_step(ctx, forward_step_func)
         step_time = timer.elapsed()
         state.step += 1
         state.consumed_train_samples += cfg.train.global_batch_size
         state.floating_point_operations_so_far += result.flops_per_step
         _record(result, state.step, loss, grad_norm, lr, step_time)
+        for name, value in reported.items():
+            result.reported_losses.setdefault(name, []).append(value)
         metrics = StepMetrics(state.step, loss, grad_norm, lr, step_time, result.tokens_per_step,
                               result.flops_per_step, state.consumed_train_samples,
                               params_norm=params_norm(ctx.backend) if cfg.logger.log_params_norm else None,
                               moe_aux_loss=ctx.moe.last.aux_loss if ctx.moe is not None else None,
-                              loss_scale=float(ctx.grad_scaler.get_scale()) if ctx.grad_scaler else 1.0)
+                              loss_scale=float(ctx.grad_scaler.get_scale()) if ctx.grad_scaler else 1.0,
+                              reported_losses=reported)
         ctx.metrics.log_step(metrics)
         if ctx.moe is not None:
             ctx.metrics.log_moe(state.step, ctx.moe.last)

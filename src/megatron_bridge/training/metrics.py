@@ -4,7 +4,7 @@ import math
 import resource
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +33,13 @@ class StepMetrics:
     moe_aux_loss: float | None = None
     """MoE auxiliary loss of the step (sum over MoE layers), when the model has one."""
     loss_scale: float = 1.0
+    reported_losses: dict[str, float] = field(default_factory=dict)
+    """Losses the forward step reports besides the objective (e.g. "lm loss", "logits distillation loss")."""
+
+    @property
+    def objective_name(self) -> str:
+        """Name the step's loss is logged under: "lm loss", or "total loss" when the report has its own "lm loss"."""
+        return "total loss" if "lm loss" in self.reported_losses else "lm loss"
 
 
 TENSORBOARD_TAGS: dict[str, str] = {
@@ -130,7 +137,9 @@ class TrainingLogger:
             w.add_scalar(tag, value, m.step)
             w.add_scalar(f"{tag} vs samples", value, samples)
 
-        both("lm loss", m.loss)
+        both(m.objective_name, m.loss)
+        for name, value in m.reported_losses.items():
+            w.add_scalar(name, value, m.step)
         both("learning-rate", m.lr)
         both("batch-size", self.cfg.train.global_batch_size)
         both("loss-scale", m.loss_scale)
@@ -163,9 +172,11 @@ class TrainingLogger:
             f"elapsed time per iteration (ms) {step_time * 1000:.1f}",
             f"learning rate {last.lr:.4e}",
             f"global batch size {self.cfg.train.global_batch_size}",
-            f"lm loss {loss:.6e}",
-            f"grad norm {last.grad_norm:.4f}",
+            f"{last.objective_name} {loss:.6e}",
         ]
+        parts += [f"{name} {sum(m.reported_losses.get(name, 0.0) for m in window) / len(window):.6e}"
+                  for name in last.reported_losses]
+        parts.append(f"grad norm {last.grad_norm:.4f}")
         if last.params_norm is not None:
             parts.append(f"params norm {last.params_norm:.4f}")
         if last.moe_aux_loss is not None:

@@ -1,6 +1,7 @@
 """``pretrain(cfg, forward_step_func)``: validate → set up → train → tear down.
 
-Set-up order: process groups → seeds → model chunks (meta device when asked) → ``ddp_wrap`` → optimizer (sharded by
+Set-up order: process groups → seeds → model chunks (meta device when asked) → modelopt quantizers (restored or
+calibrated, ``cfg.quantization``) → ``ddp_wrap`` → distillation teacher (``cfg.distillation``) → optimizer (sharded by
 the backend when it does that) → LR schedule → checkpoint load → data loaders (resumed at the loaded position).
 """
 
@@ -60,6 +61,8 @@ class TrainingContext:
     """The :class:`~megatron_bridge.distributed.pipeline.PipelineRunner` under pipeline parallelism, else None."""
     moe: MoETracker | None = None
     """Bookkeeping of the MoE layers (None for dense models)."""
+    distiller: Any = None
+    """The distillation teacher and losses (megatron_bridge.optimization.distillation.Distiller), None without."""
 
     @property
     def device(self) -> torch.device:
@@ -123,7 +126,26 @@ def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, sche
         return None
     from megatron_bridge.checkpoint import CheckpointManager
 
-    return CheckpointManager(cfg, backend, optimizer, scheduler, state)
+    extra_files = None
+    if cfg.quantization.quant_cfg is not None:
+        from megatron_bridge.optimization.state import MODELOPT_STATE_FILENAME, modelopt_state_bytes
+
+        def extra_files() -> dict[str, bytes]:
+            return {MODELOPT_STATE_FILENAME: modelopt_state_bytes(backend.unwrap(backend.chunks[0]))}
+
+    return CheckpointManager(cfg, backend, optimizer, scheduler, state, extra_files=extra_files)
+
+
+def _quantize(cfg: ConfigContainer, chunks: list[nn.Module], tokenizer: Any, device: torch.device) -> list[nn.Module]:
+    """QAT: quantizers inserted (or restored) into the plain model before it is wrapped (cfg.quantization)."""
+    from megatron_bridge.distributed.common import has_meta_params
+    from megatron_bridge.models.provider import materialize_meta_model
+    from megatron_bridge.optimization.quantization import prepare_quantized_model
+
+    if has_meta_params(chunks):  # calibration needs real weights: materialize the whole model first
+        log_rank_0(logger, "quantization: materializing the meta-device model on every rank before calibration")
+        chunks = [materialize_meta_model(chunk, device) for chunk in chunks]
+    return [prepare_quantized_model(cfg, chunk, tokenizer, device) for chunk in chunks]
 
 
 def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = None) -> TrainingContext:
@@ -138,8 +160,11 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
     tokenizer = _build_tokenizer_and_check_vocab(cfg)
     pp_rank = pipeline_parallel_rank(cfg, env.rank, env.world_size)
     chunks = build_model_chunks(cfg.model, device=env.device, pp_rank=pp_rank)
+    if cfg.quantization.quant_cfg is not None:
+        chunks = _quantize(cfg, chunks, tokenizer, env.device)
     backend = ddp_wrap(chunks, cfg, env.device)
     pipeline = _pipeline_runner(cfg, backend, env)
+    distiller = _distiller(cfg, backend, env.device) if cfg.distillation.enabled else None
     optimizer = backend.prepare_optimizer(build_optimizer(cfg, backend.chunks, env.device))
     scheduler = OptimizerParamScheduler(optimizer, cfg)
     state = TrainState()
@@ -172,6 +197,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         pipeline=pipeline,
         moe=MoETracker.for_chunks([backend.unwrap(c) for c in backend.chunks], env.device,
                                   max(1, env.world_size // dp_size)),
+        distiller=distiller,
     )
 
 
@@ -192,6 +218,13 @@ def _check_forward_step(cfg: ConfigContainer, forward_step_func: Callable[..., A
             "next-token loss itself; use the default forward step or PP=1", ("model.pipeline_model_parallel_size",))
 
 
+def _distiller(cfg: ConfigContainer, backend: Any, device: torch.device) -> Any:
+    """Knowledge distillation: the frozen teacher (replicated) and the losses (cfg.distillation)."""
+    from megatron_bridge.optimization.distillation import Distiller, build_teacher
+
+    return Distiller(cfg, build_teacher(cfg, device), backend.unwrap(backend.chunks[0]))
+
+
 def pretrain(
     cfg: ConfigContainer,
     forward_step_func: Callable[..., Any] = default_forward_step,
@@ -205,6 +238,8 @@ def pretrain(
     When anything raises on a rank, that rank aborts the process groups (no barrier, pending async saves are
     abandoned) and re-raises, so the other ranks' collectives fail at once and the whole job stops within seconds;
     see docs/troubleshooting.md.
+    With ``cfg.distillation`` the default forward step is replaced by the distillation one; a custom 3-argument
+    forward step finds the teacher and the losses in ``state.distiller``.
     """
     from megatron_bridge.distributed.failure import abort_distributed, annotate_failure
     from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
@@ -213,6 +248,10 @@ def pretrain(
     setup_logging(cfg.logger.logging_level)
     cfg.validate()
     _check_forward_step(cfg, forward_step_func)
+    if cfg.distillation.enabled and forward_step_func is default_forward_step:
+        from megatron_bridge.optimization.distillation import distillation_forward_step
+
+        forward_step_func = distillation_forward_step
     env = initialize_distributed(cfg)
     watch_parent()  # under a launcher (torchrun): exit when it dies instead of training on as an orphan
     ctx: TrainingContext | None = None

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.mixed_precision import MixedPrecisionConfig, bf16_with_mxfp8_mixed
 from megatron_bridge.config.rules import RULES, check_rules
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import tiny_llama_pretrain_config
@@ -186,10 +187,50 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                        _set(model__num_moe_experts=4, model__moe_token_dispatcher_type="allgather")),
     "moe_backend": (_set(model__num_moe_experts=4, dist__use_megatron_fsdp=True), 1, "dist.use_megatron_fsdp",
                     _set(model__num_moe_experts=4, dist__use_torch_fsdp2=True)),
+    "quantization_needs_modelopt": (_set(quantization__quant_cfg="int8"), 1, "quantization.quant_cfg",
+                                    _set(quantization__quant_cfg="int8")),
+    "quantization_cuda_formats": (_set(quantization__quant_cfg="nvfp4"), 1, "quantization.quant_cfg",
+                                  _set(quantization__quant_cfg="fp8")),
+    "quantization_settings": (_set(quantization__quant_cfg="int8", quantization__calib_size=0), 1,
+                              "quantization.calib_size", _set(quantization__quant_cfg="int4_awq")),
+    "distillation_needs_modelopt": (_set(distillation__teacher_checkpoint="/tmp/teacher"), 1,
+                                    "distillation.teacher_checkpoint",
+                                    _set(distillation__teacher_checkpoint="/tmp/teacher")),
+    "distillation_settings": (_set(distillation__teacher_checkpoint="/tmp/t", distillation__logit_kl_temperature=0.0),
+                              1, "distillation.logit_kl_temperature",
+                              _set(distillation__teacher_checkpoint="/tmp/t", distillation__skip_lm_loss=False)),
+    "fp8_fp4_settings": (lambda cfg: setattr(cfg, "mixed_precision", MixedPrecisionConfig(fp8="hybrid", fp4="e2m1")),
+                         1, "mixed_precision.fp4", _set(mixed_precision="bf16_mixed")),
+    "fp8_bf16_layers": (lambda cfg: setattr(cfg, "mixed_precision", MixedPrecisionConfig(
+        first_last_layers_bf16=True, num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=2)), 1,
+        "mixed_precision.num_layers_at_end_in_bf16", lambda cfg: setattr(cfg, "mixed_precision", MixedPrecisionConfig(
+            first_last_layers_bf16=True, num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1))),
+    "mxfp8_param_gather_reuse": (lambda cfg: setattr(cfg, "mixed_precision", _mxfp8_without_reuse()), 1,
+                                 "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", _set(mixed_precision="fp32")),
+    "fp8_requirements": (_set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed"), 1, "mixed_precision",
+                         _set(mixed_precision="bf16_mixed")),
 }
 
 NOT_YET_BUILT = "engine_parallel_layout"
 """Passing cases of layout rules (PP, CP) may still violate this rule until those layouts are built."""
+
+NO_MODELOPT_RULES = ("quantization_needs_modelopt", "distillation_needs_modelopt")
+"""Rules whose violation needs nvidia-modelopt to be missing: the test makes its import fail."""
+
+
+def _mxfp8_without_reuse() -> MixedPrecisionConfig:
+    mp = bf16_with_mxfp8_mixed()
+    mp.reuse_grad_buf_for_mxfp8_param_ag = False
+    return mp
+
+
+def _as_cpu_machine(monkeypatch: pytest.MonkeyPatch, rule_id: str) -> None:
+    """No CUDA device (so the CUDA rules fail on a GPU machine too); no modelopt for the modelopt rules."""
+    import megatron_bridge.utils.packages as packages
+
+    monkeypatch.setattr(packages, "cuda_capability", lambda: None)
+    if rule_id in NO_MODELOPT_RULES:
+        monkeypatch.setattr(packages, "import_problem", lambda name: "not installed")
 
 
 def test_every_rule_has_a_case() -> None:
@@ -202,6 +243,7 @@ def test_rule_violation_is_named(rule_id: str, monkeypatch: pytest.MonkeyPatch) 
     mutate, world_size, path, _ = CASES[rule_id]
     if rule_id == "megatron_fsdp_device_connections":
         monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    _as_cpu_machine(monkeypatch, rule_id)
     cfg = tiny_llama_pretrain_config()
     mutate(cfg)
     with pytest.raises(ConfigValidationError) as info:

@@ -1,0 +1,127 @@
+"""Validation rules of the FP8/FP4 mixed-precision presets (Megatron-Bridge's rules, plus what this machine lacks).
+
+The requirements rule names the preset and everything missing: a CUDA device of the right generation (FP8: compute
+capability >= 8.9; "mxfp8" and FP4: Blackwell, >= 10.0; "blockwise": Hopper, 9.x), transformer-engine that really
+imports (>= 2.7 for FP4), and an engine with an FP8 path (the local engine has none in this version; see
+docs/training/low-precision.md). Probes are imported lazily, so configs without FP8 never import torch here.
+"""
+
+from typing import TYPE_CHECKING
+
+from megatron_bridge.config.mixed_precision import FP8_RECIPES, MixedPrecisionConfig, preset_name_of
+from megatron_bridge.config.rules import fail, rule
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+
+FP8_FORMATS = ("hybrid", "e4m3")
+FP4_FORMATS = ("e2m1",)
+FP4_RECIPES = ("nvfp4",)
+TE_MIN_VERSION_FP4 = "2.7.0"
+
+
+def _mp(cfg: "ConfigContainer") -> MixedPrecisionConfig | None:
+    mp = cfg.mixed_precision
+    return mp if isinstance(mp, MixedPrecisionConfig) else None
+
+
+def describe(mp: MixedPrecisionConfig) -> str:
+    """"preset 'bf16_with_mxfp8_mixed' (fp8='e4m3' fp8_recipe='mxfp8')" or the settings alone."""
+    name = preset_name_of(mp)
+    return f"mixed_precision preset {name!r} ({mp.low_precision})" if name else f"mixed_precision {mp.low_precision}"
+
+
+@rule("fp8_fp4_settings", ("mixed_precision.fp8", "mixed_precision.fp4", "mixed_precision.fp8_recipe",
+                           "mixed_precision.fp4_recipe"),
+      "fp8 and fp4 are not both set; fp8 is 'hybrid'/'e4m3' with a known fp8_recipe; fp4 is 'e2m1' with 'nvfp4'.")
+def _fp8_fp4_settings(cfg: "ConfigContainer", world_size: int) -> None:
+    mp = _mp(cfg)
+    if mp is None:
+        return
+    if mp.fp8 and mp.fp4:
+        fail(f"mixed_precision.fp8={mp.fp8!r} and mixed_precision.fp4={mp.fp4!r} cannot be used together: choose one",
+             "mixed_precision.fp8", "mixed_precision.fp4")
+    if mp.fp8 is not None and mp.fp8 not in FP8_FORMATS:
+        fail(f"mixed_precision.fp8={mp.fp8!r} is not one of {list(FP8_FORMATS)}", "mixed_precision.fp8")
+    if mp.fp8_recipe not in FP8_RECIPES:
+        fail(f"mixed_precision.fp8_recipe={mp.fp8_recipe!r} is not one of {list(FP8_RECIPES)}",
+             "mixed_precision.fp8_recipe")
+    if mp.fp4 is not None and mp.fp4 not in FP4_FORMATS:
+        fail(f"mixed_precision.fp4={mp.fp4!r} is not one of {list(FP4_FORMATS)}", "mixed_precision.fp4")
+    if mp.fp4_recipe not in FP4_RECIPES:
+        fail(f"mixed_precision.fp4_recipe={mp.fp4_recipe!r} is not one of {list(FP4_RECIPES)}",
+             "mixed_precision.fp4_recipe")
+
+
+@rule("fp8_bf16_layers", ("mixed_precision.num_layers_at_start_in_bf16", "mixed_precision.num_layers_at_end_in_bf16"),
+      "With first_last_layers_bf16, the bf16 layers at start and end are >= 0 and fewer than model.num_layers.")
+def _bf16_layers(cfg: "ConfigContainer", world_size: int) -> None:
+    mp = _mp(cfg)
+    if mp is None or not mp.first_last_layers_bf16:
+        return
+    start, end = mp.num_layers_at_start_in_bf16, mp.num_layers_at_end_in_bf16
+    if start < 0 or end < 0 or start + end >= cfg.model.num_layers:
+        fail(f"mixed_precision.num_layers_at_start_in_bf16={start} + mixed_precision.num_layers_at_end_in_bf16={end} "
+             f"must be >= 0 each and leave at least one of model.num_layers={cfg.model.num_layers} layers in "
+             "low precision",
+             "mixed_precision.num_layers_at_start_in_bf16", "mixed_precision.num_layers_at_end_in_bf16")
+
+
+@rule("mxfp8_param_gather_reuse", ("mixed_precision.fp8_recipe", "mixed_precision.fp8_param_gather",
+                                   "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag"),
+      "fp8_recipe='mxfp8' with fp8_param_gather outside Megatron FSDP needs reuse_grad_buf_for_mxfp8_param_ag.")
+def _mxfp8_reuse(cfg: "ConfigContainer", world_size: int) -> None:
+    mp = _mp(cfg)
+    if mp is None or not mp.fp8 or mp.fp8_recipe != "mxfp8" or not mp.fp8_param_gather:
+        return
+    if not cfg.dist.use_megatron_fsdp and not mp.reuse_grad_buf_for_mxfp8_param_ag:
+        fail("mixed_precision.fp8_recipe='mxfp8' with fp8_param_gather=True needs "
+             "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag=True (outside Megatron FSDP)",
+             "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag")
+
+
+def _capability_problem(mp: MixedPrecisionConfig, capability: tuple[int, int]) -> str | None:
+    cc = f"{capability[0]}.{capability[1]}"
+    if mp.fp4 or mp.fp8_recipe == "mxfp8":
+        return None if capability >= (10, 0) else f"a Blackwell GPU (compute capability >= 10.0; found {cc})"
+    if mp.fp8_recipe == "blockwise":
+        return None if capability[0] == 9 else f"a Hopper GPU (compute capability 9.x; found {cc})"
+    return None if capability >= (8, 9) else f"an FP8 GPU (Ada/Hopper/Blackwell, compute capability >= 8.9; found {cc})"
+
+
+def low_precision_problems(cfg: "ConfigContainer", mp: MixedPrecisionConfig) -> list[str]:
+    """What this machine and config lack for ``mp``'s FP8/FP4 settings (empty: nothing)."""
+    from megatron_bridge.utils.packages import cuda_capability, import_problem, package_version, version_at_least
+
+    problems = []
+    capability = cuda_capability()
+    if capability is None:
+        problems.append("a CUDA device (none is available)")
+    else:
+        problem = _capability_problem(mp, capability)
+        if problem:
+            problems.append(problem)
+    te_problem = import_problem("transformer_engine.pytorch")
+    if te_problem is not None:
+        problems.append(f"transformer-engine (import failed: {te_problem}); install megatron-bridge[te] on a CUDA "
+                        "machine")
+    elif mp.fp4 and not version_at_least(package_version("transformer-engine"), TE_MIN_VERSION_FP4):
+        problems.append(f"transformer-engine >= {TE_MIN_VERSION_FP4} for NVFP4 (found "
+                        f"{package_version('transformer-engine')})")
+    if cfg.model.transformer_impl == "local":
+        problems.append("an engine with an FP8/FP4 path: model.transformer_impl='local' computes its GEMMs in "
+                        "bf16/fp16/fp32 only in this version, see docs/training/low-precision.md")
+    return problems
+
+
+@rule("fp8_requirements", ("mixed_precision",),
+      "FP8/FP4 presets need a CUDA GPU of the right generation, transformer-engine, and an engine with an FP8 path.")
+def _fp8_requirements(cfg: "ConfigContainer", world_size: int) -> None:
+    mp = _mp(cfg)
+    if mp is None or not (mp.fp8 or mp.fp4):
+        return
+    problems = low_precision_problems(cfg, mp)
+    if problems:
+        fail(f"{describe(mp)} needs " + "; ".join(problems) + ". Fix: use mixed_precision='bf16_mixed' (or "
+             "'fp16_mixed'/'fp32') here, or run on a machine that has them", "mixed_precision")

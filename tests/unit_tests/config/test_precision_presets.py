@@ -1,0 +1,111 @@
+"""FP8/FP4 presets: Megatron-Bridge's values, and validate() naming the preset and what this machine lacks."""
+
+import sys
+
+import pytest
+
+import megatron_bridge.utils.packages as packages
+from megatron_bridge.config.mixed_precision import MIXED_PRECISION_PRESETS, get_mixed_precision_preset, preset_name_of
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.recipes import tiny_llama_pretrain_config
+
+
+# preset -> the fields Megatron-Bridge's preset sets (src/megatron/bridge/training/mixed_precision.py)
+MB_PRESETS = {
+    "bf16_with_fp8_delayed_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "delayed",
+                                            "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max",
+                                            "fp8_param_gather": True},
+    "fp16_with_fp8_delayed_scaling_mixed": {"fp16": True, "fp8": "hybrid", "fp8_recipe": "delayed"},
+    "bf16_with_fp8_current_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "tensorwise",
+                                            "first_last_layers_bf16": True, "num_layers_at_start_in_bf16": 1,
+                                            "num_layers_at_end_in_bf16": 1, "fp8_param_gather": True},
+    "bf16_with_mxfp8_mixed": {"bf16": True, "fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True,
+                              "reuse_grad_buf_for_mxfp8_param_ag": True},
+    "bf16_with_fp8_subchannel_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "blockwise",
+                                               "fp8_param_gather": False},
+    "bf16_with_nvfp4_mixed": {"bf16": True, "fp8": None, "fp4": "e2m1", "fp4_recipe": "nvfp4",
+                              "fp4_param_gather": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MB_PRESETS))
+def test_presets_set_megatron_bridge_values(name: str) -> None:
+    mp = get_mixed_precision_preset(name)
+    for field, value in MB_PRESETS[name].items():
+        assert getattr(mp, field) == value, field
+    assert get_mixed_precision_preset(name.replace("_", "-")) == mp
+    assert preset_name_of(mp) == name
+
+
+def _validate_error(preset: str, monkeypatch: pytest.MonkeyPatch, *, capability: tuple[int, int] | None,
+                    te_problem: str | None, impl: str = "local") -> str:
+    monkeypatch.setattr(packages, "cuda_capability", lambda: capability)
+    monkeypatch.setattr(packages, "import_problem", lambda name: te_problem)
+    monkeypatch.setattr(packages, "package_version", lambda name: "2.8.0")
+    cfg = tiny_llama_pretrain_config()
+    cfg.mixed_precision = preset
+    cfg.model.transformer_impl = impl
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=1)
+    assert "mixed_precision" in info.value.paths
+    return str(info.value)
+
+
+def test_fp8_on_cpu_names_preset_and_everything_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = _validate_error("bf16_with_fp8_current_scaling_mixed", monkeypatch, capability=None,
+                          te_problem="RuntimeError: cudnn shared object not found")
+    assert "'bf16_with_fp8_current_scaling_mixed'" in msg and "fp8_recipe='tensorwise'" in msg
+    assert "a CUDA device" in msg and "transformer-engine (import failed: RuntimeError" in msg
+    assert "bf16_mixed" in msg  # the fix
+
+
+@pytest.mark.parametrize(("preset", "capability", "needs"), [
+    ("bf16_with_mxfp8_mixed", (9, 0), "a Blackwell GPU"),
+    ("bf16_with_nvfp4_mixed", (9, 0), "a Blackwell GPU"),
+    ("bf16_with_fp8_subchannel_scaling_mixed", (10, 0), "a Hopper GPU"),
+    ("bf16_with_fp8_delayed_scaling_mixed", (8, 0), "an FP8 GPU"),
+])
+def test_gpu_generation_rules(preset: str, capability: tuple[int, int], needs: str,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = _validate_error(preset, monkeypatch, capability=capability, te_problem=None)
+    assert needs in msg and "a CUDA device" not in msg and "transformer-engine (" not in msg
+
+
+def test_with_cuda_and_te_only_the_local_engine_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = _validate_error("bf16_with_fp8_delayed_scaling_mixed", monkeypatch, capability=(9, 0), te_problem=None)
+    assert "model.transformer_impl='local'" in msg
+    assert "CUDA device" not in msg and "GPU" not in msg.split("needs", 1)[1].split("model.transformer_impl")[0]
+
+
+def test_plain_presets_never_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*_: object) -> None:
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(packages, "cuda_capability", boom)
+    cfg = tiny_llama_pretrain_config()
+    cfg.mixed_precision = "bf16_mixed"
+    cfg.validate(world_size=1)
+
+
+def test_import_problem_catches_any_exception(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken_engine_for_test.py").write_text("raise RuntimeError('cudnn shared object not found')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert packages.import_problem("broken_engine_for_test") == "RuntimeError: cudnn shared object not found"
+    assert packages.import_problem("no_such_package_for_test") == "not installed"
+    assert packages.import_problem("json") is None
+    sys.modules.pop("broken_engine_for_test", None)
+
+
+def test_version_at_least() -> None:
+    assert packages.version_at_least("2.7.0.dev0+abc", "2.7.0")
+    assert not packages.version_at_least("2.6.1", "2.7.0")
+    assert not packages.version_at_least(None, "2.7.0")
+
+
+def test_every_preset_is_listed_in_the_docs() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "training" / "low-precision.md").read_text()
+    for name in MIXED_PRECISION_PRESETS:
+        if "-" not in name:
+            assert f"`{name}`" in doc, name
