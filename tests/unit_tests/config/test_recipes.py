@@ -109,15 +109,17 @@ def test_get_recipe() -> None:
 
 def test_config_and_recipes_import_light_and_fast() -> None:
     code = (
-        "import sys, time; t = time.perf_counter();"
+        "import sys, time; t = time.process_time();"
         "from megatron_bridge.recipes import llama3_8b_pretrain_config as f; f().validate(world_size=2);"
-        "dt = time.perf_counter() - t;"
+        "dt = time.process_time() - t;"
         "heavy = [m for m in ('torch', 'megatron_fsdp', 'megatron', 'tensorboard', 'transformer_engine') "
         "if m in sys.modules];"
         "print(dt, heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 1)
     assert out[1].strip() == "[]", f"heavy modules imported: {out[1]}"
+    # CPU time, not wall time: a loaded machine (CI runners, parallel test jobs) stretches wall time, not the work
+    # done; importing torch alone costs several CPU seconds, so 0.5 s still catches a heavy import.
     assert float(out[0]) < 0.5
 
 
