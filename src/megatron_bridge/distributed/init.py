@@ -11,6 +11,7 @@
   sub-meshes, :func:`data_parallel_rank` and :func:`pipeline_parallel_rank` a rank's indices.
 """
 
+import datetime
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,6 +32,9 @@ logger = get_logger(__name__)
 
 _CREATED_BY_US = False
 """True while the default process group is one :func:`initialize_distributed` created."""
+
+_TORCHRUN_GROUPS = 0
+"""How many default groups this process has created under torchrun (one per ``pretrain()`` call)."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ def initialize_distributed(cfg: "ConfigContainer") -> DistEnv:
     device = _device_for(backend, local_rank)
     timeout = collective_timeout(cfg)
     if _launched_by_torchrun():
-        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+        _join_torchrun_job(backend, timeout)
     else:
         # Port 0: the store binds a free port itself (no race with other jobs on this machine).
         store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timeout)
@@ -114,6 +118,24 @@ def initialize_distributed(cfg: "ConfigContainer") -> DistEnv:
     log_rank_0(logger, "Initialized process group: backend %s, world size %d, device %s", backend,
                env.world_size, device)
     return env
+
+
+def _join_torchrun_job(backend: str, timeout: datetime.timedelta) -> None:
+    """Join the torchrun job through ``env://``; a second and later group in the same process (``pretrain()`` called
+    again) rendezvouses under a fresh store prefix.
+
+    Destroying the default group resets torch's group counter, so a new group would reuse the first one's store keys
+    and its peers would read stale addresses and hang. Every rank calls ``pretrain()`` the same number of times, so
+    the counter agrees across ranks.
+    """
+    global _TORCHRUN_GROUPS
+    _TORCHRUN_GROUPS += 1
+    if _TORCHRUN_GROUPS == 1:
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+        return
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"megatron_bridge/group{_TORCHRUN_GROUPS}/", store)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def destroy_distributed() -> None:

@@ -233,7 +233,8 @@ def pretrain(
     """Validate ``cfg`` and train; returns a :class:`TrainResult` on every rank.
 
     Works in a plain process (a 1-rank group is created) and under ``torchrun`` (gloo on CPU, nccl on CUDA unless
-    ``dist.distributed_backend`` says otherwise). Process groups this call created are destroyed on return.
+    ``dist.distributed_backend`` says otherwise). Process groups this call created are destroyed on return; a script
+    may call it again (also under torchrun).
 
     When anything raises on a rank, that rank aborts the process groups (no barrier, pending async saves are
     abandoned) and re-raises, so the other ranks' collectives fail at once and the whole job stops within seconds;

@@ -65,6 +65,17 @@ def test_fsdp2_pretrain_basic(reference: Path | None) -> None:
     _run_and_compare(use_fsdp2=True)
 
 
+def test_pretrain_twice_in_one_process(reference: Path | None) -> None:
+    """A script may call pretrain() again after it returned (each call creates and destroys its process groups):
+    the second call must not hang on the first group's stale store keys, and trains the same numbers."""
+    if not is_worker():
+        launch(f"{__file__}::test_pretrain_twice_in_one_process", env={"MB_REFERENCE": str(reference)}, timeout=240)
+        return
+    first = pretrain(small_config())
+    _run_and_compare(use_fsdp2=True)
+    assert first.losses == pretrain(small_config()).losses  # the third call: same data, same seed, same numbers
+
+
 class _ShardProbe(Callback):
     """Records whether the optimizer is ZeRO-1 and how many parameter elements this rank holds state for."""
 
