@@ -100,8 +100,10 @@ class ModelConfig:
     Megatron's names; Megatron defaults to "p2p" (TE's ring), this library to the path that runs everywhere."""
     expert_model_parallel_size: int = 1
     """Expert-parallel size (EP) of mixture-of-experts models: the routed experts of each MoE layer are split over
-    this many ranks of the data-parallel dimension (Megatron's expert-model-parallel group, carved out of DP×CP);
-    tokens travel to their experts with all-to-all. Must divide num_moe_experts and the data-parallel size."""
+    this many data-parallel × context-parallel ranks of a pipeline stage (Megatron's expert-model-parallel group);
+    tokens travel to their experts with all-to-all. Must divide num_moe_experts and data-parallel size × CP.
+    Differs from Megatron-Bridge: with expert_tensor_parallel_size=1 Megatron also folds EP over the TP ranks (EP
+    up to TP × DP × CP); here the TP ranks hold the experts whole, so EP divides DP × CP only."""
     expert_tensor_parallel_size: int | None = None
     """Tensor-parallel size of the routed experts (ETP). None means Megatron's default, tensor_model_parallel_size;
     this version supports 1 (experts are not split by TP: each TP rank computes them whole, the router and the

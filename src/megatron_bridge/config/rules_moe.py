@@ -92,9 +92,9 @@ def _dropless(cfg: "ConfigContainer", world_size: int) -> None:
 
 
 @rule("expert_parallel_layout", ("model.expert_model_parallel_size", "model.num_moe_experts",
-                                 "model.context_parallel_size", "model.pipeline_model_parallel_size"),
-      "EP divides num_moe_experts and the data-parallel size × CP (experts are split over data-parallel ranks); EP "
-      "does not compose with PP or CP in this version.")
+                                 "model.context_parallel_size"),
+      "EP divides num_moe_experts and the data-parallel size × CP (experts are split over the data-parallel × "
+      "context-parallel ranks of a pipeline stage).")
 def _ep_layout(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     ep = m.expert_model_parallel_size
@@ -104,17 +104,11 @@ def _ep_layout(cfg: "ConfigContainer", world_size: int) -> None:
         fail(f"model.num_moe_experts={m.num_moe_experts} is not divisible by model.expert_model_parallel_size={ep}: "
              "every expert-parallel rank holds the same number of experts", "model.num_moe_experts",
              "model.expert_model_parallel_size")
-    for path, size in (("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size),
-                       ("model.context_parallel_size", m.context_parallel_size)):
-        if size > 1:
-            fail(f"model.expert_model_parallel_size={ep} with {path}={size}: expert parallelism does not compose with "
-                 "pipeline or context parallelism in this version; set one of them to 1",
-                 "model.expert_model_parallel_size", path)
     dp_cp = cfg.data_parallel_size(world_size) * m.context_parallel_size
     if dp_cp % ep:
         fail(f"model.expert_model_parallel_size={ep} must divide data-parallel size × CP = {dp_cp} at world size "
-             f"{world_size} (EP is carved out of the data-parallel ranks): change the EP size or the number of "
-             "processes", "model.expert_model_parallel_size")
+             f"{world_size} (EP is carved out of the data-parallel × context-parallel ranks): change the EP size or "
+             "the number of processes", "model.expert_model_parallel_size", "model.context_parallel_size")
 
 
 @rule("expert_tensor_parallel", ("model.expert_tensor_parallel_size", "model.tensor_model_parallel_size"),
@@ -139,10 +133,8 @@ def _dispatcher(cfg: "ConfigContainer", world_size: int) -> None:
              "parallelism: set it to 'alltoall'", "model.moe_token_dispatcher_type")
 
 
-@rule("moe_backend", ("model.num_moe_experts", "dist.use_megatron_fsdp", "model.pipeline_model_parallel_size",
-                      "model.context_parallel_size"),
-      "MoE models train with DDP or FSDP2 (not Megatron FSDP), without pipeline or context parallelism, in this "
-      "version.")
+@rule("moe_backend", ("model.num_moe_experts", "dist.use_megatron_fsdp"),
+      "MoE models train with DDP or FSDP2 (not Megatron FSDP); pipeline and context parallelism compose.")
 def _backend(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if m.num_moe_experts is None:
@@ -151,9 +143,3 @@ def _backend(cfg: "ConfigContainer", world_size: int) -> None:
         fail("model.num_moe_experts is set and dist.use_megatron_fsdp=True: Megatron FSDP does not shard the local "
              "engine's expert weights in this version; use DDP or dist.use_torch_fsdp2=True",
              "dist.use_megatron_fsdp", "model.num_moe_experts")
-    for path, size in (("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size),
-                       ("model.context_parallel_size", m.context_parallel_size)):
-        if size > 1:
-            fail(f"model.num_moe_experts is set and {path}={size}: MoE layers are not wired into pipeline stages or "
-                 "context-parallel attention in this version (per-stage expert statistics, per-sequence aux loss); "
-                 f"set {path}=1", path, "model.num_moe_experts")

@@ -158,12 +158,20 @@ def _attention_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if all(hasattr(m, a) for a in ("q_proj", "k_proj", "v_proj", "num_kv_heads"))]
 
 
+def _routers(model: nn.Module) -> list[nn.Module]:
+    from megatron_bridge.models.moe import TopKRouter
+
+    return [m for m in model.modules() if isinstance(m, TopKRouter)]
+
+
 def apply_context_parallel(model: nn.Module, cp_mesh: "DeviceMesh", cfg: "ConfigContainer") -> int:
     """Make ``model`` run under context parallelism over ``cp_mesh``; returns the number of attention modules.
 
-    Every attention module gets a ``context_parallel`` attribute (the CP attention of ``model.cp_comm_type``); the
-    model gets ``cp_layout = (cp_size, cp_rank)`` so forward calls without ``position_ids`` use the zig-zag absolute
-    positions. Parameters are untouched: checkpoints do not depend on CP.
+    Every attention module gets a ``context_parallel`` attribute (the CP attention of ``model.cp_comm_type``), every
+    MoE router the CP group (its load-balancing loss is over the whole sequence, see
+    :class:`~megatron_bridge.models.moe.TopKRouter`); the model gets ``cp_layout = (cp_size, cp_rank)`` so
+    forward calls without ``position_ids`` use the zig-zag absolute positions. Parameters are untouched:
+    checkpoints do not depend on CP.
 
     Raises:
         ConfigValidationError: the mesh size differs from ``model.context_parallel_size``, the model has no
@@ -194,6 +202,8 @@ def apply_context_parallel(model: nn.Module, cp_mesh: "DeviceMesh", cfg: "Config
     attention = ContextParallelAttention(cp_mesh, comm)
     for module in modules:
         module.context_parallel = attention
+    for router in _routers(model):  # MoE: the load-balancing loss counts the tokens of the whole sequence
+        router.cp_group, router.cp_size = cp_mesh.get_group(), cp
     model.cp_layout = (cp, cp_mesh.get_local_rank())
     log_rank_0(logger, "CP: %d attention modules over %d ranks (zig-zag layout, cp_comm_type=%s)", len(modules), cp,
                comm)

@@ -57,7 +57,7 @@ from megatron_bridge.distributed.common import (
     resolve_autocast_dtype,
 )
 from megatron_bridge.distributed.context_parallel import apply_context_parallel
-from megatron_bridge.distributed.expert_parallel import apply_expert_parallel, ignore_in_ddp
+from megatron_bridge.distributed.expert_parallel import ExpertParallel, apply_expert_parallel, ignore_in_ddp
 from megatron_bridge.distributed.init import (
     build_device_mesh,
     context_parallel_mesh,
@@ -107,11 +107,14 @@ def _no_sync(chunks: list[nn.Module]) -> Iterator[None]:
         yield
 
 
-def _replicate(chunk: nn.Module, dp_mesh: DeviceMesh | None) -> nn.Module:
-    """torch's FSDP-based ``replicate`` (data parallelism that composes with every pipeline schedule)."""
+def _replicate(chunk: nn.Module, dp_mesh: DeviceMesh | None, expert_parallel: ExpertParallel | None) -> nn.Module:
+    """torch's FSDP-based ``replicate`` (data parallelism that composes with every pipeline schedule); expert-parallel
+    weights are left to :class:`~megatron_bridge.distributed.expert_parallel.ExpertParallel`."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
-    return replicate(chunk, mesh=dp_mesh)
+    own = {id(p) for p in expert_parallel.all_params()} if expert_parallel is not None else set()
+    ignored = {p for p in chunk.parameters() if id(p) in own}
+    return replicate(chunk, mesh=dp_mesh, ignored_params=ignored or None)
 
 
 def _is_zero(optimizer: torch.optim.Optimizer) -> bool:
@@ -154,7 +157,8 @@ class DDPBackend(DataParallelBackend):
                 apply_context_parallel(chunk, cp_mesh, self.cfg)
             apply_ac_settings(chunk, settings)
             ignore_in_ddp(chunk, self.expert_parallel)
-            wrapped.append(_replicate(chunk, dp_mesh) if use_replicate else DistributedDataParallel(chunk, **kwargs))
+            wrapped.append(_replicate(chunk, dp_mesh, self.expert_parallel) if use_replicate
+                           else DistributedDataParallel(chunk, **kwargs))
         self.chunks = wrapped
         if use_replicate:
             log_rank_0(logger, "DDP under pipeline parallelism (%s): %d chunk(s) wrapped with torch's FSDP-based "

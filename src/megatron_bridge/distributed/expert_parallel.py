@@ -1,10 +1,10 @@
 """Expert parallelism (EP): the routed experts of every MoE layer split over ``model.expert_model_parallel_size``
 ranks, tokens sent to their experts and back with ``all_to_all_single`` (uneven splits, autograd).
 
-Layout. EP is carved out of the data-parallel dimension (PROTOCOL: out of dp × cp; context parallelism is not in
-this version). With data-parallel size ``dp`` and TP size ``tp`` the expert mesh is ``("edp", "ep")`` (or
-``("edp", "ep", "tp")``) over the same ranks as the main ``("dp"[, "tp"])`` mesh, with ``dp index = edp index * ep +
-ep index``: the ranks of one EP group are consecutive data-parallel ranks, and each holds experts
+Layout. EP is carved out of the data-parallel × context-parallel ranks of a pipeline stage, as in Megatron. The
+main mesh is ``("pp", "dp", "cp", "tp")``; the expert mesh is ``("pp", "edp", "ep", "tp")`` over the same ranks
+(``"pp"`` and ``"tp"`` only when > 1) with ``dp index × CP + cp index = edp index × EP + ep index``: the ranks of
+one EP group are consecutive ``(dp, cp)`` ranks (CP ranks first), and each holds experts
 ``ep_rank * E/ep .. (ep_rank + 1) * E/ep - 1`` of every MoE layer. With TP the experts are whole on every TP rank
 (``expert_tensor_parallel_size=1``) and replicated over the TP group.
 
@@ -19,8 +19,12 @@ ignores them (``_set_params_and_buffers_to_ignore_for_model``) and FSDP2 gets th
 last micro-batch :meth:`ExpertParallel.reduce_grads` sums their gradients over the expert-data-parallel group
 (``"edp"``, the ranks holding the same experts) and divides by the data-parallel size: a rank's expert gradient
 already holds the tokens of its whole EP group, so this equals the data-parallel mean the backends apply to every
-other weight. Gradient clipping (:meth:`ExpertParallel.clip_grad_norm`) adds the experts' squared norm summed over
-the EP group to the other parameters' global norm.
+other weight (data-parallel size here means ``dp × cp``, the backends' averaging group). Gradient clipping
+(:meth:`ExpertParallel.clip_grad_norm`) adds the experts' squared norm summed over the EP group to the other
+parameters' squared norm and sums over the pipeline stages.
+
+Pipeline stages hold different MoE layers: each rank keeps the experts of the layers its stages hold, the
+dispatchers exchange tokens within the stage's EP group, and a stage without MoE layers has no expert parameters.
 
 Checkpoints are independent of the EP size: :meth:`ExpertParallel.globalize` turns the expert weights (and their
 optimizer state) into DTensors of the full ``[E, ...]`` shape, sharded over ``"ep"`` and replicated over the other
@@ -56,35 +60,31 @@ EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
 
 
 def build_expert_mesh(cfg: "ConfigContainer", env: "DistEnv") -> DeviceMesh:
-    """The ``("edp", "ep"[, "tp"])`` mesh of the module docstring (a collective: every rank calls it).
+    """The ``(["pp",] "edp", "ep"[, "tp"])`` expert mesh of the whole job (a collective: every rank calls it).
+
+    The world is laid out as :func:`~megatron_bridge.distributed.init.build_device_mesh` lays it out,
+    ``("pp", "dp", "cp", "tp")``; the ``dp × cp`` ranks of one stage (consecutive in ``(dp, cp)`` order) are split
+    into ``("edp", "ep")`` with EP innermost, so an EP group takes the CP ranks first, then data-parallel ranks (as
+    Megatron carves EP out of ``dp × cp``). Its ``"pp"`` groups are the pipeline groups of the main mesh.
 
     Raises:
-        ConfigValidationError: EP does not divide the data-parallel size, or context parallelism is on.
+        ConfigValidationError: EP does not divide data-parallel size × CP.
     """
     m = cfg.model
-    ep, tp = m.expert_model_parallel_size, m.tensor_model_parallel_size
-    if m.pipeline_model_parallel_size > 1:
+    ep, tp, cp, pp = (m.expert_model_parallel_size, m.tensor_model_parallel_size, m.context_parallel_size,
+                      m.pipeline_model_parallel_size)
+    dp_cp = env.world_size // (tp * pp)
+    if dp_cp % ep or env.world_size % (tp * pp):
         raise ConfigValidationError(
-            f"model.expert_model_parallel_size={ep} with model.pipeline_model_parallel_size="
-            f"{m.pipeline_model_parallel_size}: expert parallelism with pipeline stages is not implemented in this "
-            "version; set one to 1.", ("model.expert_model_parallel_size", "model.pipeline_model_parallel_size"),
+            f"model.expert_model_parallel_size={ep} must divide data-parallel size × CP = {dp_cp} (world "
+            f"{env.world_size} / (TP {tp} × PP {pp}), CP {cp}): change the EP size or the number of processes.",
+            ("model.expert_model_parallel_size",),
         )
-    if m.context_parallel_size > 1:
-        raise ConfigValidationError(
-            f"model.expert_model_parallel_size={ep} with model.context_parallel_size={m.context_parallel_size}: "
-            "expert parallelism over context-parallel ranks is not implemented in this version; set one to 1.",
-            ("model.expert_model_parallel_size", "model.context_parallel_size"),
-        )
-    dp = env.world_size // tp
-    if dp % ep:
-        raise ConfigValidationError(
-            f"model.expert_model_parallel_size={ep} must divide the data-parallel size {dp} (world {env.world_size} "
-            f"/ TP {tp}): change the EP size or the number of processes.", ("model.expert_model_parallel_size",),
-        )
-    shape, names = (dp // ep, ep), ("edp", "ep")
-    if tp > 1:
-        shape, names = (dp // ep, ep, tp), ("edp", "ep", "tp")
-    return init_device_mesh(env.device.type, shape, mesh_dim_names=names)
+    dims = [("pp", pp), ("edp", dp_cp // ep), ("ep", ep), ("tp", tp)]
+    dims = [(name, size) for name, size in dims if name in ("edp", "ep") or size > 1]
+    mesh = init_device_mesh(env.device.type, tuple(size for _, size in dims),
+                            mesh_dim_names=tuple(name for name, _ in dims))
+    return mesh
 
 
 class AllToAllDispatcher:
@@ -132,6 +132,9 @@ class ExpertParallel:
 
     mesh: DeviceMesh
     dp_size: int
+    """Data-parallel × context-parallel size (the backends' gradient-averaging group)."""
+    pp_group: dist.ProcessGroup | None = None
+    """The pipeline group (PP > 1): the gradient norm is summed over the stages."""
     params: list[dict[str, nn.Parameter]] = field(default_factory=list)
     """Per chunk: fully qualified name (as in the chunk's state dict) → local expert parameter."""
     global_experts: int = 0
@@ -187,7 +190,10 @@ class ExpertParallel:
         for g in experts:
             expert_sq += g.float().square().sum()
         dist.all_reduce(expert_sq, group=self.ep_group)
-        total = (total_sq + expert_sq).sqrt()
+        total_sq = total_sq + expert_sq
+        if self.pp_group is not None:
+            dist.all_reduce(total_sq, group=self.pp_group)
+        total = total_sq.sqrt()
         if max_norm > 0:
             coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
             if coef < 1.0:
@@ -248,9 +254,15 @@ def apply_expert_parallel(chunks: list[nn.Module], cfg: "ConfigContainer", env: 
     if ep <= 1 or not any(isinstance(m, MoELayer) for chunk in chunks for m in chunk.modules()):
         return None
     mesh = build_expert_mesh(cfg, env)
+    pp_group = None
+    if "pp" in (mesh.mesh_dim_names or ()):  # the stage's (edp, ep[, tp]) sub-mesh; norms are summed over "pp"
+        pp_group = mesh["pp"].get_group()
+        mesh = mesh[tuple(name for name in mesh.mesh_dim_names or () if name != "pp")]
     ep_rank = mesh["ep"].get_local_rank()
-    state = ExpertParallel(mesh=mesh, dp_size=env.world_size // cfg.model.tensor_model_parallel_size,
-                           global_experts=cfg.model.num_moe_experts or 0)
+    m = cfg.model
+    state = ExpertParallel(mesh=mesh, dp_size=env.world_size // (m.tensor_model_parallel_size
+                                                                 * m.pipeline_model_parallel_size),
+                           pp_group=pp_group, global_experts=m.num_moe_experts or 0)
     for chunk in chunks:
         if has_meta_params([chunk]):
             materialize_meta_model(chunk, device)

@@ -27,7 +27,10 @@ with routing counts ``c_e`` and full score distributions ``P`` (softmax of z, or
 Router z-loss: ``moe_z_loss_coeff * mean_t(logsumexp(z_t)**2)``. Both losses are not added to the model output:
 :class:`AuxLossScaler` attaches them to the layer output so that backward adds their gradient times
 :func:`set_aux_loss_scale`'s factor (the training loop sets ``1 / micro-batches``, so the gradient is the mean over
-all micro-batches of the global batch, as Megatron's ``MoEAuxLossAutoScaler``).
+all micro-batches of the global batch, as Megatron's ``MoEAuxLossAutoScaler``). Under pipeline parallelism the
+gradient enters on the stage that holds the layer, in that micro-batch's backward, whatever the schedule: no
+communication between stages. Under context parallelism each rank's loss is its part of the whole sequence's
+(:class:`TopKRouter`), and the factor is ``CP / micro-batches``.
 
 Expert parallelism replaces the layer's ``dispatcher`` (see :mod:`megatron_bridge.distributed.expert_parallel`);
 without it the tokens go to the local experts directly.
@@ -37,6 +40,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
@@ -70,10 +74,15 @@ def set_aux_loss_scale(scale: float) -> None:
     AuxLossScaler.scale = float(scale)
 
 
-def switch_aux_loss(scores: torch.Tensor, counts: torch.Tensor, topk: int, coeff: float) -> torch.Tensor:
+def switch_aux_loss(scores: torch.Tensor, counts: torch.Tensor, topk: int, coeff: float,
+                    num_tokens: int | None = None) -> torch.Tensor:
     """Switch load-balancing loss of ``scores [..., T, E]`` with routing counts ``counts [..., E]``, averaged over the
-    leading dimensions: ``coeff * E / (k * T**2) * sum_e counts_e * sum_t scores[t, e]``."""
-    t, e = scores.shape[-2], scores.shape[-1]
+    leading dimensions: ``coeff * E / (k * T**2) * sum_e counts_e * sum_t scores[t, e]``.
+
+    Under context parallelism ``scores`` are the rank's tokens, ``counts`` the counts of the whole sequence and
+    ``num_tokens`` its length ``T``: the result is the rank's part of the loss, and the parts add up to the loss of
+    the whole sequence."""
+    t, e = num_tokens if num_tokens is not None else scores.shape[-2], scores.shape[-1]
     per_group = (scores.sum(dim=-2) * counts).sum(dim=-1) * (e * coeff / (topk * t * t))
     return per_group.mean()
 
@@ -129,9 +138,17 @@ def _num_experts(config: ModelConfig) -> int:
 class TopKRouter(nn.Module):
     """Router logits ``x @ weight.T`` in float32, top-k routing, auxiliary losses and the step's expert load.
 
-    ``tokens_per_expert`` (non-persistent buffer) accumulates, in training mode, how many token-expert assignments
-    each expert received since :meth:`reset_step_stats`; ``aux_loss_sum``/``aux_loss_count`` the load-balancing
-    losses of the micro-batches. The training loop reads and resets them after each step.
+    Each training forward (not an activation-checkpointing recompute) appends one record of the expert load
+    (token-expert assignments per expert) and the auxiliary loss; :attr:`tokens_per_expert` and
+    :attr:`aux_loss_sum` / :attr:`aux_loss_count` sum them. The training loop reads the step's last
+    ``num_microbatches`` records (:meth:`step_records`; a pipeline schedule's first step also runs a metadata
+    forward on placeholder activations, which this leaves out) and resets them after each step.
+
+    Context parallelism (``cp_group`` set by ``apply_context_parallel``): the rank holds a slice of every sequence.
+    The load-balancing loss is Megatron's over the tokens of the whole sequence: the expert counts (per sequence for
+    ``seq_aux_loss``) are summed over the CP group, ``T`` is the global token count, and the rank's loss is the part
+    of the sum its own tokens' scores contribute (the parts of the CP ranks add up to the CP=1 loss); the z-loss is
+    the rank's token sum over the global ``T`` likewise.
     """
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
@@ -145,10 +162,10 @@ class TopKRouter(nn.Module):
             self.register_buffer("expert_bias", torch.zeros(e, device="meta", dtype=torch.float32))
         else:
             self.expert_bias = None
-        self.register_buffer("tokens_per_expert", torch.zeros(e, device="meta", dtype=torch.float32),
-                             persistent=False)
-        self.aux_loss_sum = 0.0
-        self.aux_loss_count = 0
+        self.cp_group: dist.ProcessGroup | None = None
+        """The context-parallel group (CP > 1): aux-loss token counts are summed over it."""
+        self.cp_size = 1
+        self._records: list[tuple[torch.Tensor, float | None]] = []
 
     def reset_parameters(self, std: float) -> None:
         """``normal(0, std)`` weight (drawn in float32), zero expert bias and counters."""
@@ -162,38 +179,75 @@ class TopKRouter(nn.Module):
         self.reset_step_stats()
 
     def reset_step_stats(self) -> None:
-        """Zero the per-step expert load and aux-loss accumulators."""
-        with torch.no_grad():
-            self.tokens_per_expert.zero_()
-        self.aux_loss_sum, self.aux_loss_count = 0.0, 0
+        """Forget the step's records (expert load and aux losses)."""
+        self._records = []
+
+    def step_records(self, last: int | None = None) -> tuple[torch.Tensor, float, float]:
+        """Expert load (float64 ``[E]``), aux-loss sum and count of the last ``last`` records (all when None).
+
+        The count is ``1 / cp_size`` per record: the CP ranks' parts of one micro-batch's loss count once."""
+        records = self._records if last is None else self._records[-last:] if last > 0 else []
+        load = torch.zeros(self.num_experts, dtype=torch.float64)
+        aux_sum, aux_count = 0.0, 0.0
+        for counts, aux in records:
+            load += counts.to("cpu", torch.float64)
+            if aux is not None:
+                aux_sum += aux
+                aux_count += 1.0 / self.cp_size
+        return load, aux_sum, aux_count
+
+    @property
+    def tokens_per_expert(self) -> torch.Tensor:
+        """Token-expert assignments per expert since the last reset (float64, CPU)."""
+        return self.step_records()[0]
+
+    @property
+    def aux_loss_sum(self) -> float:
+        """Sum of the recorded auxiliary losses since the last reset."""
+        return self.step_records()[1]
+
+    @property
+    def aux_loss_count(self) -> float:
+        """Number of recorded auxiliary losses since the last reset (CP parts count ``1 / cp_size``)."""
+        return self.step_records()[2]
+
+    def _sum_over_cp(self, counts: torch.Tensor) -> torch.Tensor:
+        if self.cp_group is None or self.cp_size <= 1:
+            return counts
+        total = counts.detach().clone()
+        dist.all_reduce(total, group=self.cp_group)
+        return total
+
+    def _aux_loss(self, logits: torch.Tensor, full: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor,
+                  batch: int) -> torch.Tensor | None:
+        c, cp = self.config, self.cp_size
+        aux: torch.Tensor | None = None
+        if c.moe_aux_loss_coeff > 0 and c.moe_router_load_balancing_type != "none":
+            if c.moe_router_load_balancing_type == "seq_aux_loss":
+                seq_counts = F.one_hot(idx.view(batch, -1), self.num_experts).sum(dim=1).float()
+                scores = full.view(batch, -1, self.num_experts)
+                aux = switch_aux_loss(scores, self._sum_over_cp(seq_counts), c.moe_router_topk,
+                                      c.moe_aux_loss_coeff, num_tokens=scores.shape[1] * cp)
+            else:
+                aux = switch_aux_loss(full, self._sum_over_cp(counts.float()), c.moe_router_topk,
+                                      c.moe_aux_loss_coeff, num_tokens=full.shape[0] * cp)
+        if c.moe_z_loss_coeff:
+            z_loss = torch.logsumexp(logits, dim=-1).square().sum() / (logits.shape[0] * cp) * c.moe_z_loss_coeff
+            aux = z_loss if aux is None else aux + z_loss
+        return aux
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``x [b, s, hidden]`` → probs ``[b*s, k]`` (float32), expert ids ``[b*s, k]``, and the auxiliary loss
-        (load balancing + z-loss, a float32 scalar) or None when neither is on."""
-        c = self.config
+        (load balancing + z-loss, a float32 scalar; in training mode) or None when neither is on."""
         b, s, h = x.shape
         with torch.autocast(x.device.type, enabled=False):
             logits = F.linear(x.reshape(b * s, h).float(), _local(self.weight).float())
         bias = self.expert_bias.detach() if self.expert_bias is not None else None
-        probs, idx, full = route(logits, c, bias)
+        probs, idx, full = route(logits, self.config, bias)
         counts = torch.bincount(idx.reshape(-1), minlength=self.num_experts)
-        aux: torch.Tensor | None = None
-        if c.moe_aux_loss_coeff > 0 and c.moe_router_load_balancing_type != "none":
-            if c.moe_router_load_balancing_type == "seq_aux_loss":
-                seq_counts = F.one_hot(idx.view(b, s * c.moe_router_topk), self.num_experts).sum(dim=1)
-                aux = switch_aux_loss(full.view(b, s, -1), seq_counts.float(), c.moe_router_topk,
-                                      c.moe_aux_loss_coeff)
-            else:
-                aux = switch_aux_loss(full, counts.float(), c.moe_router_topk, c.moe_aux_loss_coeff)
-        if c.moe_z_loss_coeff:
-            z_loss = torch.logsumexp(logits, dim=-1).square().mean() * c.moe_z_loss_coeff
-            aux = z_loss if aux is None else aux + z_loss
+        aux = self._aux_loss(logits, full, idx, counts, b) if self.training else None
         if self.training and not _in_backward():  # not again when activation checkpointing recomputes
-            with torch.no_grad():
-                self.tokens_per_expert += counts.to(self.tokens_per_expert.dtype)
-            if aux is not None:
-                self.aux_loss_sum += float(aux.detach())
-                self.aux_loss_count += 1
+            self._records.append((counts.detach(), None if aux is None else float(aux.detach())))
         return probs, idx, aux
 
 
@@ -337,7 +391,7 @@ def update_expert_bias(router: TopKRouter, global_tokens_per_expert: torch.Tenso
     """Aux-loss-free balancing step: ``bias += rate * sign(mean load - load)`` (DeepSeek-V3, Megatron-core)."""
     if router.expert_bias is None:
         return
-    load = global_tokens_per_expert.to(torch.float32)
+    load = global_tokens_per_expert.to(router.expert_bias.device, torch.float32)
     offset = load.mean() - load
     router.expert_bias += torch.sign(offset) * router.config.moe_router_bias_update_rate
 

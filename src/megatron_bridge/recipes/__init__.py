@@ -60,7 +60,7 @@ RECIPES: dict[str, RecipeInfo] = {
     "qwen3_14b": RecipeInfo(qwen3_14b_pretrain_config, 8),
     "qwen3_32b": RecipeInfo(qwen3_32b_pretrain_config, 16),
     "qwen3_30b_a3b": RecipeInfo(qwen3_30b_a3b_pretrain_config, 16),
-    "qwen3_235b_a22b": RecipeInfo(qwen3_235b_a22b_pretrain_config, 256),
+    "qwen3_235b_a22b": RecipeInfo(qwen3_235b_a22b_pretrain_config, 512),
 }
 
 

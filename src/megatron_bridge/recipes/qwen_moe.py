@@ -27,11 +27,13 @@ def qwen3_moe_model(num_layers: int, hidden: int, ffn: int, heads: int, moe_ffn:
 
 def qwen3_30b_a3b_pretrain_config(**overrides: Any) -> ConfigContainer:
     """Qwen3-30B-A3B (48 layers, hidden 2048, 32 heads, 128 experts of width 768, top-8; 30.5B parameters, 3.3B
-    active); Megatron-Bridge's 16-GPU layout: TP1 PP1 CP1 EP16 (experts 8 per rank), 16 GPUs.
+    active); Megatron-Bridge's pretraining layout (its ``qwen3_30b_a3b_pretrain_config``, the 16-GPU H100 recipe):
+    TP1 PP1 CP1 EP16 (experts 8 per rank), 16 GPUs.
 
     Megatron-Bridge's 8-GPU variant is TP4 PP2 EP4 with sequence parallelism: pass
     ``tensor_model_parallel_size=4, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
-    sequence_parallel=True``.
+    sequence_parallel=True`` (and 32 GPUs here: EP is carved out of data-parallel × CP ranks, see
+    docs/training/moe.md).
     """
     model = qwen3_moe_model(48, 2048, 6144, 32, 768, expert_model_parallel_size=16)
     return apply_common_overrides(pretrain_common(model), **overrides)
@@ -39,11 +41,17 @@ def qwen3_30b_a3b_pretrain_config(**overrides: Any) -> ConfigContainer:
 
 def qwen3_235b_a22b_pretrain_config(**overrides: Any) -> ConfigContainer:
     """Qwen3-235B-A22B (94 layers, hidden 4096, 64 heads, 128 experts of width 1536, top-8; 235B parameters, 22B
-    active); TP4 PP2 CP2 EP8 with sequence parallelism, 256 GPUs (DP 16).
+    active); Megatron-Bridge's pretraining layout (its 256-GPU H100 recipe): TP4 PP16 CP2 EP8 with sequence
+    parallelism, the embedding and the loss each counted as a layer in the pipeline split (94 + 2 = 16 stages × 6:
+    the first stage holds the embedding and 5 layers, the last 5 layers and the output layer), bfloat16 activations
+    between stages.
 
-    Megatron-Bridge runs it with PP16 and its embedding/loss-aware uneven pipeline split (94 layers + 2 = 16 × 6);
-    this library splits layers evenly, and 94 = 2 × 47, hence PP2 (the other sizes as there).
+    Megatron folds EP over TP × DP × CP (experts with ETP 1 use the TP ranks as expert-parallel ranks), so it runs
+    this layout on 256 GPUs (DP 2); here EP is carved out of DP × CP only, so EP8 needs DP × CP >= 8: 512 GPUs
+    (DP 4). On 256 GPUs pass ``expert_model_parallel_size=4``.
     """
-    model = qwen3_moe_model(94, 4096, 12288, 64, 1536, tensor_model_parallel_size=4, pipeline_model_parallel_size=2,
-                            context_parallel_size=2, expert_model_parallel_size=8, sequence_parallel=True)
+    model = qwen3_moe_model(94, 4096, 12288, 64, 1536, tensor_model_parallel_size=4, pipeline_model_parallel_size=16,
+                            context_parallel_size=2, expert_model_parallel_size=8, sequence_parallel=True,
+                            account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
+                            pipeline_dtype="bfloat16")
     return apply_common_overrides(pretrain_common(model), **overrides)

@@ -162,6 +162,7 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
     if ctx.pipeline is not None:
         scale = None if global_tokens is None else ctx.dp_size * ctx.cp_size / global_tokens
         local_loss, local_tokens = ctx.pipeline.run(batches, scale=scale, train=True)
+        backend.finish_grad_sync()  # the schedule reduced the backend's gradients; expert-parallel ones here
     else:
         local_loss, local_tokens, report_sums = _accumulate(ctx, forward_step_func, batches, global_tokens)
     if ctx.moe is not None:  # global expert load, expert-bias update, logged statistics

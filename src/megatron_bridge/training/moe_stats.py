@@ -1,9 +1,10 @@
 """Per-step bookkeeping of MoE layers in the training loop: the auxiliary-loss gradient scale, the global expert
 load (tokens per expert, per layer), the expert-bias update and the statistics that are logged.
 
-One all-reduce per step (a ``[layers, experts + 2]`` float64 tensor over all ranks) gives every rank the global
-token counts, so the aux-loss-free expert bias moves identically everywhere (Megatron-core updates it in
-``finalize_model_grads`` from counts reduced over the data-parallel ranks the same way).
+One all-reduce per step (a ``[MoE layers of the whole model, experts + 2]`` float64 tensor over all ranks; each rank
+fills the rows of the layers its pipeline stages hold) gives every rank the global token counts of every layer, so
+the aux-loss-free expert bias moves identically everywhere (Megatron-core updates it in ``finalize_model_grads``
+from counts reduced over the data-parallel ranks the same way).
 """
 
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.models.moe import MoELayer, moe_layers, set_aux_loss_scale, update_expert_bias
 
 
@@ -28,61 +30,80 @@ class MoEStepStats:
 
 
 class MoETracker:
-    """Finds the MoE layers of the (unwrapped) model chunks; :meth:`begin_step` / :meth:`end_step` around a step."""
+    """Finds the MoE layers of the (unwrapped) model chunks; :meth:`begin_step` / :meth:`end_step` around a step.
 
-    def __init__(self, layers: list[tuple[int, MoELayer]], device: torch.device, model_copies: int) -> None:
+    Every rank builds the same ``[MoE layers of the whole model, experts + 2]`` table (row = global MoE layer, in
+    layer order) and fills the rows of the layers it holds: pipeline stages hold different layers (some none at
+    all), and after the all-reduce every rank, the last stage included, has every layer's statistics.
+    """
+
+    def __init__(self, layers: list[tuple[int, MoELayer]], device: torch.device, model_copies: int,
+                 layer_ids: list[int] | None = None, num_experts: int | None = None, cp_size: int = 1) -> None:
         self.layers = layers
         self.device = device
         self.model_copies = model_copies
         """Ranks that see the same tokens (TP): global counts are divided by it."""
+        self.layer_ids = sorted(layer_ids) if layer_ids is not None else sorted(idx for idx, _ in layers)
+        """Global indices of every MoE layer of the model (on any pipeline stage)."""
+        self.num_experts = num_experts or max((layer.router.num_experts for _, layer in layers), default=0)
+        self.cp_size = cp_size
+        """Context-parallel size: each CP rank's aux loss is its part of the sequence's loss (gradient scale x CP,
+        as the backends average gradients over data-parallel x context-parallel ranks)."""
+        missing = {idx for idx, _ in layers} - set(self.layer_ids)
+        if missing:
+            raise ValueError(f"MoE layers {sorted(missing)} are not in the model's MoE layers {self.layer_ids}")
         self.last = MoEStepStats()
 
     @classmethod
-    def for_chunks(cls, chunks: list[nn.Module], device: torch.device, model_copies: int) -> "MoETracker | None":
-        """A tracker over every MoE layer of ``chunks``, or None for a dense model."""
+    def for_chunks(cls, chunks: list[nn.Module], device: torch.device, model_copies: int,
+                   config: ModelConfig | None = None) -> "MoETracker | None":
+        """A tracker over every MoE layer of ``chunks`` (this rank's stages), or None for a dense model. With
+        ``config`` the table covers every MoE layer of the model, so a stage without MoE layers takes part too."""
         layers = [item for chunk in chunks for item in moe_layers(chunk)]
-        return cls(layers, device, model_copies) if layers else None
+        if config is None:
+            return cls(layers, device, model_copies) if layers else None
+        if not config.is_moe:
+            return None
+        ids = [i for i, moe in enumerate(config.moe_layer_pattern()) if moe]
+        return cls(layers, device, model_copies, ids, config.num_moe_experts, config.context_parallel_size)
 
     def begin_step(self, num_microbatches: int, loss_scale: float = 1.0) -> None:
-        """Aux-loss gradients are scaled by ``loss_scale / num_microbatches`` (the mean over micro-batches; the
-        backends average over data-parallel ranks)."""
-        set_aux_loss_scale(loss_scale / num_microbatches)
+        """Aux-loss gradients are scaled by ``loss_scale × CP / num_microbatches`` (the mean over micro-batches; the
+        backends average over data-parallel × context-parallel ranks, and the CP ranks' parts add up)."""
+        self.num_microbatches = num_microbatches
+        set_aux_loss_scale(loss_scale * self.cp_size / num_microbatches)
 
     @torch.no_grad()
-    def end_step(self) -> MoEStepStats:
-        """Reduce the step's counts and losses over all ranks, update expert biases, reset the accumulators."""
-        rows = []
-        for _, layer in self.layers:
-            r = layer.router
-            extra = torch.tensor([r.aux_loss_sum, float(r.aux_loss_count)], dtype=torch.float64, device=self.device)
-            rows.append(torch.cat([r.tokens_per_expert.to(self.device, torch.float64), extra]))
-        table = _pad_stack(rows)
+    def end_step(self, num_microbatches: int | None = None) -> MoEStepStats:
+        """Reduce the step's counts and losses over all ranks, update expert biases, reset the accumulators.
+
+        Only the last ``num_microbatches`` forward records of each router count (default: the number given to
+        :meth:`begin_step`, else all): a pipeline schedule's first step runs one extra metadata forward first."""
+        last = num_microbatches if num_microbatches is not None else getattr(self, "num_microbatches", None)
+        row_of = {idx: i for i, idx in enumerate(self.layer_ids)}
+        e = self.num_experts
+        table = torch.zeros(len(self.layer_ids), e + 2, dtype=torch.float64)
+        for idx, layer in self.layers:
+            load, aux_sum, aux_count = layer.router.step_records(last)
+            row = table[row_of[idx]]
+            row[: load.numel()] += load
+            row[-2] += aux_sum
+            row[-1] += aux_count
+        table = table.to(self.device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(table)
+        table = table.cpu()
         stats = MoEStepStats()
-        any_aux = False
-        for row, (idx, layer) in zip(table, self.layers, strict=True):
-            e = layer.router.num_experts
+        for idx, row in zip(self.layer_ids, table, strict=True):
             counts = row[:e] / self.model_copies
-            update_expert_bias(layer.router, counts)
-            layer.router.reset_step_stats()
             stats.tokens_per_expert[idx] = counts.tolist()
             aux_sum, aux_n = float(row[-2]), float(row[-1])
             if aux_n > 0:
-                any_aux = True
                 stats.layer_aux_loss[idx] = aux_sum / aux_n
-        if any_aux:
+        for idx, layer in self.layers:
+            update_expert_bias(layer.router, table[row_of[idx], : layer.router.num_experts] / self.model_copies)
+            layer.router.reset_step_stats()
+        if stats.layer_aux_loss:
             stats.aux_loss = sum(stats.layer_aux_loss.values())
         self.last = stats
         return stats
-
-
-def _pad_stack(rows: list[torch.Tensor]) -> torch.Tensor:
-    """Stack rows of possibly different lengths (layers with different expert counts), counts left-aligned and the two
-    loss entries kept last."""
-    width = max(r.numel() for r in rows)
-    out = torch.zeros(len(rows), width, dtype=torch.float64, device=rows[0].device)
-    for i, r in enumerate(rows):
-        out[i, : r.numel() - 2] = r[:-2]
-        out[i, -2:] = r[-2:]
-    return out

@@ -196,7 +196,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         profiler=StepProfiler(cfg, env.rank, env.device), cp_size=cfg.model.context_parallel_size,
         pipeline=pipeline,
         moe=MoETracker.for_chunks([backend.unwrap(c) for c in backend.chunks], env.device,
-                                  max(1, env.world_size // dp_size)),
+                                  cfg.model.tensor_model_parallel_size, cfg.model),
         distiller=distiller,
     )
 

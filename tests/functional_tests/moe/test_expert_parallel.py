@@ -5,9 +5,11 @@ a shared expert, grouped matmuls) on the same global batches. The padded vocabul
 case has the same embedding shape). Tolerances: per-step losses rtol 1e-5, final weights (expert biases included)
 atol 1e-5; observed differences come from float summation order only.
 
-* ``test_ep2_ddp_matches_ep1``: 2 ranks, DDP, EP=2 (4 experts per rank, expert-data-parallel size 1).
-* ``test_four_ranks_match_ep1``: 4 ranks, one launch, two layouts: FSDP2 with EP=2 × expert-data-parallel 2;
-  FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=2 over the data-parallel ranks.
+* ``test_two_ranks_match_ep1``: 2 ranks, DDP, one launch: EP=2 (4 experts per rank, expert-data-parallel size 1);
+  PP=2 with MoE layers on one stage only; CP=2 × EP=2 (EP over the CP ranks).
+* ``test_four_ranks_match_ep1``: 4 ranks, one launch, three layouts: FSDP2 with EP=2 × expert-data-parallel 2;
+  FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=2 over the data-parallel ranks; the Qwen3-235B layout in
+  small, DDP with PP=2 (loss counted in the split) × CP=2 and EP=2 over the CP ranks.
 * ``test_checkpoint_ep2_to_ep1``: 2 ranks: steps 1-4 at EP=2 save a checkpoint; steps 5-8 load it at EP=1 (DDP over
   2 ranks) and continue: losses and weights equal the uninterrupted reference.
 """
@@ -62,6 +64,10 @@ class GlobalWeights(Callback):
         state = ctx.backend.model_state_dict()["model"]
         self.weights = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
                         for k, v in state.items()}
+        if ctx.cfg.model.pipeline_model_parallel_size > 1:  # each stage holds its layers: merge all ranks' keys
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, self.weights)
+            self.weights = {k: v for part in gathered for k, v in part.items()}
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +116,25 @@ def _run(cfg: ConfigContainer, label: str) -> None:
     _compare(result.losses, weights.weights, label)
 
 
-def test_ep2_ddp_matches_ep1(reference: Path | None) -> None:
+def test_two_ranks_match_ep1(reference: Path | None) -> None:
+    """One launch of 2 ranks, three layouts in turn: EP=2 with DDP; PP=2 (the embedding counts in the split, so
+    stage 0 holds the dense layer 0 and no MoE layer, stage 1 the two MoE layers); CP=2 with EP=2 carved over the CP
+    ranks (the load-balancing loss over the whole sequence, token counts summed over CP)."""
     if not is_worker():
-        launch(f"{__file__}::test_ep2_ddp_matches_ep1", nproc=2, env={"MB_REFERENCE": str(reference)})
+        launch(f"{__file__}::test_two_ranks_match_ep1", nproc=2, env={"MB_REFERENCE": str(reference)})
         return
+    _join_job()
     _run(moe_config(ep=2), "EP=2, DDP")
+    pipelined = moe_config(pipeline_model_parallel_size=2)
+    pipelined.model.account_for_embedding_in_pipeline_split = True
+    _run(pipelined, "PP=2 (stages with 0 and 2 MoE layers), DDP")
+    _run(moe_config(ep=2, context_parallel_size=2), "CP=2 x EP=2, DDP")
 
 
 @pytest.mark.timeout(1000)
 def test_four_ranks_match_ep1(reference: Path | None) -> None:
-    """One launch of 4 ranks, two layouts in turn: EP=2 × EDP=2 with FSDP2, then TP=2 (SP) × DP=2 with EP=2.
+    """One launch of 4 ranks, three layouts in turn: EP=2 × EDP=2 with FSDP2, TP=2 (SP) × DP=2 with EP=2, and
+    PP=2 × CP=2 × EP=2 with DDP.
     About 2 minutes on an idle 2-core machine; the launch allows 15 (4 processes share 2 cores with other jobs)."""
     if not is_worker():
         launch(f"{__file__}::test_four_ranks_match_ep1", nproc=4, timeout=900, env={"MB_REFERENCE": str(reference)})
@@ -127,6 +142,9 @@ def test_four_ranks_match_ep1(reference: Path | None) -> None:
     _join_job()
     _run(moe_config(ep=2, use_torch_fsdp2=True), "EP=2 x EDP=2, FSDP2")
     _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "EP=2 x TP=2 (SP), FSDP2")
+    shrunk_235b = moe_config(ep=2, pipeline_model_parallel_size=2, context_parallel_size=2)
+    shrunk_235b.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
+    _run(shrunk_235b, "PP=2 x CP=2 x EP=2 (over CP), DDP")
 
 
 def test_checkpoint_ep2_to_ep1(reference: Path | None, tmp_path: Path) -> None:

@@ -36,8 +36,6 @@ def test_recipe_validates_at_its_world_size(name: str) -> None:
         cfg.validate(world_size=info.world_size)
     except ConfigValidationError as exc:
         allowed = {"engine_parallel_layout", "fsdp2_pipeline"}
-        if m.num_moe_experts is not None:  # MoE (and EP) do not compose with PP/CP yet
-            allowed |= {"expert_parallel_layout", "moe_backend"}
         assert set(re.findall(r"\[rule (\w+)\]", str(exc))) <= allowed, exc
         assert m.pipeline_model_parallel_size > 1 or m.context_parallel_size > 1, exc
 

@@ -161,6 +161,50 @@ def test_aux_loss_gradient_scaled_into_router() -> None:
     assert AuxLossScaler.scale == 1.0
 
 
+@pytest.mark.parametrize("balancing", ["aux_loss", "seq_aux_loss"])
+def test_context_parallel_aux_loss_parts_add_up(balancing: str) -> None:
+    """Under CP a rank holds a slice of every sequence: with the counts of the whole sequence and its length, the
+    parts each slice's scores contribute (load balancing and z-loss) add up to the loss of the whole sequence."""
+    config = moe_config(moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01, moe_router_load_balancing_type=balancing)
+    layer = build_layer(config)
+    x = torch.randn(3, 8, H, generator=torch.Generator().manual_seed(11))
+    _, _, whole = layer.router(x)
+    halves = [x[:, [0, 1, 6, 7]], x[:, [2, 3, 4, 5]]]  # the zig-zag slices of CP=2
+    if balancing == "seq_aux_loss":
+        global_counts = sum(F.one_hot(layer.router(h)[1].view(3, -1), E).sum(dim=1).float() for h in halves)
+    else:
+        global_counts = sum(torch.bincount(layer.router(h)[1].view(-1), minlength=E).float() for h in halves)
+    layer.router._sum_over_cp = lambda counts: global_counts  # type: ignore[method-assign]  # the CP all-reduce
+    layer.router.cp_size = 2
+    parts = [layer.router(h)[2] for h in halves]
+    assert (parts[0] + parts[1]).item() == pytest.approx(whole.item(), rel=1e-6)
+    assert parts[0].item() != pytest.approx(parts[1].item(), rel=1e-3)  # the slices differ: a real test
+    _, _, count = layer.router.step_records(2)
+    assert count == pytest.approx(1.0)  # the two CP parts of one micro-batch count as one aux loss
+
+
+def test_tracker_merges_pipeline_stages_with_different_moe_layers() -> None:
+    """Stages hold different MoE layers (one none): every rank builds the same table over the model's MoE layers,
+    fills its own rows, and only the last ``num_microbatches`` forward records count (the pipeline schedule's
+    metadata forward is left out)."""
+    config = moe_config(num_layers=4, moe_layer_freq=[0, 1, 1, 1], moe_aux_loss_coeff=0.1)
+    layers = {i: build_layer(config, seed=i) for i in (1, 2, 3)}
+    empty = MoETracker.for_chunks([torch.nn.Linear(2, 2)], torch.device("cpu"), 1, config)
+    assert empty is not None and empty.layers == [] and empty.layer_ids == [1, 2, 3]
+    stage = MoETracker([(2, layers[2]), (3, layers[3])], torch.device("cpu"), 1, [1, 2, 3], E)
+    x = torch.randn(2, 4, H, generator=torch.Generator().manual_seed(12))
+    layers[3].router(torch.randn(2, 4, H))  # a placeholder (metadata) forward before the step
+    expected = {}
+    for i in (2, 3):
+        _, idx, _ = layers[i].router(x)
+        expected[i] = torch.bincount(idx.view(-1), minlength=E).tolist()
+    stage.begin_step(1)
+    stats = stage.end_step()
+    assert stats.tokens_per_expert[1] == [0.0] * E and 1 not in stats.layer_aux_loss
+    assert stats.tokens_per_expert[2] == expected[2] and stats.tokens_per_expert[3] == expected[3]
+    assert empty.end_step(1).tokens_per_expert == {1: [0.0] * E, 2: [0.0] * E, 3: [0.0] * E}
+
+
 def test_seq_aux_loss_is_mean_of_per_sequence_losses() -> None:
     config = moe_config(moe_aux_loss_coeff=0.1, moe_router_load_balancing_type="seq_aux_loss")
     layer = build_layer(config)
@@ -287,12 +331,7 @@ def test_qwen3_moe_recipes_shrunk_run_one_step(name: str) -> None:
     info = RECIPES[name]
     full = info.fn()
     assert full.model.num_moe_experts == 128 and full.model.moe_router_topk == 8 and full.model.moe_grouped_gemm
-    if name == "qwen3_235b_a22b":  # PP2 × CP2 × EP8: EP does not compose with PP/CP yet, and says so
-        with pytest.raises(ConfigValidationError, match=r"\[rule expert_parallel_layout\]") as info_:
-            full.validate(world_size=info.world_size)
-        assert "model.pipeline_model_parallel_size" in info_.value.paths
-    else:
-        full.validate(world_size=info.world_size)
+    full.validate(world_size=info.world_size)
     cfg = info.fn(train_iters=1, global_batch_size=2, micro_batch_size=1, seq_length=32, mixed_precision="fp32",
                   tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
                   expert_model_parallel_size=1, sequence_parallel=False, lr_warmup_iters=0)
@@ -314,3 +353,51 @@ def test_recomputed_forward_is_not_counted_twice() -> None:
     x = torch.randn(1, 4, H, generator=torch.Generator().manual_seed(10), requires_grad=True)
     checkpoint(layer, x, use_reentrant=False).sum().backward()
     assert layer.router.tokens_per_expert.sum().item() == 4 * 2 and layer.router.aux_loss_count == 1
+
+
+def test_moe_layouts_with_pipeline_and_context_parallel_validate() -> None:
+    """MoE composes with PP and CP; EP is carved out of data-parallel × CP ranks, and a size that does not divide
+    them is refused naming the fields."""
+    from megatron_bridge.recipes import tiny_moe_pretrain_config
+
+    def cfg(**layout: int) -> ConfigContainer:
+        c = tiny_moe_pretrain_config(**layout)
+        c.model.num_layers = 4
+        return c
+
+    cfg(pipeline_model_parallel_size=2, expert_model_parallel_size=2).validate(world_size=4)
+    cfg(context_parallel_size=2, expert_model_parallel_size=2).validate(world_size=2)  # EP over the CP ranks
+    cfg(pipeline_model_parallel_size=2, context_parallel_size=2, expert_model_parallel_size=2).validate(world_size=4)
+    with pytest.raises(ConfigValidationError, match=r"\[rule expert_parallel_layout\]") as info:
+        cfg(context_parallel_size=2, expert_model_parallel_size=4).validate(world_size=2)
+    assert "model.expert_model_parallel_size" in info.value.paths and "model.context_parallel_size" in info.value.paths
+    with pytest.raises(ConfigValidationError, match=r"\[rule moe_backend\]"):
+        cfg(use_megatron_fsdp=True).validate(world_size=2)
+
+
+def test_qwen3_235b_layout_shrunk_validates_and_builds() -> None:
+    """Megatron-Bridge's 235B layout (TP4 PP16 CP2 EP8, embedding and loss counted in the pipeline split), shrunk to 6
+    layers on PP4 × CP2 × EP2 (8 ranks): it validates, and every stage builds with the layers the split gives it
+    (6 + 2 = 4 stages × 2: the first holds the embedding and 1 layer, the last 1 layer and the output layer)."""
+    from megatron_bridge.models.moe import MoELayer
+    from megatron_bridge.models.pipeline_stage import build_pipeline_chunks
+    from megatron_bridge.recipes import qwen3_235b_a22b_pretrain_config
+
+    cfg = qwen3_235b_a22b_pretrain_config(seq_length=32, tensor_model_parallel_size=1, pipeline_model_parallel_size=4,
+                                          expert_model_parallel_size=2, sequence_parallel=False,
+                                          mixed_precision="fp32", global_batch_size=4, micro_batch_size=1)
+    m = cfg.model
+    assert m.account_for_embedding_in_pipeline_split and m.account_for_loss_in_pipeline_split
+    assert (m.context_parallel_size, m.pipeline_dtype) == (2, "bfloat16")
+    m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.kv_channels = 6, 64, 4, 2, 16
+    m.ffn_hidden_size, m.moe_ffn_hidden_size, m.num_moe_experts, m.vocab_size = 96, 32, 8, 512
+    cfg.tokenizer.vocab_size = m.vocab_size
+    cfg.validate(world_size=8)
+    layers = []
+    for pp_rank in range(4):
+        (stage,) = build_pipeline_chunks(m, pp_rank, device="cpu")
+        held = sorted(int(k) for k in stage.layers)
+        layers.append(held)
+        assert (stage.embed_tokens is not None) == (pp_rank == 0) and (stage.lm_head is not None) == (pp_rank == 3)
+        assert all(isinstance(stage.layers[str(i)].mlp, MoELayer) for i in held)
+    assert layers == [[0], [1, 2], [3, 4], [5]]
