@@ -6,7 +6,8 @@ case has the same embedding shape). Tolerances: per-step losses rtol 1e-5, final
 atol 1e-5; observed differences come from float summation order only.
 
 * ``test_two_ranks_match_ep1``: 2 ranks, DDP, one launch: EP=2 (4 experts per rank, expert-data-parallel size 1);
-  PP=2 with MoE layers on one stage only; CP=2 × EP=2 (EP over the CP ranks).
+  PP=2 (1F1B) with MoE layers on one stage only; PP=2 × VP=2 under ZBVZeroBubble; CP=2 × EP=2 (EP over the CP
+  ranks).
 * ``test_four_ranks_match_ep1``: 4 ranks, one launch, three layouts: FSDP2 with EP=2 × expert-data-parallel 2;
   FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=2 over the data-parallel ranks; the Qwen3-235B layout in
   small, DDP with PP=2 (loss counted in the split) × CP=2 and EP=2 over the CP ranks.
@@ -108,18 +109,32 @@ def _join_job() -> None:
         dist.init_process_group("gloo")
 
 
+class ExpertLoad(Callback):
+    """Every rank, whatever stages it holds, ends with every MoE layer's global load of the last step: each token of
+    the global batch counted k times (not once per TP/CP copy, stage or EP rank)."""
+
+    def on_train_end(self, ctx: Any) -> None:
+        m = ctx.cfg.model
+        layers = [i for i, moe in enumerate(m.moe_layer_pattern()) if moe]
+        load = ctx.moe.last.tokens_per_expert
+        assert sorted(load) == layers, (sorted(load), layers)
+        expected = ctx.cfg.train.global_batch_size * m.seq_length * m.moe_router_topk
+        assert all(sum(counts) == expected for counts in load.values()), (load, expected)
+
+
 def _run(cfg: ConfigContainer, label: str) -> None:
     weights = GlobalWeights()
-    result = pretrain(cfg, callbacks=[weights])
+    result = pretrain(cfg, callbacks=[weights, ExpertLoad()])
     assert result.final_step == STEPS
     assert_finite_decreasing(result.losses)
     _compare(result.losses, weights.weights, label)
 
 
 def test_two_ranks_match_ep1(reference: Path | None) -> None:
-    """One launch of 2 ranks, three layouts in turn: EP=2 with DDP; PP=2 (the embedding counts in the split, so
-    stage 0 holds the dense layer 0 and no MoE layer, stage 1 the two MoE layers); CP=2 with EP=2 carved over the CP
-    ranks (the load-balancing loss over the whole sequence, token counts summed over CP)."""
+    """One launch of 2 ranks, four layouts in turn: EP=2 with DDP; PP=2 with 1F1B (the embedding counts in the
+    split, so stage 0 holds the dense layer 0 and no MoE layer, stage 1 the two MoE layers); PP=2 × VP=2 with
+    ZBVZeroBubble (rank 0: the embedding stage and MoE layer 2, rank 1: layers 0 and 1); CP=2 with EP=2 carved over
+    the CP ranks (the load-balancing loss over the whole sequence, token counts summed over CP)."""
     if not is_worker():
         launch(f"{__file__}::test_two_ranks_match_ep1", nproc=2, env={"MB_REFERENCE": str(reference)})
         return
@@ -128,6 +143,11 @@ def test_two_ranks_match_ep1(reference: Path | None) -> None:
     pipelined = moe_config(pipeline_model_parallel_size=2)
     pipelined.model.account_for_embedding_in_pipeline_split = True
     _run(pipelined, "PP=2 (stages with 0 and 2 MoE layers), DDP")
+    zero_bubble = moe_config(pipeline_model_parallel_size=2)  # split backward (input, then weight gradients)
+    zero_bubble.model.virtual_pipeline_model_parallel_size = 2
+    zero_bubble.model.account_for_embedding_in_pipeline_split = True
+    zero_bubble.model.pipeline_schedule = "ZBVZeroBubble"
+    _run(zero_bubble, "PP=2 x VP=2 ZBVZeroBubble, DDP")
     _run(moe_config(ep=2, context_parallel_size=2), "CP=2 x EP=2, DDP")
 
 
@@ -135,7 +155,7 @@ def test_two_ranks_match_ep1(reference: Path | None) -> None:
 def test_four_ranks_match_ep1(reference: Path | None) -> None:
     """One launch of 4 ranks, three layouts in turn: EP=2 × EDP=2 with FSDP2, TP=2 (SP) × DP=2 with EP=2, and
     PP=2 × CP=2 × EP=2 with DDP.
-    About 2 minutes on an idle 2-core machine; the launch allows 15 (4 processes share 2 cores with other jobs)."""
+    About 1.5 minutes on a busy 2-core machine; the launch allows 15 (4 processes share 2 cores with other jobs)."""
     if not is_worker():
         launch(f"{__file__}::test_four_ranks_match_ep1", nproc=4, timeout=900, env={"MB_REFERENCE": str(reference)})
         return
