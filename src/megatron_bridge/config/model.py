@@ -172,9 +172,17 @@ class ModelConfig:
     moe_permute_fusion: bool = False
     """Megatron's fused permutation kernels (Transformer Engine). A GPU performance switch with no effect on the
     local engine (it always permutes with index ops); kept so Megatron-Bridge configs load."""
-    transformer_impl: Literal["local", "transformer_engine", "megatron_core"] = "local"
-    """Engine of the decoder blocks: "local" (plain PyTorch, runs everywhere) or a GPU engine that must be installed.
-    Differs from Megatron-Bridge (whose recipes use "transformer_engine"): only "local" is built in this version."""
+    engine: Literal["native", "megatron_core"] = "native"
+    """Which implementation builds the model from these fields: "native" (this library's torch-native
+    ``LlamaModel``: every feature, CPU and GPU) or "megatron_core" (megatron-core's ``GPTModel`` with the layer spec
+    transformer_impl picks, wrapped by megatron-core's DistributedDataParallel and trained with its optimizer, as
+    Megatron-Bridge trains it). Not a Megatron-Bridge field (it always builds megatron-core); what the
+    megatron-core engine supports in this version is in docs/training/engines.md."""
+    transformer_impl: Literal["local", "transformer_engine"] = "local"
+    """Layer implementation: "local" (plain PyTorch layers, runs everywhere) or "transformer_engine" (fused
+    transformer-engine layers; CUDA only, needs a transformer-engine that imports). With engine="megatron_core" it
+    selects megatron-core's layer spec (local or transformer-engine), with Megatron-Bridge's meaning; the native
+    engine builds only "local". Differs from Megatron-Bridge, whose recipes default to "transformer_engine"."""
     params_dtype: DType = "float32"
     """Storage dtype of the master weights. Mixed-precision presets keep float32 and compute in bf16/fp16."""
 

@@ -4,7 +4,8 @@
 docs/training/config-container.md is checked against ``RULES`` by a test, so the docs cannot drift.
 Rules about the data-parallel backends and checkpoint formats live in :mod:`.rules_distributed`, those of pipeline
 parallelism in :mod:`.rules_pipeline`, those of the FP8/FP4 presets in :mod:`.rules_precision`, those of quantization
-and distillation in :mod:`.rules_model_optimization`.
+and distillation in :mod:`.rules_model_optimization`, those of the model engine (``model.engine``,
+``model.transformer_impl``) in :mod:`.rules_engine`.
 """
 
 from collections.abc import Callable
@@ -38,8 +39,8 @@ class Rule:
 
 RULES: list[Rule] = []
 _MODULE_ORDER = ("megatron_bridge.config.rules", "megatron_bridge.config.rules_model",
-                 "megatron_bridge.config.rules_distributed", "megatron_bridge.config.rules_pipeline",
-                 "megatron_bridge.config.rules_moe")
+                 "megatron_bridge.config.rules_engine", "megatron_bridge.config.rules_distributed",
+                 "megatron_bridge.config.rules_pipeline", "megatron_bridge.config.rules_moe")
 """Rules run (and the docs table lists them) module by module in this order, whatever the import order."""
 
 
@@ -412,6 +413,7 @@ def _precision(cfg: "ConfigContainer", world_size: int) -> None:
 
 # The other rule modules register after this one's rules, in a fixed order (the docs table follows it).
 import megatron_bridge.config.rules_model  # noqa: E402, F401, I001
+import megatron_bridge.config.rules_engine  # noqa: E402, F401
 import megatron_bridge.config.rules_distributed  # noqa: E402, F401
 import megatron_bridge.config.rules_pipeline  # noqa: E402, F401
 import megatron_bridge.config.rules_moe  # noqa: E402, F401

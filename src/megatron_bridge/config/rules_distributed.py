@@ -149,11 +149,12 @@ def _ac_single(cfg: "ConfigContainer", world_size: int) -> None:
 
 # ------------------------------------------------------------------------------------ tensor parallelism
 @rule("tensor_parallel_backend", ("model.tensor_model_parallel_size", "dist.use_torch_fsdp2", "dist.use_megatron_fsdp"),
-      "Tensor parallelism (TP > 1) runs with the FSDP2 backend: torch DDP cannot wrap DTensor parameters and the "
-      "Megatron FSDP backend does not apply TP in this version.")
+      "Tensor parallelism (TP > 1) of the native engine runs with the FSDP2 backend: torch DDP cannot wrap DTensor "
+      "parameters and the Megatron FSDP backend does not apply TP in this version (model.engine='megatron_core' "
+      "applies TP itself, under megatron-core DDP).")
 def _tp_backend(cfg: "ConfigContainer", world_size: int) -> None:
     tp = cfg.model.tensor_model_parallel_size
-    if tp <= 1 or cfg.dist.use_torch_fsdp2:
+    if tp <= 1 or cfg.dist.use_torch_fsdp2 or cfg.model.engine == "megatron_core":
         return
     backend = "dist.use_megatron_fsdp=True" if cfg.dist.use_megatron_fsdp else "the DDP backend"
     fail(f"model.tensor_model_parallel_size={tp} is not supported with {backend}: set dist.use_torch_fsdp2=True "

@@ -16,15 +16,10 @@ if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
     from megatron_bridge.config.model import ModelConfig
 
-ENGINE_MODULES: dict[str, str] = {"transformer_engine": "transformer_engine", "megatron_core": "megatron.core"}
-ENGINE_INSTALL: dict[str, str] = {
-    "transformer_engine": "pip install 'megatron-bridge[te]' on a machine with CUDA",
-    "megatron_core": "pip install 'megatron-bridge[mcore]' in its own environment (see docs/installation.md)",
-}
-
 ARCHITECTURE_RULES = ("field_types", "positive_sizes", "model_head_dim", "tensor_parallel_heads", "rope_scaling",
                       "cpu_offloading_weights", "cpu_offloading_num_layers", "transformer_impl_available")
-"""The rules a model config must pass to be built at all (``LlamaModel`` enforces them)."""
+"""The rules a model config must pass to be built at all (``LlamaModel`` enforces them); transformer_impl_available
+lives in :mod:`.rules_engine`."""
 LAYOUT_RULES = ("engine_parallel_layout", "pipeline_layers")
 """The rules of the parallel layout the engine builds (``build_model_chunks`` enforces them too)."""
 
@@ -75,21 +70,6 @@ def _offload_weights(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.cpu_offloading and cfg.model.cpu_offloading_weights:
         fail("model.cpu_offloading_weights=True is not supported by the local engine (only activations are "
              "offloaded): set model.cpu_offloading_weights=False", "model.cpu_offloading_weights")
-
-
-@rule("transformer_impl_available", ("model.transformer_impl",),
-      "model.transformer_impl is an engine this version builds ('local'); a GPU engine must be installed and wired.")
-def _transformer_impl(cfg: "ConfigContainer", world_size: int) -> None:
-    impl = cfg.model.transformer_impl
-    if impl == "local" or impl not in ENGINE_MODULES:  # unknown names: the field_types rule
-        return
-    module = ENGINE_MODULES[impl]
-    if not is_importable(module):
-        fail(f"model.transformer_impl={impl!r} needs the package '{module}', which is not installed: "
-             f"{ENGINE_INSTALL[impl]}, or set model.transformer_impl='local' (plain PyTorch, runs on CPU and GPU)",
-             "model.transformer_impl")
-    fail(f"model.transformer_impl={impl!r}: '{module}' is installed, but that engine is not wired into this version "
-         "of megatron-bridge: set model.transformer_impl='local'", "model.transformer_impl")
 
 
 @rule("engine_parallel_layout", ("model.expert_model_parallel_size",),

@@ -2,10 +2,10 @@
 
 A backend is built by :func:`megatron_bridge.distributed.ddp_wrap.ddp_wrap` from the config. The loop calls, per step:
 ``grad_sync_context`` around each micro-batch's backward, ``forward_context`` around each forward,
-``finish_grad_sync`` after the last micro-batch, ``clip_grad_norm`` before ``optimizer.step()``. Checkpointing uses
-``model_state_dict`` / ``load_model_state_dict`` and the optimizer variants (DCP-ready state dicts). With expert
-parallelism (``expert_parallel``, :mod:`.expert_parallel`) the base methods also reduce and clip the expert gradients
-and give the expert weights their global, EP-independent checkpoint shape.
+``finish_grad_sync`` after the last micro-batch, ``optimizer_step`` (``clip_grad_norm``, then ``optimizer.step()``).
+Checkpointing uses ``model_state_dict`` / ``load_model_state_dict`` and the optimizer variants (DCP-ready state
+dicts). With expert parallelism (``expert_parallel``, :mod:`.expert_parallel`) the base methods also reduce and clip
+the expert gradients and give the expert weights their global, EP-independent checkpoint shape.
 """
 
 from abc import ABC, abstractmethod
@@ -108,6 +108,24 @@ class DataParallelBackend(ABC):
         if max_norm > 0 and params:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=None)
         return total
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, max_norm: float,
+                       grad_scaler: torch.amp.GradScaler | None = None) -> float:
+        """Clip and step after the step's gradients are reduced; returns the gradient norm before clipping.
+
+        Unscales (fp16 ``grad_scaler``), clips with :meth:`clip_grad_norm`, then steps the optimizer (through the
+        scaler, which skips steps with Inf/NaN gradients). Backends whose optimizer clips inside its own step
+        (megatron-core's) override this.
+        """
+        if grad_scaler is not None:
+            grad_scaler.unscale_(optimizer)
+        grad_norm = float(self.clip_grad_norm(max_norm))
+        if grad_scaler is not None:
+            grad_scaler.step(optimizer)
+            grad_scaler.update()
+        else:
+            optimizer.step()
+        return grad_norm
 
     def unwrap(self, chunk: nn.Module) -> nn.Module:
         """The user's module inside a wrapped chunk."""

@@ -1,5 +1,8 @@
 """``ddp_wrap``: the one factory that turns model chunks into a data-parallel backend.
 
+``model.engine="megatron_core"`` chunks (megatron-core ``GPTModel``) → megatron-core's DistributedDataParallel
+(:class:`~megatron_bridge.distributed.mcore_ddp.MegatronCoreDDPBackend`). Native chunks:
+
 ``dist.use_megatron_fsdp`` → Megatron FSDP (:mod:`megatron_bridge.distributed.megatron_fsdp`, imported lazily),
 ``dist.use_torch_fsdp2`` → PyTorch FSDP2 (:class:`~megatron_bridge.distributed.fsdp2.FSDP2Backend`), else torch DDP
 (:class:`~megatron_bridge.distributed.ddp.DDPBackend`). The training loop only sees the
@@ -32,6 +35,10 @@ def select_backend_class(cfg: "ConfigContainer") -> type[DataParallelBackend]:
     Raises:
         BackendNotAvailableError: ``dist.use_megatron_fsdp`` while the Megatron FSDP backend module is missing.
     """
+    if cfg.model.engine == "megatron_core":  # validate() allows only its DDP (rule megatron_core_features)
+        from megatron_bridge.distributed.mcore_ddp import MegatronCoreDDPBackend
+
+        return MegatronCoreDDPBackend
     if cfg.dist.use_megatron_fsdp:
         return _megatron_fsdp_backend()
     if cfg.dist.use_torch_fsdp2:

@@ -142,6 +142,9 @@ def destroy_distributed() -> None:
     """Barrier, then destroy the default process group if :func:`initialize_distributed` created it."""
     global _CREATED_BY_US
     if _CREATED_BY_US and dist.is_initialized():
+        from megatron_bridge.models.mcore.parallel_state import destroy as destroy_megatron_core_groups
+
+        destroy_megatron_core_groups()  # megatron-core's groups (model.engine="megatron_core"), if any
         dist.barrier()
         dist.destroy_process_group()
     _CREATED_BY_US = False

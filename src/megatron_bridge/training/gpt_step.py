@@ -42,6 +42,16 @@ def forward_step(data_iterator: Iterator[Batch], model: nn.Module) -> tuple[torc
     return output, partial(masked_next_token_loss, batch["loss_mask"])
 
 
+def megatron_core_forward_step(data_iterator: Iterator[Batch], model: nn.Module) -> tuple[torch.Tensor, LossFunc]:
+    """:func:`forward_step` for megatron-core's ``GPTModel`` (``model.engine="megatron_core"``): its forward takes
+    ``(input_ids, position_ids, attention_mask)``; the causal mask comes from the layer spec (no mask tensor), and
+    with ``labels`` it returns the per-token losses (vocab-parallel cross entropy under TP)."""
+    device = module_device(model)
+    batch = get_batch(data_iterator, device)
+    output = model(batch["tokens"], batch.get("position_ids"), None, labels=batch["labels"])
+    return output, partial(masked_next_token_loss, batch["loss_mask"])
+
+
 def module_device(model: nn.Module) -> torch.device:
     """The device of the model's first materialized parameter (CPU when all are on the meta device)."""
     for p in model.parameters():

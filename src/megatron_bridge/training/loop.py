@@ -176,14 +176,7 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
             f"the training loss is {loss} at iteration {ctx.train_state.step + 1}: lower optimizer.lr, check the data, "
             "or use mixed_precision='fp32' / 'bf16_mixed' instead of fp16"
         )
-    if ctx.grad_scaler:
-        ctx.grad_scaler.unscale_(ctx.optimizer)
-    grad_norm = float(backend.clip_grad_norm(cfg.optimizer.clip_grad))
-    if ctx.grad_scaler:
-        ctx.grad_scaler.step(ctx.optimizer)
-        ctx.grad_scaler.update()
-    else:
-        ctx.optimizer.step()
+    grad_norm = backend.optimizer_step(ctx.optimizer, cfg.optimizer.clip_grad, ctx.grad_scaler)
     ctx.scheduler.step()
     return loss, grad_norm, reported_losses
 

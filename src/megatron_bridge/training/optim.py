@@ -48,7 +48,12 @@ def _kernel_kwargs(cfg: ConfigContainer, device: torch.device) -> dict[str, bool
 
 
 def build_optimizer(cfg: ConfigContainer, chunks: list[nn.Module], device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (``optimizer.optimizer="adam"``) or SGD over the (wrapped) chunks' parameters."""
+    """AdamW (``optimizer.optimizer="adam"``) or SGD over the (wrapped) chunks' parameters; with
+    ``model.engine="megatron_core"`` megatron-core's optimizer (:mod:`megatron_bridge.models.mcore.optimizer`)."""
+    if cfg.model.engine == "megatron_core":
+        from megatron_bridge.models.mcore.optimizer import build_megatron_optimizer
+
+        return build_megatron_optimizer(cfg, chunks)
     o = cfg.optimizer
     groups = param_groups(chunks, o.weight_decay)
     kernel = _kernel_kwargs(cfg, device)

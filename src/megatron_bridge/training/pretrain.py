@@ -159,7 +159,12 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
     set_seed(cfg.rng.seed)
     tokenizer = _build_tokenizer_and_check_vocab(cfg)
     pp_rank = pipeline_parallel_rank(cfg, env.rank, env.world_size)
-    chunks = build_model_chunks(cfg.model, device=env.device, pp_rank=pp_rank)
+    if cfg.model.engine == "megatron_core":
+        from megatron_bridge.models.mcore.provider import build_gpt_chunks
+
+        chunks = build_gpt_chunks(cfg, env.device)
+    else:
+        chunks = build_model_chunks(cfg.model, device=env.device, pp_rank=pp_rank)
     if cfg.quantization.quant_cfg is not None:
         chunks = _quantize(cfg, chunks, tokenizer, env.device)
     backend = ddp_wrap(chunks, cfg, env.device)
@@ -249,6 +254,10 @@ def pretrain(
     setup_logging(cfg.logger.logging_level)
     cfg.validate()
     _check_forward_step(cfg, forward_step_func)
+    if cfg.model.engine == "megatron_core" and forward_step_func is default_forward_step:
+        from megatron_bridge.training.gpt_step import megatron_core_forward_step
+
+        forward_step_func = megatron_core_forward_step
     if cfg.distillation.enabled and forward_step_func is default_forward_step:
         from megatron_bridge.optimization.distillation import distillation_forward_step
 

@@ -150,6 +150,12 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                "model.cpu_offloading_weights", _set(model__cpu_offloading=True)),
     "transformer_impl_available": (_set(model__transformer_impl="transformer_engine"), 1, "model.transformer_impl",
                                    _set(model__transformer_impl="local")),
+    "engine_available": (_set(model__engine="megatron_core"), 1, "model.engine", _set(model__engine="megatron_core")),
+    "megatron_core_context_parallel": (_set(model__engine="megatron_core", model__context_parallel_size=2), 2,
+                                       "model.context_parallel_size", _set(model__engine="megatron_core")),
+    "megatron_core_features": (_set(model__engine="megatron_core", dist__use_torch_fsdp2=True), 1,
+                               "dist.use_torch_fsdp2",
+                               _set(model__engine="megatron_core", model__tensor_model_parallel_size=2)),
     "engine_parallel_layout": (_set(model__expert_model_parallel_size=2), 2, "model.expert_model_parallel_size",
                                _set(model__expert_model_parallel_size=1)),
     "tensor_parallel_backend": (_set(model__tensor_model_parallel_size=2), 2, "model.tensor_model_parallel_size",
@@ -216,6 +222,10 @@ NOT_YET_BUILT = "engine_parallel_layout"
 
 NO_MODELOPT_RULES = ("quantization_needs_modelopt", "distillation_needs_modelopt")
 """Rules whose violation needs nvidia-modelopt to be missing: the test makes its import fail."""
+NO_MEGATRON_CORE_RULES = ("engine_available",)
+"""Rules whose violation needs megatron-core to be missing: the test makes its import fail."""
+MEGATRON_CORE_PASSING = ("engine_available", "megatron_core_context_parallel", "megatron_core_features")
+"""Rules whose passing case builds the megatron-core engine: skipped where megatron-core does not import."""
 
 
 def _mxfp8_without_reuse() -> MixedPrecisionConfig:
@@ -229,7 +239,7 @@ def _as_cpu_machine(monkeypatch: pytest.MonkeyPatch, rule_id: str) -> None:
     import megatron_bridge.utils.packages as packages
 
     monkeypatch.setattr(packages, "cuda_capability", lambda: None)
-    if rule_id in NO_MODELOPT_RULES:
+    if rule_id in NO_MODELOPT_RULES + NO_MEGATRON_CORE_RULES:
         monkeypatch.setattr(packages, "import_problem", lambda name: "not installed")
 
 
@@ -258,6 +268,8 @@ def test_rule_violation_is_named(rule_id: str, monkeypatch: pytest.MonkeyPatch) 
 def test_rule_passing_case(rule_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, _, ok = CASES[rule_id]
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    if rule_id in MEGATRON_CORE_PASSING:
+        pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12)")
     cfg = tiny_llama_pretrain_config()
     ok(cfg)
     m = cfg.model

@@ -1,0 +1,116 @@
+"""Validation rules of the model engine (``model.engine``) and the layer implementation (``model.transformer_impl``).
+
+``engine="native"`` builds this library's torch-native model (only ``transformer_impl="local"``);
+``engine="megatron_core"`` builds megatron-core's ``GPTModel`` (:mod:`megatron_bridge.models.mcore`) with the local
+or the transformer-engine layer spec. The megatron-core path supports a subset of the features in this version; rule
+``megatron_core_features`` names every field that asks for more, so ``validate()`` refuses what the build cannot
+do. Probes import lazily: configs with the native engine never import torch, megatron-core or transformer-engine here.
+"""
+
+from typing import TYPE_CHECKING
+
+from megatron_bridge.config.rules import fail, rule
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+
+MEGATRON_CORE_INSTALL = ("megatron-core 0.19.2 is a core dependency on Python 3.12: rebuild the environment with "
+                         "`make venv` (docs/installation.md)")
+TE_INSTALL = "install transformer-engine[pytorch] on a CUDA machine (pip install 'megatron-bridge[te]')"
+
+
+def _problem(module: str) -> str | None:
+    from megatron_bridge.utils.packages import import_problem
+
+    return import_problem(module)
+
+
+@rule("engine_available", ("model.engine",),
+      "model.engine='megatron_core' needs megatron-core to import (a core dependency on Python 3.12).")
+def _engine_available(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.engine != "megatron_core":
+        return
+    problem = _problem("megatron.core")
+    if problem is not None:
+        fail(f"model.engine='megatron_core' needs megatron-core, which does not import here ({problem}): "
+             f"{MEGATRON_CORE_INSTALL}, or set model.engine='native'", "model.engine")
+
+
+@rule("transformer_impl_available", ("model.transformer_impl", "model.engine"),
+      "transformer_impl='transformer_engine' needs engine='megatron_core' and a transformer-engine that imports.")
+def _transformer_impl(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.transformer_impl != "transformer_engine":
+        return
+    if m.engine != "megatron_core":
+        fail(f"model.transformer_impl='transformer_engine' with model.engine={m.engine!r}: the native engine builds "
+             "only plain PyTorch layers; set model.engine='megatron_core' (megatron-core's transformer-engine "
+             "layer spec) or model.transformer_impl='local'", "model.transformer_impl", "model.engine")
+    problem = _problem("transformer_engine")
+    if problem is not None:
+        fail(f"model.transformer_impl='transformer_engine' needs transformer-engine, which does not work here "
+             f"({problem}): {TE_INSTALL}, or set model.transformer_impl='local'", "model.transformer_impl")
+
+
+@rule("megatron_core_context_parallel", ("model.context_parallel_size", "model.transformer_impl"),
+      "With engine='megatron_core', context parallelism needs transformer_impl='transformer_engine' (TE attention).")
+def _mcore_cp(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.engine != "megatron_core" or m.context_parallel_size <= 1 or m.transformer_impl == "transformer_engine":
+        return
+    fail(f"model.context_parallel_size={m.context_parallel_size} with model.engine='megatron_core' and "
+         "model.transformer_impl='local': megatron-core's context parallelism runs only in transformer-engine's "
+         "attention (TEDotProductAttention); set model.transformer_impl='transformer_engine' on a CUDA machine with "
+         "transformer-engine, model.context_parallel_size=1, or model.engine='native' (its all-gather context "
+         "parallelism runs everywhere)", "model.context_parallel_size", "model.transformer_impl")
+
+
+def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
+    """(field, value, fix) of every setting the megatron-core engine does not build in this version. megatron-core's
+    Llama 3.1 RoPE scaling takes only the factor (low/high frequency factors 1 and 4, original context 8192 fixed);
+    its add_bias_linear sets the o_proj and MLP biases together."""
+    m, d, c = cfg.model, cfg.dist, cfg.checkpoint
+    mp = cfg.mixed_precision_config
+    checks: list[tuple[bool, str, object, str]] = [
+        (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, "1"),
+        (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
+         m.virtual_pipeline_model_parallel_size, "None"),
+        (m.is_moe, "model.num_moe_experts", m.num_moe_experts, "None"),
+        (m.has_attention_output_bias != m.add_bias_linear, "model.attention_output_bias", m.attention_output_bias,
+         "None"),
+        (m.rope_scaling and m.rope_low_freq_factor != 1.0, "model.rope_low_freq_factor", m.rope_low_freq_factor,
+         "1.0"),
+        (m.rope_scaling and m.rope_high_freq_factor != 4.0, "model.rope_high_freq_factor", m.rope_high_freq_factor,
+         "4.0"),
+        (m.rope_scaling and m.rope_original_max_position_embeddings != 8192,
+         "model.rope_original_max_position_embeddings", m.rope_original_max_position_embeddings, "8192"),
+        (m.expert_model_parallel_size > 1, "model.expert_model_parallel_size", m.expert_model_parallel_size, "1"),
+        (m.recompute_granularity is not None, "model.recompute_granularity", m.recompute_granularity, "None"),
+        (m.cpu_offloading, "model.cpu_offloading", m.cpu_offloading, "False"),
+        (m.init_model_with_meta_device, "model.init_model_with_meta_device", m.init_model_with_meta_device, "False"),
+        (d.use_megatron_fsdp, "dist.use_megatron_fsdp", d.use_megatron_fsdp, "False"),
+        (d.use_torch_fsdp2, "dist.use_torch_fsdp2", d.use_torch_fsdp2, "False"),
+        (mp is not None and (mp.bf16 or mp.fp16), "mixed_precision", cfg.mixed_precision, "'fp32'"),
+        (cfg.quantization.quant_cfg is not None, "quantization.quant_cfg", cfg.quantization.quant_cfg, "None"),
+        (cfg.distillation.enabled, "distillation.teacher_checkpoint", cfg.distillation.teacher_checkpoint, "None"),
+        (c.save is not None, "checkpoint.save", c.save, "None"),
+        (c.load is not None, "checkpoint.load", c.load, "None"),
+        (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
+    ]
+    return [(path, value, fix) for bad, path, value, fix in checks if bad]
+
+
+@rule("megatron_core_features", ("model.engine",),
+      "With engine='megatron_core', only the features its provider builds in this version: TP with megatron-core "
+      "DDP and optimizer, fp32, no checkpoints, PP, MoE, recompute, offloading, FSDP, quantization or distillation.")
+def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.engine != "megatron_core":
+        return
+    bad = _unsupported(cfg)
+    if not bad:
+        return
+    what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
+    fixes = ", ".join(f"{path}={fix}" for path, _, fix in bad)
+    fail(f"{what}: not supported by model.engine='megatron_core' in this version (docs/training/engines.md): set "
+         f"{fixes}, or use model.engine='native'", "model.engine", *(path for path, _, _ in bad))

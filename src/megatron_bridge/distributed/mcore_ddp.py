@@ -1,0 +1,107 @@
+"""The ``ddp_wrap`` backend of megatron-core chunks (``model.engine="megatron_core"``): megatron-core's
+``DistributedDataParallel``, as Megatron-Bridge wraps its models.
+
+Its ``DistributedDataParallelConfig`` comes from ``cfg.ddp`` (:func:`ddp_config`): gradient reduction in fp32,
+overlap of gradient reduction and parameter gathering, bucket size, distributed optimizer, averaging inside the
+collective and the NaN check. Gradients accumulate in megatron-core's contiguous ``main_grad`` buffers; the optimizer
+is megatron-core's (:mod:`megatron_bridge.models.mcore.optimizer`) and steps with its own clipping
+(:meth:`MegatronCoreDDPBackend.optimizer_step`). Checkpointing this backend is not supported in this version
+(rule ``megatron_core_features``).
+"""
+
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from megatron_bridge.distributed.base import DataParallelBackend
+from megatron_bridge.errors import MegatronBridgeError, TrainingError
+
+
+def ddp_config(cfg: Any) -> Any:
+    """megatron-core's ``DistributedDataParallelConfig`` from ``cfg.ddp`` (Megatron-Bridge's field names)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    d = cfg.ddp
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=d.grad_reduce_in_fp32,
+        overlap_grad_reduce=d.overlap_grad_reduce,
+        overlap_param_gather=d.overlap_param_gather,
+        use_distributed_optimizer=d.use_distributed_optimizer,
+        check_for_nan_in_grad=d.check_for_nan_in_grad,
+        bucket_size=d.bucket_size,
+        average_in_collective=d.average_in_collective,
+    )
+
+
+class MegatronCoreDDPBackend(DataParallelBackend):
+    """megatron-core ``DistributedDataParallel`` around each ``GPTModel`` chunk."""
+
+    name = "mcore_ddp"
+
+    def __init__(self, cfg: Any, device: torch.device) -> None:
+        super().__init__(cfg, device)
+        self.optimizer: Any = None
+
+    def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
+        """Wrap every chunk; only the first one has gradient buckets (Megatron's rule for virtual stages)."""
+        from megatron.core.distributed import DistributedDataParallel
+
+        config = ddp_config(self.cfg)
+        self.chunks = [
+            DistributedDataParallel(chunk.config, config, chunk, disable_bucketing=i > 0)
+            for i, chunk in enumerate(model_chunks)
+        ]
+        return self.chunks
+
+    def prepare_optimizer(self, optimizer: Any) -> Any:
+        """Keep megatron-core's optimizer (built by :func:`~megatron_bridge.training.optim.build_optimizer`)."""
+        self.optimizer = optimizer
+        return optimizer
+
+    def grad_sync_context(self, *, is_last_microbatch: bool) -> AbstractContextManager:
+        """No gradient reduction before the last micro-batch (``no_sync`` of every chunk)."""
+        if is_last_microbatch:
+            return nullcontext()
+        stack = ExitStack()
+        for chunk in self.chunks:
+            stack.enter_context(chunk.no_sync())
+        return stack
+
+    def finish_grad_sync(self) -> None:
+        """Reduce (or wait for the overlapped reduction of) the gradients of every chunk."""
+        for chunk in self.chunks:
+            chunk.finish_grad_sync()
+
+    def zero_grad(self, optimizer: Any) -> None:
+        """Zero megatron-core's gradient buffers and the optimizer's gradients."""
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Not used: megatron-core's optimizer clips inside its step (:meth:`optimizer_step`)."""
+        raise MegatronBridgeError("the megatron-core backend clips in optimizer_step (megatron-core's own step)")
+
+    def optimizer_step(self, optimizer: Any, max_norm: float, grad_scaler: Any = None) -> float:
+        """megatron-core's ``optimizer.step()``: copy the main gradients, clip by the global norm (its config's
+        ``clip_grad``, which is ``optimizer.clip_grad``), step; returns the gradient norm before clipping."""
+        success, grad_norm, _ = optimizer.step()
+        if not success:
+            raise TrainingError("megatron-core's optimizer skipped the step (NaN/Inf gradients)")
+        if grad_norm is None:  # clip_grad == 0: megatron-core does not compute the norm
+            grad_norm = optimizer.get_grad_norm()
+        return float(grad_norm)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The trainable parameters of the chunks."""
+        return [p for chunk in self.chunks for p in chunk.parameters() if p.requires_grad]
+
+    def model_state_dict(self) -> dict[str, Any]:
+        """Not supported in this version (rule ``megatron_core_features`` refuses checkpoint.save/load)."""
+        raise MegatronBridgeError("checkpoints of model.engine='megatron_core' are not supported in this version")
+
+    def load_model_state_dict(self, state: dict[str, Any]) -> None:
+        """Not supported in this version."""
+        self.model_state_dict()

@@ -1,0 +1,85 @@
+"""megatron-core's parallel state from this library's config: process groups, model-parallel RNG, teardown.
+
+megatron-core's default rank order ``"tp-cp-ep-dp-pp"`` (innermost first) is the layout of
+:func:`megatron_bridge.distributed.init.build_device_mesh` (``("pp", "dp", "cp", "tp")`` outermost first), so a rank
+holds the same data-parallel, tensor-parallel and pipeline indices under both engines and reads the same samples.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from megatron_bridge.errors import MegatronBridgeError
+from megatron_bridge.utils.logging import get_logger, log_rank_0
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+
+logger = get_logger(__name__)
+
+MCORE_ORDER = "tp-cp-ep-dp-pp"
+"""megatron-core's rank order (innermost first), the order of this library's device mesh."""
+
+
+class MegatronCoreNeedsCudaError(MegatronBridgeError, RuntimeError):
+    """model.engine='megatron_core' on a machine without CUDA (megatron-core hard-codes CUDA calls)."""
+
+
+def require_cuda(device: torch.device) -> None:
+    """Raise :class:`MegatronCoreNeedsCudaError` unless ``device`` is a CUDA device.
+
+    megatron-core allocates on ``torch.cuda.current_device()``, seeds CUDA generators and asserts CUDA tensor types
+    (docs/training/engines.md), so on CPU it would stop somewhere inside its code; this names the problem first. The
+    CPU tests replace this check together with those calls (tests/functional_tests/mcore_cpu_harness.py).
+    """
+    if device.type != "cuda":
+        raise MegatronCoreNeedsCudaError(
+            f"model.engine='megatron_core' needs a CUDA device, but this rank computes on {device}: megatron-core "
+            "hard-codes CUDA calls. Run on GPUs (dist.distributed_backend='nccl' or None), or set "
+            "model.engine='native' (runs on CPU and GPU)."
+        )
+
+
+def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
+    """Create megatron-core's process groups for ``cfg.model``'s layout (once per process; a second call with the
+    same sizes is a no-op) and seed its model-parallel RNG tracker with ``seed``.
+
+    Raises:
+        MegatronCoreNeedsCudaError: ``device`` is not a CUDA device.
+        MegatronBridgeError: megatron-core's groups already exist with other sizes.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    require_cuda(device)
+    m = cfg.model
+    sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size)
+    if ps.model_parallel_is_initialized():
+        current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                   ps.get_context_parallel_world_size())
+        if current != sizes:
+            raise MegatronBridgeError(
+                f"megatron-core's parallel state already exists with TP×PP×CP = {current}, but the config asks for "
+                f"{sizes}: call megatron_bridge.models.mcore.parallel_state.destroy() first")
+    else:
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=m.tensor_model_parallel_size,
+            pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
+            context_parallel_size=m.context_parallel_size,
+            distributed_timeout_minutes=cfg.dist.distributed_timeout_minutes,
+            order=MCORE_ORDER,
+        )
+        log_rank_0(logger, "megatron-core parallel state: TP %d, PP %d, CP %d, DP %d", *sizes,
+                   ps.get_data_parallel_world_size())
+    model_parallel_cuda_manual_seed(seed)
+
+
+def destroy() -> None:
+    """Destroy megatron-core's process groups if this process created them (before the default group goes)."""
+    import sys
+
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is not None and ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()

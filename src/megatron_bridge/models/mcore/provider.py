@@ -1,0 +1,127 @@
+"""``GPTModel`` chunks of megatron-core from this library's :class:`~megatron_bridge.config.model.ModelConfig`.
+
+Field mapping (Megatron-Bridge's ``GPTModelProvider`` has the same fields, so the names carry over one to one):
+
+=========================================  ==================================================================
+this library (``cfg.model``)                megatron-core
+=========================================  ==================================================================
+num_layers, hidden_size, ffn_hidden_size,   ``TransformerConfig`` fields of the same names
+num_attention_heads, num_query_groups,
+kv_channels, layernorm_epsilon,
+normalization, qk_layernorm,
+add_bias_linear, add_qkv_bias,
+init_method_std, sequence_parallel,
+tensor/pipeline/context parallel sizes
+activation="swiglu" / "gelu"                ``gated_linear_unit=True, activation_func=F.silu`` / ``False, F.gelu``
+params_dtype                                ``TransformerConfig.params_dtype``
+padded_vocab_size, seq_length               ``GPTModel(vocab_size=..., max_sequence_length=...)``
+rotary_base, rope_scaling(_factor)          ``GPTModel(position_embedding_type="rope", rotary_base=...,
+                                            rope_scaling=..., rope_scaling_factor=...)``
+share_embeddings_and_output_weights         ``GPTModel(share_embeddings_and_output_weights=...)``
+transformer_impl                            layer spec: ``get_gpt_layer_local_spec`` ("local") or
+                                            ``get_gpt_layer_with_transformer_engine_spec``
+=========================================  ==================================================================
+
+The native model has no dropout, so both dropouts are 0; no fused kernels are requested (they need CUDA extensions
+this library does not require). Weights are initialised on the CPU when the model is built on the CPU
+(``use_cpu_initialization``), else on the current CUDA device.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from megatron_bridge.utils.logging import get_logger, log_rank_0
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.config.model import ModelConfig
+
+logger = get_logger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def transformer_config(model: "ModelConfig", device: torch.device) -> Any:
+    """megatron-core's ``TransformerConfig`` for ``model`` (see the module docstring for the mapping)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    swiglu = model.activation == "swiglu"
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_kv_heads,
+        kv_channels=model.head_dim,
+        normalization=model.normalization,
+        layernorm_epsilon=model.layernorm_epsilon,
+        qk_layernorm=model.qk_layernorm,
+        gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else F.gelu,
+        add_bias_linear=model.add_bias_linear,
+        add_qkv_bias=model.add_qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=model.init_method_std,
+        tensor_model_parallel_size=model.tensor_model_parallel_size,
+        pipeline_model_parallel_size=model.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=model.virtual_pipeline_model_parallel_size,
+        context_parallel_size=model.context_parallel_size,
+        sequence_parallel=model.sequence_parallel,
+        params_dtype=_DTYPES[model.params_dtype],
+        pipeline_dtype=_DTYPES[model.pipeline_dtype or model.params_dtype],
+        use_cpu_initialization=device.type == "cpu",
+        attention_softmax_in_fp32=True,
+    )
+
+
+def layer_spec(model: "ModelConfig") -> Any:
+    """The transformer layer spec ``model.transformer_impl`` selects (megatron-core's local or TE spec)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if model.transformer_impl == "transformer_engine":
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=model.qk_layernorm)
+    return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=model.qk_layernorm,
+                                                    normalization=model.normalization)
+
+
+def build_gpt_chunks(cfg: "ConfigContainer", device: torch.device) -> list[torch.nn.Module]:
+    """Initialise megatron-core's parallel state from ``cfg`` (:func:`.parallel_state.initialize`) and build this
+    rank's ``GPTModel`` chunk(s) on ``device``.
+
+    Raises:
+        ConfigValidationError: a model rule of ``validate()`` fails (e.g. a feature rule ``megatron_core_features``).
+        MegatronCoreNeedsCudaError: ``device`` is not a CUDA device.
+    """
+    from megatron.core.models.gpt import GPTModel
+
+    from megatron_bridge.config.rules import enforce
+    from megatron_bridge.models.mcore import parallel_state
+
+    enforce(cfg, "engine_available", "transformer_impl_available", "megatron_core_context_parallel",
+            "megatron_core_features")
+    parallel_state.initialize(cfg, device, cfg.rng.seed)
+    model = cfg.model
+    config = transformer_config(model, device)
+    gpt = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(model),
+        vocab_size=model.padded_vocab_size,
+        max_sequence_length=model.seq_length,
+        pre_process=True,
+        post_process=True,
+        share_embeddings_and_output_weights=model.share_embeddings_and_output_weights,
+        position_embedding_type="rope",
+        rotary_base=model.rotary_base,
+        rope_scaling=model.rope_scaling,
+        rope_scaling_factor=model.rope_scaling_factor,
+    )
+    if device.type == "cuda":
+        gpt.cuda(device)
+    log_rank_0(logger, "Built megatron-core GPTModel (%s spec): %d layers, hidden %d, %s parameters on this rank",
+               model.transformer_impl, model.num_layers, model.hidden_size,
+               f"{sum(p.numel() for p in gpt.parameters()):,}")
+    return [gpt]

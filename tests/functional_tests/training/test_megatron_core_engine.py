@@ -1,0 +1,118 @@
+"""The megatron-core engine (``model.engine="megatron_core"``) end to end on CPU/gloo through the test-only harness
+(tests/functional_tests/mcore_cpu_harness.py): ``GPTModel`` chunks, megatron-core DDP and optimizer inside
+``pretrain()``.
+
+* 2 ranks match one process: TP=2, and DP=2 under megatron-core DDP with the distributed optimizer and with overlapped
+  gradient reduction — per-step losses within 1e-5 (relative) of the one-process megatron-core run.
+* ``run_recipe.py --recipe tiny_llama model.engine=megatron_core`` trains (2 ranks, TP=2), the harness installed in
+  its torchrun workers by ``tests/functional_tests/mcore_cpu/sitecustomize.py``.
+
+The vocabulary is padded to 512 under every layout (``make_vocab_size_divisible_by`` × TP), so all layouts build the
+same model. Skipped with CUDA (the harness replaces CUDA calls) and without megatron-core (Python < 3.12).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.functional_tests.launcher import REPO_ROOT, is_worker, launch
+from tests.functional_tests.training._common import assert_finite_decreasing, small_config
+
+
+pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
+
+LOSS_RTOL = 1e-5
+PADDED_VOCAB = 512
+HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "tp2": {"model.tensor_model_parallel_size": 2},
+    "dp2_distributed_optimizer": {"optimizer.use_distributed_optimizer": True, "ddp.use_distributed_optimizer": True},
+    "dp2_overlap_grad_reduce": {"ddp.overlap_grad_reduce": True},
+}
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness test (megatron-core runs natively on CUDA)"),
+]
+
+
+def mcore_config(**overrides: Any) -> Any:
+    """The functional tests' small tiny-Llama config on the megatron-core engine with ``overrides`` (dotted paths);
+    the vocabulary padded to :data:`PADDED_VOCAB` whatever the TP size."""
+    cfg = small_config()
+    cfg.model.engine = "megatron_core"
+    tp = int(overrides.get("model.tensor_model_parallel_size", 1))
+    cfg.model.make_vocab_size_divisible_by = PADDED_VOCAB // tp
+    cfg = cfg.apply_overrides(None, [f"{k}={json.dumps(v)}" for k, v in overrides.items()])
+    assert cfg.model.padded_vocab_size == PADDED_VOCAB
+    return cfg
+
+
+def train_and_record(overrides: dict[str, Any], out: str) -> Any:
+    """Worker: install the harness, train, write rank 0's losses to ``out``; returns the result."""
+    from megatron_bridge.training.pretrain import pretrain
+    from tests.functional_tests.mcore_cpu_harness import install
+
+    install()
+    result = pretrain(mcore_config(**overrides))
+    assert result.backend == "mcore_ddp" and result.final_step == 8
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(out).write_text(json.dumps({"losses": result.losses, "grad_norms": result.grad_norms}))
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """Losses of the one-process megatron-core run (launching process only: a 1-rank torchrun job)."""
+    if is_worker():
+        return None
+    path = tmp_path_factory.mktemp("mcore_reference") / "reference.json"
+    launch(f"{__file__}::test_two_ranks_match_one_process[tp2]", nproc=1,
+           env={**HARNESS_ENV, "MB_MCORE_OUT": str(path), "MB_MCORE_LAYOUT": "reference"})
+    return path
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_two_ranks_match_one_process(layout: str, reference: Path | None, tmp_path: Path) -> None:
+    """TP=2 and DP=2 (distributed optimizer, overlapped reduction) train like one process."""
+    if not is_worker():
+        out = tmp_path / "losses.json"
+        launch(f"{__file__}::test_two_ranks_match_one_process[{layout}]", nproc=2,
+               env={**HARNESS_ENV, "MB_MCORE_OUT": str(out), "MB_MCORE_LAYOUT": layout})
+        got, want = json.loads(out.read_text()), json.loads(reference.read_text())  # type: ignore[union-attr]
+        assert_finite_decreasing(want["losses"])
+        for a, b in zip(got["losses"], want["losses"], strict=True):
+            assert abs(a - b) <= LOSS_RTOL * abs(b), (layout, got["losses"], want["losses"])
+        print(f"[parity] megatron-core {layout}: losses {got['losses']} reference {want['losses']}")
+        return
+    name = os.environ["MB_MCORE_LAYOUT"]
+    train_and_record({} if name == "reference" else LAYOUTS[name], os.environ["MB_MCORE_OUT"])
+
+
+def test_run_recipe_tiny_llama_trains_on_megatron_core() -> None:
+    """``run_recipe.py --recipe tiny_llama --nproc 2 model.engine=megatron_core model.tensor_model_parallel_size=2``
+    trains and evaluates (the harness enters the workers through sitecustomize)."""
+    harness_path = os.pathsep.join([str(REPO_ROOT / "tests" / "functional_tests" / "mcore_cpu"), str(REPO_ROOT)])
+    env = {**os.environ, **HARNESS_ENV, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (harness_path, os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "scripts/training/run_recipe.py", "--recipe", "tiny_llama", "--nproc", "2",
+           "model.engine=megatron_core", "model.tensor_model_parallel_size=2", "train.train_iters=6",
+           "train.global_batch_size=8", "train.micro_batch_size=2", "validation.eval_iters=1",
+           "scheduler.lr_warmup_iters=1", "scheduler.lr_warmup_fraction=null"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=420)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    assert "with mcore_ddp" in output, output[-4000:]
+    assert "megatron-core parallel state: TP 2, PP 1, CP 1, DP 1" in output, output[-4000:]
+    done = [line for line in output.splitlines() if line.startswith("done: at step 6 (train_iters)")]
+    assert done, output[-4000:]
+    first, last = (float(x) for x in done[0].split("loss ")[1].split(";")[0].split(" -> "))
+    assert last < first, done[0]
+    assert "validation loss at iteration 6" in output, output[-4000:]

@@ -1,0 +1,172 @@
+"""The megatron-core engine's option mappings: model fields → ``TransformerConfig`` and layer spec, ``cfg.ddp`` →
+``DistributedDataParallelConfig``, ``cfg.optimizer`` → ``OptimizerConfig``; its validation errors; and that the
+native engine never imports megatron-core. Nothing here builds a model (that needs CUDA or the functional tests'
+harness: tests/functional_tests/training/test_megatron_core_engine.py)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.recipes import qwen3_8b_pretrain_config, tiny_llama_pretrain_config
+
+
+pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
+
+from megatron_bridge.distributed.mcore_ddp import ddp_config  # noqa: E402
+from megatron_bridge.models.mcore.optimizer import optimizer_config  # noqa: E402
+from megatron_bridge.models.mcore.parallel_state import MegatronCoreNeedsCudaError, require_cuda  # noqa: E402
+from megatron_bridge.models.mcore.provider import layer_spec, transformer_config  # noqa: E402
+
+
+CPU = torch.device("cpu")
+
+
+def test_llama_fields_map_to_transformer_config() -> None:
+    cfg = tiny_llama_pretrain_config()
+    m = cfg.model
+    tc = transformer_config(m, CPU)
+    assert (tc.num_layers, tc.hidden_size, tc.ffn_hidden_size) == (m.num_layers, m.hidden_size, m.ffn_hidden_size)
+    assert (tc.num_attention_heads, tc.num_query_groups, tc.kv_channels) == (4, 2, 32)  # GQA 4/2
+    assert tc.normalization == "RMSNorm" and tc.layernorm_epsilon == m.layernorm_epsilon
+    assert tc.gated_linear_unit and tc.activation_func is F.silu  # SwiGLU
+    assert not tc.add_bias_linear and not tc.add_qkv_bias and not tc.qk_layernorm
+    assert tc.hidden_dropout == 0.0 and tc.attention_dropout == 0.0
+    assert tc.params_dtype == torch.float32 and tc.use_cpu_initialization
+    assert not transformer_config(m, torch.device("cuda", 0)).use_cpu_initialization
+
+
+def test_qwen3_and_gpt_variants_map() -> None:
+    q = qwen3_8b_pretrain_config().model
+    tc = transformer_config(q, CPU)
+    assert tc.qk_layernorm and tc.kv_channels == q.head_dim and tc.num_query_groups == q.num_kv_heads
+    assert tc.tensor_model_parallel_size == q.tensor_model_parallel_size
+    m = tiny_llama_pretrain_config().model
+    m.activation, m.normalization, m.add_bias_linear, m.add_qkv_bias = "gelu", "LayerNorm", True, True
+    tc = transformer_config(m, CPU)
+    assert not tc.gated_linear_unit and tc.activation_func is F.gelu and tc.normalization == "LayerNorm"
+    assert tc.add_bias_linear and tc.add_qkv_bias
+
+
+def test_local_layer_spec_has_qk_norm_only_when_asked() -> None:
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    m = tiny_llama_pretrain_config().model
+    plain = layer_spec(m).submodules.self_attention.submodules
+    assert plain.q_layernorm is IdentityOp and plain.k_layernorm is IdentityOp
+    m.qk_layernorm = True
+    normed = layer_spec(m).submodules.self_attention.submodules
+    assert normed.q_layernorm is not IdentityOp and normed.k_layernorm is not IdentityOp
+
+
+def test_ddp_options_map_to_megatron_core_ddp_config() -> None:
+    cfg = tiny_llama_pretrain_config()
+    d = cfg.ddp
+    d.grad_reduce_in_fp32, d.overlap_grad_reduce, d.overlap_param_gather = True, True, True
+    d.use_distributed_optimizer, d.check_for_nan_in_grad, d.bucket_size, d.average_in_collective = (
+        True, True, 1234, True)
+    c = ddp_config(cfg)
+    assert (c.grad_reduce_in_fp32, c.overlap_grad_reduce, c.overlap_param_gather, c.use_distributed_optimizer,
+            c.check_for_nan_in_grad, c.bucket_size, c.average_in_collective) == (True, True, True, True, True, 1234,
+                                                                                  True)
+    default = ddp_config(tiny_llama_pretrain_config())
+    assert not default.overlap_grad_reduce and not default.use_distributed_optimizer and default.bucket_size is None
+
+
+def test_optimizer_options_map_to_megatron_core_optimizer_config() -> None:
+    cfg = tiny_llama_pretrain_config()
+    o = cfg.optimizer
+    c = optimizer_config(cfg)
+    assert (c.optimizer, c.lr, c.min_lr, c.weight_decay) == ("adam", o.lr, o.min_lr, o.weight_decay)
+    assert (c.adam_beta1, c.adam_beta2, c.adam_eps, c.clip_grad) == (o.adam_beta1, o.adam_beta2, o.adam_eps,
+                                                                      o.clip_grad)
+    assert not c.use_distributed_optimizer and not c.bf16 and not c.fp16 and c.params_dtype == torch.float32
+    cfg.optimizer.use_distributed_optimizer = True
+    assert optimizer_config(cfg).use_distributed_optimizer
+
+
+def test_cpu_device_is_a_named_error() -> None:
+    with pytest.raises(MegatronCoreNeedsCudaError, match="model.engine='native'"):
+        require_cuda(CPU)
+
+
+def _mcore_cfg(**model: object):  # noqa: ANN202
+    cfg = tiny_llama_pretrain_config()
+    cfg.model.engine = "megatron_core"
+    for k, v in model.items():
+        setattr(cfg.model, k, v)
+    return cfg
+
+
+def test_unsupported_features_are_named_together() -> None:
+    cfg = _mcore_cfg(pipeline_model_parallel_size=2, cpu_offloading=True, cpu_offloading_num_layers=1)
+    cfg.dist.use_megatron_fsdp = True
+    cfg.checkpoint.save = "/tmp/x"
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_features\]") as info:
+        cfg.validate(world_size=2)
+    for path in ("model.pipeline_model_parallel_size", "model.cpu_offloading", "dist.use_megatron_fsdp",
+                 "checkpoint.save"):
+        assert path in str(info.value) and path in info.value.paths
+    assert "model.engine='native'" in str(info.value)
+
+
+def test_transformer_engine_spec_without_transformer_engine() -> None:
+    cfg = _mcore_cfg(transformer_impl="transformer_engine")
+    with pytest.raises(ConfigValidationError, match=r"\[rule transformer_impl_available\]") as info:
+        cfg.validate(world_size=1)
+    assert "transformer-engine" in str(info.value) and "model.transformer_impl='local'" in str(info.value)
+
+
+def test_tensor_parallel_needs_no_fsdp2_on_megatron_core() -> None:
+    _mcore_cfg(tensor_model_parallel_size=2).validate(world_size=2)
+    native = tiny_llama_pretrain_config()
+    native.model.tensor_model_parallel_size = 2
+    with pytest.raises(ConfigValidationError, match="tensor_parallel_backend"):
+        native.validate(world_size=2)
+
+
+BROKEN_TE = """
+import sys
+sys.path.insert(0, {fake!r})
+from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.recipes import tiny_llama_pretrain_config
+native = tiny_llama_pretrain_config()
+native.validate(world_size=1)
+cfg = tiny_llama_pretrain_config()
+cfg.model.engine = "megatron_core"
+cfg.model.transformer_impl = "transformer_engine"
+try:
+    cfg.validate(world_size=1)
+except ConfigValidationError as exc:
+    print("ERROR", exc)
+"""
+
+
+def test_present_but_broken_transformer_engine_is_a_named_error(tmp_path: Path) -> None:
+    """A transformer-engine that raises RuntimeError at import (as on a machine without CUDA) does not break the
+    native engine's validation, and the TE spec gets a named error with the reason."""
+    fake = tmp_path / "fake"
+    (fake / "transformer_engine").mkdir(parents=True)
+    (fake / "transformer_engine" / "__init__.py").write_text(
+        "raise RuntimeError('cudnn shared object not found')\n")
+    code = textwrap.dedent(BROKEN_TE.format(fake=str(fake)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ERROR" in out.stdout and "[rule transformer_impl_available]" in out.stdout, out.stdout
+    assert "RuntimeError: cudnn shared object not found" in out.stdout
+
+
+def test_native_engine_never_imports_megatron_core() -> None:
+    code = ("import sys\nfrom megatron_bridge.recipes import tiny_llama_pretrain_config as f\n"
+            "f().validate(world_size=1)\n"
+            "import megatron_bridge.training.pretrain, megatron_bridge.distributed.ddp_wrap\n"
+            "print([m for m in sys.modules if m.split('.')[0] == 'megatron'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout
