@@ -4,6 +4,9 @@
 
 * 2 ranks match one process: TP=2, and DP=2 under megatron-core DDP with the distributed optimizer and with overlapped
   gradient reduction — per-step losses within 1e-5 (relative) of the one-process megatron-core run.
+* Cross-engine parity: the native engine trained from the megatron-core model's initial weights (mapped by
+  :mod:`megatron_bridge.models.mcore.weights`) gives the same per-step losses (absolute 1e-5) as megatron-core at TP=1
+  and TP=2 (TP=2 builds the same initial weights as TP=1).
 * ``run_recipe.py --recipe tiny_llama model.engine=megatron_core`` trains (2 ranks, TP=2), the harness installed in
   its torchrun workers by ``tests/functional_tests/mcore_cpu/sitecustomize.py``.
 
@@ -21,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from megatron_bridge.training.callbacks import Callback
 from tests.functional_tests.launcher import REPO_ROOT, is_worker, launch
 from tests.functional_tests.training._common import assert_finite_decreasing, small_config
 
@@ -28,6 +32,7 @@ from tests.functional_tests.training._common import assert_finite_decreasing, sm
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
 
 LOSS_RTOL = 1e-5
+CROSS_ENGINE_ATOL = 1e-5
 PADDED_VOCAB = 512
 HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
 LAYOUTS: dict[str, dict[str, Any]] = {
@@ -55,17 +60,43 @@ def mcore_config(**overrides: Any) -> Any:
     return cfg
 
 
-def train_and_record(overrides: dict[str, Any], out: str) -> Any:
-    """Worker: install the harness, train, write rank 0's losses to ``out``; returns the result."""
+class InitialWeights(Callback):
+    """At the start of training: records the unwrapped model's state dict (``record``) or loads ``load`` into it."""
+
+    def __init__(self, load: dict[str, torch.Tensor] | None = None) -> None:
+        self.load = load
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def on_train_start(self, ctx: Any) -> None:
+        model = ctx.backend.unwrap(ctx.backend.chunks[0])
+        if self.load is not None:
+            model.load_state_dict(self.load, strict=True)
+        self.weights = {k: v.detach().clone() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def train_and_record(overrides: dict[str, Any], out: str) -> None:
+    """Worker: install the harness, train, write rank 0's losses to ``out``. The one-process ``reference`` also
+    trains the native engine from the megatron-core model's initial weights (mapped by
+    :mod:`megatron_bridge.models.mcore.weights`) and records its losses as ``native_losses``."""
+    from megatron_bridge.models.mcore.weights import megatron_core_to_native
     from megatron_bridge.training.pretrain import pretrain
     from tests.functional_tests.mcore_cpu_harness import install
 
     install()
-    result = pretrain(mcore_config(**overrides))
+    initial = InitialWeights()
+    cfg = mcore_config(**overrides)
+    result = pretrain(cfg, callbacks=[initial])
     assert result.backend == "mcore_ddp" and result.final_step == 8
+    record: dict[str, Any] = {"losses": result.losses}
+    if not overrides:  # the one-process reference: the native engine from the same weights
+        native = mcore_config()
+        native.model.engine = "native"
+        mapped = megatron_core_to_native(initial.weights, native.model)
+        native_result = pretrain(native, callbacks=[InitialWeights(load=mapped)])
+        assert native_result.backend == "ddp"
+        record["native_losses"] = native_result.losses
     if int(os.environ.get("RANK", "0")) == 0:
-        Path(out).write_text(json.dumps({"losses": result.losses, "grad_norms": result.grad_norms}))
-    return result
+        Path(out).write_text(json.dumps(record))
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +121,24 @@ def test_two_ranks_match_one_process(layout: str, reference: Path | None, tmp_pa
         assert_finite_decreasing(want["losses"])
         for a, b in zip(got["losses"], want["losses"], strict=True):
             assert abs(a - b) <= LOSS_RTOL * abs(b), (layout, got["losses"], want["losses"])
+        if layout == "tp2":  # the same initial weights as TP=1, so the native engine's losses apply too
+            for a, b in zip(got["losses"], want["native_losses"], strict=True):
+                assert abs(a - b) <= CROSS_ENGINE_ATOL, (got["losses"], want["native_losses"])
         print(f"[parity] megatron-core {layout}: losses {got['losses']} reference {want['losses']}")
         return
     name = os.environ["MB_MCORE_LAYOUT"]
     train_and_record({} if name == "reference" else LAYOUTS[name], os.environ["MB_MCORE_OUT"])
+
+
+def test_native_engine_matches_megatron_core_from_the_same_weights(reference: Path | None) -> None:
+    """Cross-engine parity (TP=1, fp32): the native engine started from the megatron-core model's initial weights
+    (mapped names and fused layouts) gives the same per-step losses on the same data."""
+    if is_worker():
+        pytest.skip("compares the files of the reference job")
+    ref = json.loads(reference.read_text())  # type: ignore[union-attr]
+    for a, b in zip(ref["native_losses"], ref["losses"], strict=True):
+        assert abs(a - b) <= CROSS_ENGINE_ATOL, (ref["native_losses"], ref["losses"])
+    print(f"[parity] native vs megatron-core TP=1: {ref['native_losses']} vs {ref['losses']}")
 
 
 def test_run_recipe_tiny_llama_trains_on_megatron_core() -> None:
