@@ -13,8 +13,9 @@ step with no time left is recorded as skipped):
 2. ``gpu_tests``: ``pytest -m gpu tests`` - every GPU-marked test, among them the Megatron FSDP smoke
    (``test_fsdp_pretrain_basic``) and resume tests, reported one by one from the JUnit XML.
 3. ``matrix``: 6 steps of the tiny recipe on one GPU for every mixed-precision preset (DDP), every backend (bf16),
-   and every engine of ``model.transformer_impl`` (bf16; an engine this version or machine cannot build is skipped
-   with its error); each row compares the CUDA allocator peak with the dry-run memory estimate.
+   and every engine (``model.engine`` and ``model.transformer_impl``: native, megatron-core local spec, megatron-core
+   TE spec; an engine this version or machine cannot build is skipped with its error); each row compares the CUDA
+   allocator peak with the dry-run memory estimate.
 4. ``cp_parity``: context parallelism, ring (``cp_comm_type="p2p"``) vs all-gather, when the config has
    ``model.cp_comm_type`` and 2 GPUs are present; skipped with the reason otherwise.
 5. ``mfu``: a Llama-3-8B-shaped model (hidden 4096, 32/8 heads, SwiGLU 14336, vocabulary 128256, sequence 8192) in
@@ -42,11 +43,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE_S = 570
 BUDGETS = {"install": 60, "gpu_tests": 240, "matrix": 100, "cp_parity": 60, "mfu": 150}
-REQUIRED = {"megatron-fsdp": "megatron_fsdp", "einops": "einops", "numpy": "numpy", "PyYAML": "yaml",
+REQUIRED = {"megatron-fsdp": "megatron_fsdp", "megatron-core": "megatron.core", "einops": "einops", "numpy": "numpy",
+            "PyYAML": "yaml",
             "pytest": "pytest", "pytest-timeout": "pytest_timeout", "omegaconf": "omegaconf",
             "tensorboard": "tensorboard", "tokenizers": "tokenizers", "safetensors": "safetensors"}
 """pip name -> module of the dependencies the checks need (torch comes with the machine)."""
 ENGINES = ("local", "megatron_core", "transformer_engine")
+ENGINE_SETTINGS = {"local": ("native", "local"), "megatron_core": ("megatron_core", "local"),
+                   "transformer_engine": ("megatron_core", "transformer_engine")}
+"""Matrix engine name -> (model.engine, model.transformer_impl): the native model, megatron-core's GPTModel with the
+local layer spec, and with transformer-engine's spec."""
+ENGINE_PRESET = {"local": "bf16_mixed", "megatron_core": "fp32", "transformer_engine": "fp32"}
+"""Preset of each engine's case: the megatron-core engine trains fp32 in this version (docs/training/engines.md)."""
 BACKENDS = ("ddp", "fsdp2", "megatron_fsdp")
 MFU_SHAPE = {"num_layers": 32, "seq_length": 8192}
 MFU_GOAL = 0.55
@@ -104,13 +112,13 @@ def kernel_breakdown(trace: dict[str, Any]) -> dict[str, float]:
 
 
 def matrix_cases() -> list[dict[str, str]]:
-    """Every preset with DDP, every backend with bf16, every engine with bf16 DDP (no duplicates)."""
+    """Every preset with DDP, every backend with bf16, every other engine with DDP (no duplicates)."""
     from megatron_bridge.config.mixed_precision import MIXED_PRECISION_PRESETS
 
     presets = sorted({n for n in MIXED_PRECISION_PRESETS if "-" not in n})
     cases = [{"engine": "local", "preset": p, "backend": "ddp"} for p in presets]
     cases += [{"engine": "local", "preset": "bf16_mixed", "backend": b} for b in BACKENDS if b != "ddp"]
-    cases += [{"engine": e, "preset": "bf16_mixed", "backend": "ddp"} for e in ENGINES if e != "local"]
+    cases += [{"engine": e, "preset": ENGINE_PRESET[e], "backend": "ddp"} for e in ENGINES if e != "local"]
     return cases
 
 
@@ -125,7 +133,7 @@ def case_config(case: dict[str, str], steps: int = 6):  # noqa: ANN201  (ConfigC
                                      "megatron_fsdp" or None)
     cfg = common_perf_overrides(cfg, train_iters=steps, warmup_iters=1)
     cfg.dist.use_torch_fsdp2 = case["backend"] == "fsdp2"
-    cfg.model.transformer_impl = case["engine"]
+    cfg.model.engine, cfg.model.transformer_impl = ENGINE_SETTINGS[case["engine"]]
     cfg.logger.log_progress = False
     cfg.validate(world_size=1)
     check_transformer_impl(cfg.model)
