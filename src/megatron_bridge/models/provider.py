@@ -5,6 +5,7 @@ from torch import nn
 
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.config.rules_model import check_model_buildable
+from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.llama import LlamaModel
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
@@ -28,10 +29,16 @@ def build_model_chunks(
         device: where to build when not on the meta device; None means torch's current default device.
 
     Raises:
-        ConfigValidationError: a model rule of ``validate()`` fails (:mod:`megatron_bridge.config.rules_model`):
+        ConfigValidationError: ``config.engine`` is not "native", or a model rule of ``validate()`` fails
+            (:mod:`megatron_bridge.config.rules_model`):
             a layout the engine does not build, an impossible pipeline split, an engine that is not installed or
             wired, or fields that cannot form a model.
     """
+    if config.engine != "native":
+        raise ConfigValidationError(
+            f"build_model_chunks builds the native engine, but model.engine={config.engine!r}: build megatron-core "
+            "chunks with megatron_bridge.models.mcore.provider.build_gpt_chunks(cfg, device) (pretrain() does), or "
+            "set model.engine='native'", ("model.engine",))
     check_model_buildable(config)  # the model rules of validate(), for callers that skipped it
     if config.pipeline_model_parallel_size > 1:
         from megatron_bridge.models.pipeline_stage import build_pipeline_chunks

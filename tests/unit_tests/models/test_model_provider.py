@@ -1,6 +1,5 @@
 """Unit tests of the model provider: chunks, meta-device build and materialization, engine and layout errors."""
 
-import importlib.machinery
 from dataclasses import replace
 
 import pytest
@@ -114,35 +113,31 @@ def test_tensor_parallel_size_is_accepted_and_pads_vocab() -> None:
     assert model.embed_tokens.weight.shape[0] == 128  # 100 padded to a multiple of 16 * 2
 
 
-@pytest.mark.parametrize(
-    ("impl", "module", "extra"),
-    [("transformer_engine", "transformer_engine", "[te]"), ("megatron_core", "megatron.core", "[mcore]")],
-)
-def test_missing_engine_error_message(impl: str, module: str, extra: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rules_model.importlib.util, "find_spec", lambda name: None)
+def test_native_engine_refuses_the_transformer_engine_spec() -> None:
     with pytest.raises(ConfigValidationError) as err:
-        build_model_chunks(tiny(transformer_impl=impl))
+        build_model_chunks(tiny(transformer_impl="transformer_engine"))
     message = str(err.value)
-    assert f"model.transformer_impl='{impl}'" in message and module in message and "not installed" in message
-    assert f"pip install 'megatron-bridge{extra}'" in message and "model.transformer_impl='local'" in message
-    assert "[rule transformer_impl_available]" in message
-
-
-def test_engine_whose_lookup_raises_counts_as_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(name: str) -> None:
-        raise RuntimeError("CUDA not found")
-
-    monkeypatch.setattr(rules_model.importlib.util, "find_spec", broken)
-    with pytest.raises(ConfigValidationError, match="transformer_engine.*not installed"):
+    assert "[rule transformer_impl_available]" in message and "model.engine='megatron_core'" in message
+    assert "model.transformer_impl='local'" in message
+    with pytest.raises(ConfigValidationError, match="native engine builds only plain PyTorch layers"):
         LlamaModel(tiny(transformer_impl="transformer_engine"))
 
 
-def test_installed_engine_is_not_wired(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = importlib.machinery.ModuleSpec("transformer_engine", None)
-    monkeypatch.setattr(rules_model.importlib.util, "find_spec", lambda name: spec)
-    with pytest.raises(ConfigValidationError, match="not wired") as err:
-        build_model_chunks(tiny(transformer_impl="transformer_engine"))
-    assert err.value.paths == ("model.transformer_impl",)
+def test_missing_transformer_engine_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import megatron_bridge.utils.packages as packages
+
+    monkeypatch.setattr(packages, "import_problem", lambda name: "not installed")
+    with pytest.raises(ConfigValidationError) as err:
+        rules_model.check_model_buildable(tiny(engine="megatron_core", transformer_impl="transformer_engine"),
+                                          ("transformer_impl_available",))
+    message = str(err.value)
+    assert "transformer-engine" in message and "not installed" in message
+    assert "pip install 'megatron-bridge[te]'" in message
+
+
+def test_native_builder_refuses_megatron_core_configs() -> None:
+    with pytest.raises(ConfigValidationError, match="build_gpt_chunks"):
+        build_model_chunks(tiny(engine="megatron_core"))
 
 
 def test_real_lookup_on_this_machine() -> None:
