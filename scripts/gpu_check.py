@@ -202,11 +202,19 @@ class Runner:
         return subprocess.run(cmd, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
 
 
-def install(r: Runner, wheels: str | None, timeout: float) -> dict[str, Any]:
-    """Install the missing dependencies from the wheel folder (no index)."""
+def _found(module: str) -> bool:
+    """Whether ``module`` can be found; a dotted name whose parent package is missing ("megatron.core") is not."""
     import importlib.util
 
-    missing = missing_pins(REPO / "requirements" / "cpu.txt", lambda m: importlib.util.find_spec(m) is not None)
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def install(r: Runner, wheels: str | None, timeout: float) -> dict[str, Any]:
+    """Install the missing dependencies from the wheel folder (no index)."""
+    missing = missing_pins(REPO / "requirements" / "cpu.txt", _found)
     if r.dry_run or not missing:
         return {"status": "ok" if not missing else "planned", "missing": missing, "wheels": wheels}
     if not wheels:
