@@ -22,7 +22,8 @@ own: nothing in its arithmetic is replaced.
 ``run_recipe.py``) when ``MEGATRON_BRIDGE_MCORE_CPU_HARNESS=1``.
 """
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -98,6 +99,20 @@ def install() -> None:
     parallel_state.require_cuda = lambda device: None
     _MODE = _CudaToCpu()
     _MODE.__enter__()
+
+
+@contextmanager
+def suspended() -> Iterator[None]:
+    """Leave the device-rewriting ``TorchFunctionMode`` for the block (code that needs no redirection, such as the
+    native engine in scripts/performance/engines.py, then runs without its per-operation overhead)."""
+    if _MODE is None:
+        yield
+        return
+    _MODE.__exit__(None, None, None)
+    try:
+        yield
+    finally:
+        _MODE.__enter__()
 
 
 def is_installed() -> bool:
