@@ -16,13 +16,17 @@ step with no time left is recorded as skipped):
    and every engine (``model.engine`` and ``model.transformer_impl``: native, megatron-core local spec, megatron-core
    TE spec; an engine this version or machine cannot build is skipped with its error); each row compares the CUDA
    allocator peak with the dry-run memory estimate.
-4. ``cp_parity``: context parallelism, ring (``cp_comm_type="p2p"``) vs all-gather, when the config has
-   ``model.cp_comm_type`` and 2 GPUs are present; skipped with the reason otherwise.
-5. ``mfu``: a Llama-3-8B-shaped model (hidden 4096, 32/8 heads, SwiGLU 14336, vocabulary 128256, sequence 8192) in
+4. ``mfu``: a Llama-3-8B-shaped model (hidden 4096, 32/8 heads, SwiGLU 14336, vocabulary 128256, sequence 8192) in
    bf16 on one GPU with as many of its 32 blocks as the memory estimate fits into 85% of the GPU, 10 steps through
    ``scripts/performance/launch.py``; records MFU, tokens/s and where the GPU time went (kernel classes of a
    2-step profiler trace: GEMM, attention, optimizer, elementwise/other), which says what limits it, and its CUDA
    allocator peak against the estimate.
+5. ``fp8``: two Llama-3-8B-shaped blocks (every Linear converts) trained 12 steps with ``-c bf16`` and with
+   ``-c fp8_cs`` (torchao float8 on the local engine, FSDP2 with the FP8 all-gather, per-block ``torch.compile`` in
+   both runs) through ``scripts/performance/launch.py``; the final losses agree within ``FP8_LOSS_RTOL`` and the
+   summary records the median step times and their ratio (fp8 / bf16). Skipped below compute capability 8.9.
+6. ``cp_parity``: context parallelism, ring (``cp_comm_type="p2p"``) vs all-gather, when the config has
+   ``model.cp_comm_type`` and 2 GPUs are present; skipped with the reason otherwise.
 
 ``--dry-run`` runs nothing: it validates every case's config on CPU, sizes the MFU model for ``--gpu`` (default
 h200) with the estimate, and writes the plan in the same JSON shape (a unit test runs it).
@@ -42,7 +46,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE_S = 570
-BUDGETS = {"install": 60, "gpu_tests": 240, "matrix": 100, "cp_parity": 60, "mfu": 150}
+BUDGETS = {"install": 60, "gpu_tests": 240, "matrix": 100, "fp8": 90, "cp_parity": 60, "mfu": 150}
 REQUIRED = {"megatron-fsdp": "megatron_fsdp", "megatron-core": "megatron.core", "einops": "einops", "numpy": "numpy",
             "PyYAML": "yaml",
             "pytest": "pytest", "pytest-timeout": "pytest_timeout", "omegaconf": "omegaconf",
@@ -57,6 +61,10 @@ ENGINE_PRESET = {"local": "bf16_mixed", "megatron_core": "fp32", "transformer_en
 """Preset of each engine's case: the megatron-core engine trains fp32 in this version (docs/training/engines.md)."""
 BACKENDS = ("ddp", "fsdp2", "megatron_fsdp")
 MFU_SHAPE = {"num_layers": 32, "seq_length": 8192}
+FP8_SHAPE = {"num_layers": 2, "seq_length": 4096, "steps": 12}
+"""The FP8 step: two Llama-3-8B blocks (hidden 4096, SwiGLU 14336: every Linear converts), 12 steps of 2 x 4096."""
+FP8_LOSS_RTOL = 0.02
+"""FP8 (torchao tensorwise, every layer) vs bf16: final losses within 2 % after the short run."""
 MFU_GOAL = 0.55
 """The issue's goal for our engine on H100/H200-class GPUs (recorded beside the measurement, not enforced)."""
 KERNEL_CLASSES = (("attention", r"flash|fmha|attention|sdpa"), ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|sm90|sm100"),
@@ -325,6 +333,53 @@ def cp_parity(r: Runner, out_dir: Path, timeout: float) -> dict[str, Any]:
     return {"status": "ok" if ok else "failed: losses differ", "losses": losses, "max_rel_diff": diff}
 
 
+def fp8_commands(out_dir: Path) -> dict[str, list[str]]:
+    """The bf16 and FP8 launch.py runs of the FP8 step (same model, data, steps and backend)."""
+    cmds = {}
+    for dtype in ("bf16", "fp8_cs"):
+        cmds[dtype] = [sys.executable, "scripts/performance/launch.py", "--recipe", "llama3_8b", "-ng", "1", "-c",
+                       dtype, "-ms", str(FP8_SHAPE["steps"]), "-gb", "2", "-mb", "1", "-sl",
+                       str(FP8_SHAPE["seq_length"]), "-tp", "1", "-pp", "1", "-cp", "1", "--use_torch_fsdp2", "true",
+                       "--output_dir", str(out_dir / f"fp8_{dtype}"), f"model.num_layers={FP8_SHAPE['num_layers']}",
+                       "fsdp2.enable_compile=true"]
+    return cmds
+
+
+def fp8(r: Runner, out_dir: Path, timeout: float) -> dict[str, Any]:
+    """bf16 vs FP8 (torchao) on one GPU: losses within FP8_LOSS_RTOL, step-time ratio recorded."""
+    cmds = fp8_commands(out_dir)
+    if r.dry_run:
+        record: dict[str, Any] = {"commands": {k: " ".join(v[1:]) for k, v in cmds.items()}}
+        for dtype, cmd in cmds.items():  # the configs build; on a CPU the FP8 one names what it lacks
+            proc = r.run([*cmd, "--dryrun"], timeout / 2)
+            if proc.returncode != 0 and not (dtype == "fp8_cs" and "[rule fp8_requirements]" in proc.stderr):
+                return {"status": f"failed: {dtype}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"}
+            if proc.returncode != 0:
+                record["fp8_on_this_machine"] = proc.stderr.strip().splitlines()[-1]
+        return {"status": "planned", **record}
+    import torch
+
+    capability = torch.cuda.get_device_capability(0)
+    if capability < (8, 9):
+        return {"status": f"skipped: FP8 needs compute capability >= 8.9 (this GPU: {capability[0]}.{capability[1]})"}
+    results = {}
+    for dtype, cmd in cmds.items():
+        proc = r.run(cmd, timeout / 2)
+        path = out_dir / f"fp8_{dtype}" / "results.json"
+        if proc.returncode != 0 or not path.exists():
+            return {"status": f"failed: {dtype}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"}
+        results[dtype] = json.loads(path.read_text())
+    bf16, fp8_run = results["bf16"], results["fp8_cs"]
+    loss_diff = abs(fp8_run["final_loss"] - bf16["final_loss"]) / abs(bf16["final_loss"])
+    ok = loss_diff <= FP8_LOSS_RTOL
+    return {"status": "ok" if ok else f"failed: final losses differ by {loss_diff:.4f} > {FP8_LOSS_RTOL}",
+            "bf16_final_loss": bf16["final_loss"], "fp8_final_loss": fp8_run["final_loss"],
+            "loss_rel_diff": loss_diff, "loss_rtol": FP8_LOSS_RTOL, "bf16_median_step_s": bf16["median_step_time_s"],
+            "fp8_median_step_s": fp8_run["median_step_time_s"],
+            "step_time_ratio_fp8_over_bf16": fp8_run["median_step_time_s"] / bf16["median_step_time_s"],
+            "bf16_peak_memory_gib": bf16["peak_memory_gib"], "fp8_peak_memory_gib": fp8_run["peak_memory_gib"]}
+
+
 def mfu(r: Runner, out_dir: Path, gpu: str, timeout: float) -> dict[str, Any]:
     """MFU of the 8B-shaped model on one GPU in bf16; kernel-time classes say what limits it."""
     from megatron_bridge.perf.estimate import GPU_MEMORY_GIB, gpu_key
@@ -381,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     r.step("gpu_tests", lambda t: gpu_tests(r, out_dir, t))
     r.step("matrix", lambda t: matrix(r, out_dir, t))
     r.step("mfu", lambda t: mfu(r, out_dir, args.gpu, t))
+    r.step("fp8", lambda t: fp8(r, out_dir, t))
     r.step("cp_parity", lambda t: cp_parity(r, out_dir, t))
     ok = all(s["status"] in ("ok", "planned") or s["status"].startswith("skipped") for s in r.steps.values())
     summary = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dry_run": args.dry_run, "ok": ok,

@@ -38,8 +38,8 @@ class MixedPrecisionConfig:
     initial_loss_scale: float = 2.0**16
     """fp16 initial dynamic loss scale (copied to optimizer.initial_loss_scale)."""
     fp8: str | None = None
-    """FP8 GEMMs through transformer-engine: "hybrid" (E4M3 forward, E5M2 gradients) or "e4m3"; None is off.
-    Needs CUDA (compute capability >= 8.9) and transformer-engine."""
+    """FP8 GEMMs: "hybrid" (E4M3 forward, E5M2 gradients) or "e4m3"; None is off. Needs CUDA (compute capability
+    >= 8.9) and, on the local engine, torchao (docs/training/low-precision.md); on the others transformer-engine."""
     fp8_recipe: str = "tensorwise"
     """FP8 scaling recipe: "tensorwise" (current scaling), "delayed", "mxfp8" (Blackwell only) or "blockwise"
     (Hopper only)."""
@@ -60,6 +60,11 @@ class MixedPrecisionConfig:
     reuse_grad_buf_for_mxfp8_param_ag: bool = False
     """MXFP8 with fp8_param_gather: reuse the gradient buffer for the parameter all-gather (required by
     Megatron-Bridge for mxfp8 + fp8_param_gather outside Megatron FSDP)."""
+    fp8_emulate: bool = False
+    """Local engine only (not in Megatron-Bridge; torchao's ``emulate``, torchtitan's ``float8.emulate``): cast to
+    FP8 exactly as FP8 training does but run the GEMMs in high precision, so FP8 numerics (and FSDP2's FP8
+    all-gather) run without an FP8 GPU, on CPU too. For tests and development: no speed-up. validate() then does
+    not ask for a CUDA device."""
     fp4: str | None = None
     """FP4 GEMMs through transformer-engine >= 2.7 ("e2m1"); None is off. Exclusive with fp8. Blackwell only."""
     fp4_recipe: str = "nvfp4"
@@ -214,5 +219,16 @@ def preset_name_of(mp: MixedPrecisionConfig) -> str | None:
     for name, fn in MIXED_PRECISION_PRESETS.items():
         preset = fn()
         if "-" not in name and all(getattr(preset, k) == v for k, v in values.items()):
+            return name
+    return None
+
+
+def base_preset_of(mp: MixedPrecisionConfig) -> str | None:
+    """The preset ``mp`` was most likely made from: the first whose compute dtype and FP8/FP4 format and recipe match
+    (``-c fp8_cs`` is ``bf16_with_fp8_current_scaling_mixed`` with ``first_last_layers_bf16=False``)."""
+    keys = ("bf16", "fp16", "fp8", "fp8_recipe", "fp4", "fp4_recipe")
+    for name, fn in MIXED_PRECISION_PRESETS.items():
+        preset = fn()
+        if "-" not in name and all(getattr(preset, k) == getattr(mp, k) for k in keys):
             return name
     return None

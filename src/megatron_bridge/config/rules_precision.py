@@ -1,14 +1,16 @@
 """Validation rules of the FP8/FP4 mixed-precision presets (Megatron-Bridge's rules, plus what this machine lacks).
 
-The requirements rule names the preset and everything missing: a CUDA device of the right generation (FP8: compute
-capability >= 8.9; "mxfp8" and FP4: Blackwell, >= 10.0; "blockwise": Hopper, 9.x), transformer-engine that really
-imports (>= 2.7 for FP4), and an engine with an FP8 path (the local engine has none in this version; see
-docs/training/low-precision.md). Probes are imported lazily, so configs without FP8 never import torch here.
+The requirements rule names the preset and everything missing: on the local engine a torchao recipe for the preset,
+a CUDA device of the generation it needs and torchao (:mod:`megatron_bridge.config.fp8_local`); on the
+transformer-engine engines a CUDA device of the right generation (FP8: compute capability >= 8.9; "mxfp8" and FP4:
+Blackwell, >= 10.0; "blockwise": Hopper, 9.x) and transformer-engine that really imports (>= 2.7 for FP4). See
+docs/training/low-precision.md. Probes are imported lazily, so configs without FP8 never import torch here.
 """
 
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.mixed_precision import FP8_RECIPES, MixedPrecisionConfig, preset_name_of
+from megatron_bridge.config.fp8_local import local_engine_problems
+from megatron_bridge.config.mixed_precision import FP8_RECIPES, MixedPrecisionConfig, base_preset_of, preset_name_of
 from megatron_bridge.config.rules import fail, rule
 
 
@@ -29,7 +31,10 @@ def _mp(cfg: "ConfigContainer") -> MixedPrecisionConfig | None:
 def describe(mp: MixedPrecisionConfig) -> str:
     """"preset 'bf16_with_mxfp8_mixed' (fp8='e4m3' fp8_recipe='mxfp8')" or the settings alone."""
     name = preset_name_of(mp)
-    return f"mixed_precision preset {name!r} ({mp.low_precision})" if name else f"mixed_precision {mp.low_precision}"
+    if name:
+        return f"mixed_precision preset {name!r} ({mp.low_precision})"
+    base = base_preset_of(mp)
+    return f"mixed_precision {mp.low_precision}" + (f" (preset {base!r} with changed fields)" if base else "")
 
 
 @rule("fp8_fp4_settings", ("mixed_precision.fp8", "mixed_precision.fp4", "mixed_precision.fp8_recipe",
@@ -91,9 +96,16 @@ def _capability_problem(mp: MixedPrecisionConfig, capability: tuple[int, int]) -
 
 
 def low_precision_problems(cfg: "ConfigContainer", mp: MixedPrecisionConfig) -> list[str]:
-    """What this machine and config lack for ``mp``'s FP8/FP4 settings (empty: nothing)."""
+    """What this machine and config lack for ``mp``'s FP8/FP4 settings (empty: nothing).
+
+    The local engine runs FP8 through torchao (:mod:`megatron_bridge.config.fp8_local`); the other engines through
+    transformer-engine.
+    """
     from megatron_bridge.utils.packages import cuda_capability, import_problem, package_version, version_at_least
 
+    if cfg.model.transformer_impl == "local":
+        return local_engine_problems(mp, cuda_capability(), import_problem("torchao.float8"),
+                                     package_version("torchao"))
     problems = []
     capability = cuda_capability()
     if capability is None:
@@ -109,14 +121,12 @@ def low_precision_problems(cfg: "ConfigContainer", mp: MixedPrecisionConfig) -> 
     elif mp.fp4 and not version_at_least(package_version("transformer-engine"), TE_MIN_VERSION_FP4):
         problems.append(f"transformer-engine >= {TE_MIN_VERSION_FP4} for NVFP4 (found "
                         f"{package_version('transformer-engine')})")
-    if cfg.model.transformer_impl == "local":
-        problems.append("an engine with an FP8/FP4 path: model.transformer_impl='local' computes its GEMMs in "
-                        "bf16/fp16/fp32 only in this version, see docs/training/low-precision.md")
     return problems
 
 
 @rule("fp8_requirements", ("mixed_precision",),
-      "FP8/FP4 presets need a CUDA GPU of the right generation, transformer-engine, and an engine with an FP8 path.")
+      "FP8/FP4 presets need a CUDA GPU of the right generation and the engine's FP8 library: torchao for the local "
+      "engine (tensorwise, mxfp8), transformer-engine for the others.")
 def _fp8_requirements(cfg: "ConfigContainer", world_size: int) -> None:
     mp = _mp(cfg)
     if mp is None or not (mp.fp8 or mp.fp4):
@@ -125,3 +135,28 @@ def _fp8_requirements(cfg: "ConfigContainer", world_size: int) -> None:
     if problems:
         fail(f"{describe(mp)} needs " + "; ".join(problems) + ". Fix: use mixed_precision='bf16_mixed' (or "
              "'fp16_mixed'/'fp32') here, or run on a machine that has them", "mixed_precision")
+
+
+@rule("fp8_local_compat", ("mixed_precision", "quantization.quant_cfg", "dist.use_megatron_fsdp"),
+      "FP8 on the local engine (torchao) runs under DDP or FSDP2, without modelopt quantization; fp8_emulate is "
+      "local-engine only.")
+def _fp8_local_compat(cfg: "ConfigContainer", world_size: int) -> None:
+    mp = _mp(cfg)
+    if mp is None or not (mp.fp8 or mp.fp4):
+        return
+    if cfg.model.transformer_impl != "local":
+        if mp.fp8_emulate:
+            fail(f"mixed_precision.fp8_emulate=True is torchao's emulation on model.transformer_impl='local'; "
+                 f"model.transformer_impl={cfg.model.transformer_impl!r} runs FP8 through transformer-engine, which "
+                 "has none. Fix: mixed_precision.fp8_emulate=False", "mixed_precision.fp8_emulate")
+        return
+    if cfg.quantization.quant_cfg is not None:
+        fail(f"{describe(mp)} and quantization.quant_cfg={cfg.quantization.quant_cfg!r} both replace the Linear "
+             "layers (torchao Float8Linear for FP8 training, modelopt quantizers for QAT): choose one. Fix: "
+             "mixed_precision='bf16_mixed' with QAT, or quantization.quant_cfg=None", "mixed_precision",
+             "quantization.quant_cfg")
+    if cfg.dist.use_megatron_fsdp:
+        fail(f"{describe(mp)} on model.transformer_impl='local' runs torchao Float8Linear layers, which compose "
+             "with DDP and PyTorch FSDP2, not with Megatron FSDP (its FP8 parameter gather is transformer-engine's). "
+             "Fix: dist.use_torch_fsdp2=True (and dist.use_megatron_fsdp=False)", "mixed_precision",
+             "dist.use_megatron_fsdp")

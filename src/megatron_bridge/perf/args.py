@@ -1,6 +1,7 @@
 """Command-line flags of the performance launcher (Megatron-Bridge's ``scripts/performance`` names) and how they turn
 into a config. Every flag and its effect is in this one module: add a flag to :func:`build_parser` and apply it in
-:func:`apply_flags`; compute dtypes live in :data:`COMPUTE_DTYPES` / :data:`FP8_DTYPES`.
+:func:`apply_flags`; ``-c`` values map to presets in :mod:`megatron_bridge.recipes.perf_configs`
+(``COMPUTE_DTYPE_PRESETS``, ``precision_config``).
 
 Precedence (Megatron-Bridge's default path, ``run_script.py``; docs/performance.md): recipe < per-GPU perf config
 (``-g``) < benchmark defaults < trailing ``key=value`` overrides < flags. Then, unless ``-gb`` is given, the global
@@ -15,15 +16,20 @@ from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import RECIPES, get_recipe
 from megatron_bridge.recipes.perf import common_perf_overrides, megatron_fsdp_overrides
-from megatron_bridge.recipes.perf_configs import PerfConfig, get_perf_config
+from megatron_bridge.recipes.perf_configs import (
+    COMPUTE_DTYPE_PRESETS,
+    PERF_PRESET_CHANGES,
+    PerfConfig,
+    get_perf_config,
+    precision_config,
+)
 
 
 _TRUE = {"true", "1", "yes", "y", "t", "on"}
 _FALSE = {"false", "0", "no", "n", "f", "off"}
-COMPUTE_DTYPES = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": "fp32"}
-"""``-c`` values this version runs, and the mixed-precision preset each selects."""
-FP8_DTYPES = ("fp8_cs", "fp8_mx", "fp8_sc", "nvfp4")
-"""``-c`` values Megatron-Bridge has that need transformer-engine (a named error here)."""
+COMPUTE_DTYPES = tuple(COMPUTE_DTYPE_PRESETS)
+"""``-c`` values: Megatron-Bridge's (bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4) plus fp16 and fp32; each selects the preset
+of :data:`~megatron_bridge.recipes.perf_configs.COMPUTE_DTYPE_PRESETS`."""
 MODEL_FAMILIES = ("llama", "qwen")
 """``-m`` values: the recipe name (``-mr``) starts with the family."""
 GPUS = ("h100", "h200", "h20", "b200", "b300", "gb200", "gb300", "vr200", "r100", "a100", "l40s")
@@ -95,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("-et", "--expert_tensor_parallel_size", type=optional_positive_int, nargs="?", const=None,
                      default=VP_UNSET, help="expert tensor-parallel size, or None (validate() names what is built)")
     feat = p.add_argument_group("features")
-    feat.add_argument("-c", "--compute_dtype", default=None, choices=[*COMPUTE_DTYPES, *FP8_DTYPES],
-                      help="compute precision (default: the recipe's; bf16 with -g)")
+    feat.add_argument("-c", "--compute_dtype", default=None, choices=COMPUTE_DTYPES,
+                      help="compute precision: bf16, fp16, fp32, fp8_cs (FP8 current scaling, every layer), fp8_mx "
+                      "(MXFP8), fp8_sc (FP8 blockwise), nvfp4 (default: the recipe's; bf16 with -g)")
     feat.add_argument("--use_megatron_fsdp", type=bool_arg, default=None, help="Megatron FSDP (true/false)")
     feat.add_argument("--use_torch_fsdp2", type=bool_arg, default=None, help="PyTorch FSDP2 (true/false)")
     feat.add_argument("--recompute_modules", type=lambda s: [m for m in s.split(",") if m], default=None,
@@ -137,12 +144,10 @@ def perf_config(args: argparse.Namespace) -> PerfConfig | None:
 
 
 def _set_compute_dtype(cfg: ConfigContainer, dtype: str | None, has_perf_config: bool) -> None:
-    if dtype in FP8_DTYPES:
-        raise ConfigValidationError(
-            f"--compute_dtype {dtype} needs transformer-engine (model.transformer_impl='transformer_engine'), which "
-            "this version does not wire; use bf16, fp16 or fp32", ("mixed_precision",))
-    if dtype is not None and not has_perf_config:  # a perf config already set its own precision for the dtype
-        cfg.mixed_precision = COMPUTE_DTYPES[dtype]
+    if dtype is None or has_perf_config:  # a perf config already set its own precision for the dtype
+        return
+    # the preset's name where the launcher keeps it unchanged (the YAML then names it), else the changed config
+    cfg.mixed_precision = precision_config(dtype) if dtype in PERF_PRESET_CHANGES else COMPUTE_DTYPE_PRESETS[dtype]
 
 
 def _set_recompute(cfg: ConfigContainer, args: argparse.Namespace) -> None:

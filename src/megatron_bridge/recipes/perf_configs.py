@@ -9,7 +9,8 @@ Megatron-Bridge's launcher does (unless ``-gb`` is given).
 from dataclasses import dataclass, field
 
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.config.mixed_precision import get_mixed_precision_preset
+from megatron_bridge.config.mixed_precision import MixedPrecisionConfig, get_mixed_precision_preset
+from megatron_bridge.errors import ConfigValidationError
 
 
 COMMON_PERF_ENV_VARS: dict[str, str] = {"TORCH_NCCL_HIGH_PRIORITY": "1"}
@@ -47,14 +48,34 @@ class PerfConfig:
         cfg.dist.use_torch_fsdp2 = self.tensor_model_parallel_size > 1  # TP runs on FSDP2 here
         cfg.train.global_batch_size = self.global_batch_size
         cfg.train.micro_batch_size = self.micro_batch_size
-        precision = get_mixed_precision_preset(PERF_PRECISIONS[compute_dtype])
+        precision = precision_config(compute_dtype)
         precision.grad_reduce_in_fp32 = self.grad_reduce_in_fp32
         cfg.mixed_precision = precision
         return cfg
 
 
-PERF_PRECISIONS: dict[str, str] = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": "fp32"}
-"""Compute dtypes a perf config can be measured in, and the mixed-precision preset each maps to."""
+COMPUTE_DTYPE_PRESETS: dict[str, str] = {
+    "bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": "fp32",
+    "fp8_cs": "bf16_with_fp8_current_scaling_mixed", "fp8_mx": "bf16_with_mxfp8_mixed",
+    "fp8_sc": "bf16_with_fp8_subchannel_scaling_mixed", "nvfp4": "bf16_with_nvfp4_mixed",
+}
+"""``-c/--compute_dtype`` → the mixed-precision preset it selects (Megatron-Bridge's
+``scripts/performance/utils/precision.py::get_precision_config``; fp16 and fp32 are ours, for CPU runs)."""
+PERF_PRESET_CHANGES: dict[str, dict[str, object]] = {"fp8_cs": {"first_last_layers_bf16": False}}
+"""Fields the launcher changes on the preset: ``fp8_cs`` runs every layer in FP8 ("Disable BF16 Transformer layers in
+the performance config", as Megatron-Bridge's ``get_precision_config`` does)."""
+
+
+def precision_config(compute_dtype: str) -> MixedPrecisionConfig:
+    """The mixed-precision config ``-c compute_dtype`` selects (an unknown value is a named error)."""
+    if compute_dtype not in COMPUTE_DTYPE_PRESETS:
+        raise ConfigValidationError(f"--compute_dtype {compute_dtype!r} is not one of "
+                                    f"{sorted(COMPUTE_DTYPE_PRESETS)}", ("mixed_precision",))
+    precision = get_mixed_precision_preset(COMPUTE_DTYPE_PRESETS[compute_dtype])
+    for name, value in PERF_PRESET_CHANGES.get(compute_dtype, {}).items():
+        setattr(precision, name, value)
+    return precision
+
 
 PERF_CONFIGS: dict[tuple[str, str, str], PerfConfig] = {
     ("llama3_8b", "h100", "bf16"): PerfConfig(

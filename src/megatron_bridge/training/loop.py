@@ -177,6 +177,8 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
             "or use mixed_precision='fp32' / 'bf16_mixed' instead of fp16"
         )
     grad_norm = backend.optimizer_step(ctx.optimizer, cfg.optimizer.clip_grad, ctx.grad_scaler)
+    if getattr(ctx, "fp8", None) is not None:  # torchao: FP8 weight scales for the next FSDP2 all-gather
+        ctx.fp8.after_optimizer_step(backend.chunks)
     ctx.scheduler.step()
     return loss, grad_norm, reported_losses
 

@@ -1,8 +1,9 @@
 """``pretrain(cfg, forward_step_func)``: validate → set up → train → tear down.
 
 Set-up order: process groups → seeds → model chunks (meta device when asked) → modelopt quantizers (restored or
-calibrated, ``cfg.quantization``) → ``ddp_wrap`` → distillation teacher (``cfg.distillation``) → optimizer (sharded by
-the backend when it does that) → LR schedule → checkpoint load → data loaders (resumed at the loaded position).
+calibrated, ``cfg.quantization``) → torchao FP8 Linear layers (FP8 presets) → ``ddp_wrap`` → distillation teacher
+(``cfg.distillation``) → optimizer (sharded by the backend when it does that) → LR schedule → checkpoint load → data
+loaders (resumed at the loaded position).
 """
 
 import random
@@ -63,6 +64,8 @@ class TrainingContext:
     """Bookkeeping of the MoE layers (None for dense models)."""
     distiller: Any = None
     """The distillation teacher and losses (megatron_bridge.optimization.distillation.Distiller), None without."""
+    fp8: Any = None
+    """FP8 training state (megatron_bridge.models.float8.Float8Training), None without an FP8 preset."""
 
     @property
     def device(self) -> torch.device:
@@ -153,6 +156,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
     from megatron_bridge.distributed.context_parallel import context_parallel_rank
     from megatron_bridge.distributed.ddp_wrap import ddp_wrap
     from megatron_bridge.distributed.init import data_parallel_rank, pipeline_parallel_rank
+    from megatron_bridge.models.float8 import convert_for_fp8_training
     from megatron_bridge.models.flops import num_floating_point_operations
     from megatron_bridge.models.provider import build_model_chunks
 
@@ -167,6 +171,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         chunks = build_model_chunks(cfg.model, device=env.device, pp_rank=pp_rank)
     if cfg.quantization.quant_cfg is not None:
         chunks = _quantize(cfg, chunks, tokenizer, env.device)
+    fp8 = convert_for_fp8_training(chunks, cfg)
     backend = ddp_wrap(chunks, cfg, env.device)
     pipeline = _pipeline_runner(cfg, backend, env)
     distiller = _distiller(cfg, backend, env.device) if cfg.distillation.enabled else None
@@ -202,7 +207,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         pipeline=pipeline,
         moe=MoETracker.for_chunks([backend.unwrap(c) for c in backend.chunks], env.device,
                                   cfg.model.tensor_model_parallel_size, cfg.model),
-        distiller=distiller,
+        distiller=distiller, fp8=fp8,
     )
 
 

@@ -53,7 +53,7 @@ def _validate_error(preset: str, monkeypatch: pytest.MonkeyPatch, *, capability:
 
 def test_fp8_on_cpu_names_preset_and_everything_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     msg = _validate_error("bf16_with_fp8_current_scaling_mixed", monkeypatch, capability=None,
-                          te_problem="RuntimeError: cudnn shared object not found")
+                          te_problem="RuntimeError: cudnn shared object not found", impl="transformer_engine")
     assert "'bf16_with_fp8_current_scaling_mixed'" in msg and "fp8_recipe='tensorwise'" in msg
     assert "a CUDA device" in msg and "transformer-engine (import failed: RuntimeError" in msg
     assert "bf16_mixed" in msg  # the fix
@@ -65,16 +65,73 @@ def test_fp8_on_cpu_names_preset_and_everything_missing(monkeypatch: pytest.Monk
     ("bf16_with_fp8_subchannel_scaling_mixed", (10, 0), "a Hopper GPU"),
     ("bf16_with_fp8_delayed_scaling_mixed", (8, 0), "an FP8 GPU"),
 ])
-def test_gpu_generation_rules(preset: str, capability: tuple[int, int], needs: str,
-                              monkeypatch: pytest.MonkeyPatch) -> None:
-    msg = _validate_error(preset, monkeypatch, capability=capability, te_problem=None)
+def test_gpu_generation_rules_transformer_engine(preset: str, capability: tuple[int, int], needs: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = _validate_error(preset, monkeypatch, capability=capability, te_problem=None, impl="transformer_engine")
     assert needs in msg and "a CUDA device" not in msg and "transformer-engine (" not in msg
 
 
-def test_with_cuda_and_te_only_the_local_engine_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    msg = _validate_error("bf16_with_fp8_delayed_scaling_mixed", monkeypatch, capability=(9, 0), te_problem=None)
-    assert "model.transformer_impl='local'" in msg
-    assert "CUDA device" not in msg and "GPU" not in msg.split("needs", 1)[1].split("model.transformer_impl")[0]
+# local engine (torchao): preset -> what validate() names on a machine with the given GPU
+LOCAL_ENGINE_CASES = [
+    ("bf16_with_fp8_current_scaling_mixed", None, "a CUDA device"),
+    ("bf16_with_fp8_current_scaling_mixed", (8, 0), "an FP8 GPU (Ada/Hopper/Blackwell) (compute capability >= 8.9"),
+    ("bf16_with_mxfp8_mixed", (9, 0), "a Blackwell GPU (compute capability >= 10.0; found 9.0)"),
+    ("bf16_with_fp8_delayed_scaling_mixed", (9, 0), "torchao has no delayed scaling"),
+    ("fp16_with_fp8_delayed_scaling_mixed", (9, 0), "torchao has no delayed scaling"),
+    ("bf16_with_fp8_subchannel_scaling_mixed", (9, 0), "blockwise_fp8_training"),
+    ("bf16_with_nvfp4_mixed", (10, 0), "no NVFP4 training recipe"),
+]
+
+
+@pytest.mark.parametrize(("preset", "capability", "needs"), LOCAL_ENGINE_CASES)
+def test_local_engine_names_what_torchao_lacks(preset: str, capability: tuple[int, int] | None, needs: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = _validate_error(preset, monkeypatch, capability=capability, te_problem=None)
+    assert f"'{preset}'" in msg and needs in msg and "transformer-engine" not in msg.split("Fix:")[0]
+
+
+def test_local_engine_cpu_message_offers_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = _validate_error("bf16_with_fp8_current_scaling_mixed", monkeypatch, capability=None, te_problem=None)
+    assert "mixed_precision.fp8_emulate=True" in msg
+
+
+def test_local_engine_without_torchao_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = _validate_error("bf16_with_fp8_current_scaling_mixed", monkeypatch, capability=(9, 0),
+                          te_problem="not installed")
+    assert "torchao (import failed: not installed)" in msg and "megatron-bridge[fp8]" in msg
+
+
+@pytest.mark.parametrize(("preset", "capability"), [("bf16_with_fp8_current_scaling_mixed", (9, 0)),
+                                                    ("fp16_with_fp8_current_scaling_mixed", (8, 9)),
+                                                    ("bf16_with_mxfp8_mixed", (10, 0))])
+def test_local_engine_accepts_torchao_recipes_on_their_gpus(preset: str, capability: tuple[int, int],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packages, "cuda_capability", lambda: capability)
+    cfg = tiny_llama_pretrain_config(mixed_precision=preset)
+    cfg.validate(world_size=1)  # torchao is installed in the test environment
+
+
+def test_fp8_emulate_validates_on_cpu_and_only_on_the_local_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packages, "cuda_capability", lambda: None)
+    cfg = tiny_llama_pretrain_config()
+    cfg.mixed_precision = get_mixed_precision_preset("bf16_with_fp8_current_scaling_mixed")
+    cfg.mixed_precision.fp8_emulate = True
+    cfg.validate(world_size=1)
+    cfg.model.transformer_impl = "megatron_core"
+    with pytest.raises(ConfigValidationError, match="fp8_emulate=True is torchao's emulation"):
+        cfg.validate(world_size=1)
+
+
+def test_local_fp8_refuses_qat_and_megatron_fsdp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packages, "cuda_capability", lambda: (9, 0))
+    cfg = tiny_llama_pretrain_config(mixed_precision="bf16_with_fp8_current_scaling_mixed")
+    cfg.quantization.quant_cfg = "int8"
+    with pytest.raises(ConfigValidationError, match="both replace the Linear layers"):
+        cfg.validate(world_size=1)
+    cfg = tiny_llama_pretrain_config(mixed_precision="bf16_with_fp8_current_scaling_mixed", use_megatron_fsdp=True)
+    with pytest.raises(ConfigValidationError, match="not with Megatron FSDP") as info:
+        cfg.validate(world_size=1)
+    assert "dist.use_megatron_fsdp" in info.value.paths
 
 
 def test_plain_presets_never_probe(monkeypatch: pytest.MonkeyPatch) -> None:

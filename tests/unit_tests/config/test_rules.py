@@ -7,7 +7,11 @@ from collections.abc import Callable
 import pytest
 
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.config.mixed_precision import MixedPrecisionConfig, bf16_with_mxfp8_mixed
+from megatron_bridge.config.mixed_precision import (
+    MixedPrecisionConfig,
+    bf16_with_fp8_current_scaling_mixed,
+    bf16_with_mxfp8_mixed,
+)
 from megatron_bridge.config.rules import RULES, check_rules
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import tiny_llama_pretrain_config
@@ -215,6 +219,9 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                  "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", _set(mixed_precision="fp32")),
     "fp8_requirements": (_set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed"), 1, "mixed_precision",
                          _set(mixed_precision="bf16_mixed")),
+    "fp8_local_compat": (lambda cfg: (_emulated_fp8(cfg), _set(quantization__quant_cfg="int8")(cfg)), 1,
+                         "quantization.quant_cfg",
+                         lambda cfg: (_emulated_fp8(cfg), _set(dist__use_torch_fsdp2=True)(cfg))),
 }
 
 NOT_YET_BUILT = "engine_parallel_layout"
@@ -226,6 +233,12 @@ NO_MEGATRON_CORE_RULES = ("engine_available",)
 """Rules whose violation needs megatron-core to be missing: the test makes its import fail."""
 MEGATRON_CORE_PASSING = ("engine_available", "megatron_core_context_parallel", "megatron_core_features")
 """Rules whose passing case builds the megatron-core engine: skipped where megatron-core does not import."""
+
+
+def _emulated_fp8(cfg: ConfigContainer) -> None:
+    mp = bf16_with_fp8_current_scaling_mixed()
+    mp.fp8_emulate = True  # torchao's FP8 casts with high-precision GEMMs: valid on CPU
+    cfg.mixed_precision = mp
 
 
 def _mxfp8_without_reuse() -> MixedPrecisionConfig:

@@ -28,7 +28,13 @@ def test_dry_run_plans_every_check(tmp_path: Path) -> None:
     plan = json.loads(out.read_text())
     assert plan["dry_run"] is True and plan["ok"] is True
     steps = plan["steps"]
-    assert list(steps) == ["install", "gpu_tests", "matrix", "mfu", "cp_parity"]
+    assert list(steps) == ["install", "gpu_tests", "matrix", "mfu", "fp8", "cp_parity"]
+    fp8 = steps["fp8"]
+    assert fp8["status"] == "planned" and "-c fp8_cs" in fp8["commands"]["fp8_cs"]
+    assert "-c bf16" in fp8["commands"]["bf16"]
+    assert fp8["commands"]["bf16"].replace("-c bf16", "") == fp8["commands"]["fp8_cs"].replace("-c fp8_cs", "") \
+        .replace("fp8_fp8_cs", "fp8_bf16")  # the same run but for the dtype (and its output folder)
+    assert "fp8_on_this_machine" not in fp8 or "[rule fp8_requirements]" in fp8["fp8_on_this_machine"]
     assert "-m gpu tests" in steps["gpu_tests"]["command"]
     cases = steps["matrix"]["cases"]
     presets = {n for n in MIXED_PRECISION_PRESETS if "-" not in n}

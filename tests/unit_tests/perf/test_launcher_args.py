@@ -152,9 +152,55 @@ def test_recompute_and_offloading_flags() -> None:
     assert cfg.model.cpu_offloading and cfg.model.cpu_offloading_num_layers == 2
 
 
-def test_fp8_is_a_named_error() -> None:
-    with pytest.raises(ConfigValidationError, match="--compute_dtype fp8_cs needs transformer-engine"):
-        _cfg("-c", "fp8_cs")
+# -c value -> (preset, fields that differ from it): Megatron-Bridge's scripts/performance/utils/precision.py
+COMPUTE_DTYPE_MAPPING = {
+    "bf16": ("bf16_mixed", {}),
+    "fp16": ("fp16_mixed", {}),
+    "fp32": ("fp32", {}),
+    "fp8_cs": ("bf16_with_fp8_current_scaling_mixed", {"first_last_layers_bf16": False}),
+    "fp8_mx": ("bf16_with_mxfp8_mixed", {}),
+    "fp8_sc": ("bf16_with_fp8_subchannel_scaling_mixed", {}),
+    "nvfp4": ("bf16_with_nvfp4_mixed", {}),
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(COMPUTE_DTYPE_MAPPING))
+def test_compute_dtype_selects_megatron_bridge_preset(dtype: str) -> None:
+    from dataclasses import asdict
+
+    from megatron_bridge.config.mixed_precision import get_mixed_precision_preset
+
+    preset, changes = COMPUTE_DTYPE_MAPPING[dtype]
+    mp = _cfg("--recipe", "tiny_llama", "-c", dtype).mixed_precision
+    if not changes:
+        assert mp == preset  # unchanged presets stay named in the YAML
+        mp = get_mixed_precision_preset(mp)
+    expected = asdict(get_mixed_precision_preset(preset))
+    assert {k: v for k, v in asdict(mp).items() if expected[k] != v} == changes
+
+
+def test_compute_dtype_choices_are_megatron_bridges_plus_cpu_dtypes() -> None:
+    choices = next(a.choices for a in build_parser()._actions if a.dest == "compute_dtype")
+    assert sorted(choices) == sorted(COMPUTE_DTYPE_MAPPING)
+
+
+def test_fp8_compute_dtype_on_cpu_names_preset_and_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import megatron_bridge.utils.packages as packages
+
+    monkeypatch.setattr(packages, "cuda_capability", lambda: None)
+    cfg = _cfg("--recipe", "tiny_llama", "-c", "fp8_cs")
+    with pytest.raises(ConfigValidationError, match="preset 'bf16_with_fp8_current_scaling_mixed' with changed") as e:
+        cfg.validate(world_size=1)
+    assert "a CUDA device" in str(e.value) and "fp8_recipe='tensorwise'" in str(e.value)
+
+
+def test_perf_config_uses_the_same_mapping() -> None:
+    from megatron_bridge.recipes.perf_configs import PerfConfig
+
+    cfg = PerfConfig(num_gpus=8).apply(_cfg("--recipe", "tiny_llama"), "fp8_mx")
+    assert cfg.mixed_precision.fp8_recipe == "mxfp8" and cfg.mixed_precision.grad_reduce_in_fp32 is False
+    with pytest.raises(ConfigValidationError, match="--compute_dtype 'fp8_ds' is not one of"):
+        PerfConfig(num_gpus=8).apply(_cfg("--recipe", "tiny_llama"), "fp8_ds")
 
 
 def test_dryrun_prints_validated_megatron_fsdp_yaml() -> None:
