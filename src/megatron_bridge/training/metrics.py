@@ -62,8 +62,14 @@ TENSORBOARD_TAGS: dict[str, str] = {
     "memory/mem-reserved-gigabytes": "CUDA only: reserved by the caching allocator now, GB",
     "memory/mem-max-reserved-gigabytes": "CUDA only: peak reserved, GB",
     "lm loss validation": "validation loss (eval_iters batches); also `lm loss validation ppl`",
+    "total loss": "distillation: the training objective (balanced distillation and LM losses), per step; also "
+                  "`total loss vs samples`; `lm loss` is then the student's LM loss",
+    "logits distillation loss": "distillation: modelopt's logits KL loss (mean over the step's tokens)",
+    "intermediate distillation loss": "distillation with distillation.intermediate_layer_pairs: the cosine losses",
 }
 """The scalars written to TensorBoard (Megatron-Bridge's names) and their units; docs list this table."""
+DISTILLATION_TAGS = ("total loss", "logits distillation loss", "intermediate distillation loss")
+"""The tags of :data:`TENSORBOARD_TAGS` written only by distillation runs (Megatron-Bridge's ``loss_func_kd``)."""
 
 
 def memory_report(device: torch.device) -> dict[str, float]:

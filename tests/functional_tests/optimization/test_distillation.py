@@ -1,8 +1,9 @@
 """Knowledge distillation on 2 gloo ranks (one torchrun launch): a teacher is trained and saved, then a student of
 half its width learns from that checkpoint. The logits distillation loss falls, the teacher's weights are those of
 its checkpoint before and after, a run stopped after 2 steps and resumed reproduces the uninterrupted run's losses
-bit for bit, and the same student trains with FSDP2 (teacher replicated). The teacher exported to a Hugging Face
-folder (through the Bridge) teaches the same losses as its checkpoint."""
+bit for bit, and the same student trains with FSDP2 (student sharded, teacher replicated: whole and equal on
+every rank). The teacher exported to a Hugging Face folder (through the Bridge) teaches the same losses as its
+checkpoint."""
 
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,24 @@ class TeacherWeights(Callback):
         self.end = {k: v.detach().clone() for k, v in ctx.distiller.teacher.state_dict().items()}
 
 
+class TeacherLayout(Callback):
+    """Under FSDP2 the student's parameters are DTensor shards; the teacher's are whole tensors on every rank."""
+
+    def __init__(self) -> None:
+        self.student_sharded = False
+        self.teacher_replicated = False
+
+    def on_train_start(self, ctx: Any) -> None:
+        from torch.distributed.tensor import DTensor
+
+        self.student_sharded = all(isinstance(p, DTensor) for p in ctx.backend.chunks[0].parameters())
+        teacher = ctx.distiller.teacher
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, {k: float(v.double().sum()) for k, v in teacher.state_dict().items()})
+        self.teacher_replicated = (not any(isinstance(p, DTensor) for p in teacher.parameters())
+                                   and all(g == gathered[0] for g in gathered))
+
+
 def test_student_learns_from_teacher_checkpoint(tmp_path: Path) -> None:
     if not is_worker():
         launch(f"{__file__}::test_student_learns_from_teacher_checkpoint")
@@ -82,8 +101,10 @@ def test_student_learns_from_teacher_checkpoint(tmp_path: Path) -> None:
     assert head.losses + tail.losses == straight.losses
     assert head.reported_losses[KD] + tail.reported_losses[KD] == straight.reported_losses[KD]
 
-    sharded = pretrain(_student(root / "teacher", use_torch_fsdp2=True))
+    layout = TeacherLayout()
+    sharded = pretrain(_student(root / "teacher", use_torch_fsdp2=True), callbacks=[layout])
     assert sharded.backend == "fsdp2"
+    assert layout.student_sharded and layout.teacher_replicated  # the documented choice (model-optimization.md)
     assert_finite_decreasing(sharded.reported_losses[KD], min_drop=0.01)
 
     if dist.get_rank() == 0:

@@ -46,9 +46,10 @@ def test_exit_interval_and_tensorboard(tmp_path) -> None:
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    from megatron_bridge.training.metrics import TENSORBOARD_TAGS
+    from megatron_bridge.training.metrics import DISTILLATION_TAGS, TENSORBOARD_TAGS
 
-    cpu_tags = {t for t in TENSORBOARD_TAGS if "reserved" not in t and t not in ("params-norm", "lm loss validation")}
+    not_here = ("params-norm", "lm loss validation", *DISTILLATION_TAGS)  # tested in test_distillation_tensorboard
+    cpu_tags = {t for t in TENSORBOARD_TAGS if "reserved" not in t and t not in not_here}
     assert cpu_tags <= tags, cpu_tags - tags  # Megatron-Bridge's tag names
     for tag in ("lm loss", "learning-rate", "batch-size", "loss-scale", "world-size", "grad-norm"):
         assert f"{tag} vs samples" in tags, tag
@@ -57,6 +58,31 @@ def test_exit_interval_and_tensorboard(tmp_path) -> None:
     assert events.Scalars("throughput/tflops/device")[-1].value > 0
     assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3]
     assert all(math.isfinite(e.value) for e in events.Scalars("lm loss"))
+
+
+def test_distillation_tensorboard(tmp_path) -> None:
+    """A distillation run writes every distillation tag of TENSORBOARD_TAGS, and the plain tags beside them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from megatron_bridge.training.metrics import DISTILLATION_TAGS, TENSORBOARD_TAGS
+
+    teacher = small_config(train_iters=1, global_batch_size=2)
+    teacher.checkpoint.save = str(tmp_path / "teacher")
+    pretrain(teacher)
+    cfg = small_config(train_iters=2, global_batch_size=2)
+    cfg.distillation.teacher_checkpoint = str(tmp_path / "teacher")
+    cfg.distillation.intermediate_layer_pairs = [["norm", "norm"]]
+    cfg.distillation.skip_lm_loss = False
+    cfg.logger.tensorboard_dir = str(tmp_path / "tb")
+    pretrain(cfg)
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert set(DISTILLATION_TAGS) <= set(TENSORBOARD_TAGS) and set(DISTILLATION_TAGS) <= tags, tags
+    assert {"lm loss", "total loss vs samples", "grad-norm"} <= tags
+    for tag in DISTILLATION_TAGS:
+        assert [e.step for e in events.Scalars(tag)] == [1, 2] and all(math.isfinite(e.value)
+                                                                         for e in events.Scalars(tag)), tag
 
 
 def test_eval_runs_on_schedule() -> None:
