@@ -50,7 +50,8 @@ BUDGETS = {"install": 60, "gpu_tests": 240, "matrix": 100, "fp8": 90, "cp_parity
 REQUIRED = {"megatron-fsdp": "megatron_fsdp", "megatron-core": "megatron.core", "einops": "einops", "numpy": "numpy",
             "PyYAML": "yaml",
             "pytest": "pytest", "pytest-timeout": "pytest_timeout", "omegaconf": "omegaconf",
-            "tensorboard": "tensorboard", "tokenizers": "tokenizers", "safetensors": "safetensors"}
+            "tensorboard": "tensorboard", "tokenizers": "tokenizers", "safetensors": "safetensors",
+            "torchao": "torchao"}
 """pip name -> module of the dependencies the checks need (torch comes with the machine)."""
 ENGINES = ("local", "megatron_core", "transformer_engine")
 ENGINE_SETTINGS = {"local": ("native", "local"), "megatron_core": ("megatron_core", "local"),
