@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
+MARKER_PREFIX = "_megatron_bridge_"
+"""Attributes the model sets on its layers; conversion carries them over to the new modules."""
 OUTPUT_LAYER_NAMES = ("lm_head",)
 """Linear layers never converted (torchtitan's ``filter_fqns=["output"]``): the logits stay in high precision."""
 
@@ -125,6 +127,7 @@ def convert_chunk(model: nn.Module, mp: MixedPrecisionConfig, num_layers: int, *
                                     ("mixed_precision.fp8_recipe",))
     keep = fp8_module_filter(model, mp, num_layers)
     names = _converted_names(model, keep)
+    markers = {n: _own_markers(model.get_submodule(n)) for n in names}
     if mp.fp8_recipe == "tensorwise":
         from torchao.float8 import convert_to_float8_training
 
@@ -134,7 +137,15 @@ def convert_chunk(model: nn.Module, mp: MixedPrecisionConfig, num_layers: int, *
         from torchao.quantization import quantize_
 
         quantize_(model, mxfp8_training_config(emulate=emulate), filter_fn=keep)
+    for name, attrs in markers.items():  # Float8Linear is a new module: keep our markers (init_weights reads them)
+        for key, value in attrs.items():
+            setattr(model.get_submodule(name), key, value)
     return names
+
+
+def _own_markers(module: nn.Module) -> dict[str, Any]:
+    """The library's attributes on a layer (``_megatron_bridge_*``, e.g. the output-projection init marker)."""
+    return {k: v for k, v in vars(module).items() if k.startswith(MARKER_PREFIX)}
 
 
 def convert_for_fp8_training(chunks: list[nn.Module], cfg: "ConfigContainer") -> Float8Training | None:
@@ -148,7 +159,7 @@ def convert_for_fp8_training(chunks: list[nn.Module], cfg: "ConfigContainer") ->
     for chunk in chunks:
         result.converted += convert_chunk(chunk, mp, cfg.model.num_layers, fsdp_float8_all_gather=all_gather,
                                           emulate=mp.fp8_emulate)
-    log_rank_0(logger, "FP8 (torchao %s): %d Linear layers converted%s; fp8_param_gather=%s → %s",
+    log_rank_0(logger, "FP8 (%s): %d Linear layers converted%s; fp8_param_gather=%s → %s",
                TORCHAO_RECIPES[mp.fp8_recipe].split(":")[0], len(result.converted),
                f", layers {sorted(bf16_layer_indices(mp, cfg.model.num_layers))} kept in bf16"
                if mp.first_last_layers_bf16 else "", mp.fp8_param_gather,

@@ -117,3 +117,19 @@ def test_refused_recipe_is_a_named_error() -> None:
     mp = get_mixed_precision_preset("bf16_with_fp8_delayed_scaling_mixed")
     with pytest.raises(ConfigValidationError, match="has no torchao training recipe"):
         convert_chunk(_model(), mp, 4, fsdp_float8_all_gather=False)
+
+
+def test_meta_device_model_converted_then_initialized_equals_direct_build() -> None:
+    """FSDP2 with model.init_model_with_meta_device converts before init_weights: Float8Linear keeps the
+    output-projection marker, so o_proj/down_proj get Megatron's scaled init as in a direct build."""
+    from megatron_bridge.models.provider import materialize_meta_model
+
+    mp = get_mixed_precision_preset("bf16_with_fp8_current_scaling_mixed")
+    direct = _model()
+    convert_chunk(direct, mp, 4, fsdp_float8_all_gather=True, emulate=True)
+    torch.manual_seed(0)
+    meta = LlamaModel(direct.config, device="meta")
+    convert_chunk(meta, mp, 4, fsdp_float8_all_gather=True, emulate=True)
+    materialize_meta_model(meta, torch.device("cpu"))
+    for (name, a), (_, b) in zip(direct.state_dict().items(), meta.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
