@@ -1,6 +1,6 @@
-"""FP8 on the local engine (``model.transformer_impl='local'``): which Megatron-Bridge presets map to which torchao
-training recipe, and what each of the others lacks. Torch-free: ``validate()`` reads these tables; the conversion
-itself is :mod:`megatron_bridge.models.float8` (docs/training/low-precision.md).
+"""FP8 on the native engine (``model.engine='native'``, "the local engine" in the docs): which Megatron-Bridge
+presets map to which torchao training recipe, and what each of the others lacks. Torch-free: ``validate()`` reads
+these tables; the conversion itself is :mod:`megatron_bridge.models.float8` (docs/training/low-precision.md).
 """
 
 from megatron_bridge.config.mixed_precision import MixedPrecisionConfig
@@ -52,7 +52,7 @@ def local_engine_problems(mp: MixedPrecisionConfig, capability: tuple[int, int] 
 
     recipe = local_recipe(mp)
     if recipe in NOT_ON_LOCAL_ENGINE:
-        return [f"an FP8 recipe torchao trains with on model.transformer_impl='local' ({recipe!r}: "
+        return [f"an FP8 recipe torchao trains with on model.engine='native' ({recipe!r}: "
                 f"{NOT_ON_LOCAL_ENGINE[recipe]})"]
     problems = []
     need = MIN_CAPABILITY[recipe]

@@ -103,7 +103,7 @@ def low_precision_problems(cfg: "ConfigContainer", mp: MixedPrecisionConfig) -> 
     """
     from megatron_bridge.utils.packages import cuda_capability, import_problem, package_version, version_at_least
 
-    if cfg.model.transformer_impl == "local":
+    if cfg.model.engine == "native":
         return local_engine_problems(mp, cuda_capability(), import_problem("torchao.float8"),
                                      package_version("torchao"))
     problems = []
@@ -144,11 +144,11 @@ def _fp8_local_compat(cfg: "ConfigContainer", world_size: int) -> None:
     mp = _mp(cfg)
     if mp is None or not (mp.fp8 or mp.fp4):
         return
-    if cfg.model.transformer_impl != "local":
+    if cfg.model.engine != "native":
         if mp.fp8_emulate:
-            fail(f"mixed_precision.fp8_emulate=True is torchao's emulation on model.transformer_impl='local'; "
-                 f"model.transformer_impl={cfg.model.transformer_impl!r} runs FP8 through transformer-engine, which "
-                 "has none. Fix: mixed_precision.fp8_emulate=False", "mixed_precision.fp8_emulate")
+            fail(f"mixed_precision.fp8_emulate=True is torchao's emulation on model.engine='native'; "
+                 f"model.engine={cfg.model.engine!r} runs FP8 through transformer-engine, which has none. Fix: "
+                 "mixed_precision.fp8_emulate=False", "mixed_precision.fp8_emulate")
         return
     if cfg.quantization.quant_cfg is not None:
         fail(f"{describe(mp)} and quantization.quant_cfg={cfg.quantization.quant_cfg!r} both replace the Linear "
@@ -156,7 +156,7 @@ def _fp8_local_compat(cfg: "ConfigContainer", world_size: int) -> None:
              "mixed_precision='bf16_mixed' with QAT, or quantization.quant_cfg=None", "mixed_precision",
              "quantization.quant_cfg")
     if cfg.dist.use_megatron_fsdp:
-        fail(f"{describe(mp)} on model.transformer_impl='local' runs torchao Float8Linear layers, which compose "
+        fail(f"{describe(mp)} on model.engine='native' runs torchao Float8Linear layers, which compose "
              "with DDP and PyTorch FSDP2, not with Megatron FSDP (its FP8 parameter gather is transformer-engine's). "
              "Fix: dist.use_torch_fsdp2=True (and dist.use_megatron_fsdp=False)", "mixed_precision",
              "dist.use_megatron_fsdp")

@@ -38,13 +38,13 @@ def test_presets_set_megatron_bridge_values(name: str) -> None:
 
 
 def _validate_error(preset: str, monkeypatch: pytest.MonkeyPatch, *, capability: tuple[int, int] | None,
-                    te_problem: str | None, impl: str = "local") -> str:
+                    te_problem: str | None, engine: str = "native") -> str:
     monkeypatch.setattr(packages, "cuda_capability", lambda: capability)
     monkeypatch.setattr(packages, "import_problem", lambda name: te_problem)
     monkeypatch.setattr(packages, "package_version", lambda name: "2.8.0")
     cfg = tiny_llama_pretrain_config()
     cfg.mixed_precision = preset
-    cfg.model.transformer_impl = impl
+    cfg.model.engine = engine
     with pytest.raises(ConfigValidationError) as info:
         cfg.validate(world_size=1)
     assert "mixed_precision" in info.value.paths
@@ -53,7 +53,7 @@ def _validate_error(preset: str, monkeypatch: pytest.MonkeyPatch, *, capability:
 
 def test_fp8_on_cpu_names_preset_and_everything_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     msg = _validate_error("bf16_with_fp8_current_scaling_mixed", monkeypatch, capability=None,
-                          te_problem="RuntimeError: cudnn shared object not found", impl="transformer_engine")
+                          te_problem="RuntimeError: cudnn shared object not found", engine="megatron_core")
     assert "'bf16_with_fp8_current_scaling_mixed'" in msg and "fp8_recipe='tensorwise'" in msg
     assert "a CUDA device" in msg and "transformer-engine (import failed: RuntimeError" in msg
     assert "bf16_mixed" in msg  # the fix
@@ -67,7 +67,7 @@ def test_fp8_on_cpu_names_preset_and_everything_missing(monkeypatch: pytest.Monk
 ])
 def test_gpu_generation_rules_transformer_engine(preset: str, capability: tuple[int, int], needs: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    msg = _validate_error(preset, monkeypatch, capability=capability, te_problem=None, impl="transformer_engine")
+    msg = _validate_error(preset, monkeypatch, capability=capability, te_problem=None, engine="megatron_core")
     assert needs in msg and "a CUDA device" not in msg and "transformer-engine (" not in msg
 
 
@@ -117,7 +117,7 @@ def test_fp8_emulate_validates_on_cpu_and_only_on_the_local_engine(monkeypatch: 
     cfg.mixed_precision = get_mixed_precision_preset("bf16_with_fp8_current_scaling_mixed")
     cfg.mixed_precision.fp8_emulate = True
     cfg.validate(world_size=1)
-    cfg.model.transformer_impl = "megatron_core"
+    cfg.model.engine = "megatron_core"
     with pytest.raises(ConfigValidationError, match="fp8_emulate=True is torchao's emulation"):
         cfg.validate(world_size=1)
 
