@@ -1,11 +1,12 @@
-"""Worker-side teardown for tests launched under torch.distributed.run (see launcher.py)."""
+"""Worker-side teardown and per-test reports for tests launched under torch.distributed.run (see launcher.py)."""
 
+import json
 import os
 import sys
 
 import pytest
 
-from tests.functional_tests.launcher import is_worker
+from tests.functional_tests.launcher import REPORT_ENV, is_worker
 
 
 _EXIT_STATUS: list[int] = []
@@ -13,15 +14,44 @@ _EXIT_STATUS: list[int] = []
 
 @pytest.fixture(autouse=True)
 def _teardown_process_group():
-    """After each test on a torchrun worker: barrier, then destroy the process group if the test left one."""
+    """After each test on a torchrun worker: barrier, then destroy the process group if the test left one.
+
+    In a shared launch (``$MB_CASE_REPORT`` set, launcher.py's ``launch_cases``) the tests share one process group,
+    which they join with ``init_process_group`` and leave alive (a default group re-created after
+    ``destroy_process_group`` on torchrun's store can hang): it stays up for the next test. If a test ends without it
+    (pretrain() aborted it after a failure), the launch stops: the remaining tests are reported as not run.
+    """
     yield
     if not is_worker():
         return
     import torch.distributed as dist
 
+    if os.environ.get(REPORT_ENV):
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            return
+        pytest.exit("this shared launch's process group is gone (a test failed and aborted it): the remaining "
+                    "tests cannot run", returncode=1)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On a worker of a shared launch (``$MB_CASE_REPORT`` set): append this rank's outcome of each test phase to
+    ``rank<RANK>.jsonl`` there, so the launching process reports every test on its own."""
+    folder = os.environ.get(REPORT_ENV)
+    if not folder or not is_worker():
+        return
+    detail = ""
+    if report.failed:
+        detail = str(report.longrepr)[-4000:]
+    elif report.skipped and isinstance(report.longrepr, tuple):
+        detail = str(report.longrepr[2])
+    row = {"test": report.nodeid.rsplit("::", 1)[-1], "when": report.when, "outcome": report.outcome,
+           "detail": detail}
+    with open(os.path.join(folder, f"rank{os.environ.get('RANK', '0')}.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

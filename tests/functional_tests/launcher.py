@@ -8,15 +8,22 @@ Pattern (see tests/functional_tests/training/test_pretrain_backends.py)::
             return
         ...  # runs on every rank under torchrun, with the process group set up by the code under test
 
+Several tests that use the same number of processes can share one launch (:class:`LaunchGroups`): every worker runs
+them in order, each stays a test of its own on both sides (reported per rank by conftest.py, passed or failed on its
+own in the launching process), and the process start-up, imports and rendezvous are paid once per group.
+
 Under torchrun, tests/functional_tests/conftest.py tears the process group down after each test and ends each worker
 with ``os._exit`` after pytest printed its summary: torch 2.13's gloo aborts at interpreter teardown in ~10% of runs
 otherwise. Every launch has a timeout and its own free port.
 """
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,22 +44,117 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(nodeid: str, *, nproc: int = 2, timeout: float = 420, env: dict[str, str] | None = None) -> str:
-    """Run pytest ``nodeid`` on ``nproc`` ranks; fail the calling test with the output tail unless all pass."""
+def _torchrun_pytest(nodeids: list[str], nproc: int, timeout: float, env: dict[str, str] | None,
+                     stop_at_first_failure: bool) -> subprocess.CompletedProcess[str]:
+    """Run pytest on ``nodeids`` under torch.distributed.run; raises subprocess.TimeoutExpired."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-        "-m", "pytest", nodeid, "-q", "-s", "-p", "no:cacheprovider", "-x",
+        "-m", "pytest", *nodeids, "-q", "-s", "-p", "no:cacheprovider", *(["-x"] if stop_at_first_failure else []),
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def _text(stream: str | bytes | None) -> str:
+    return stream.decode(errors="replace") if isinstance(stream, bytes) else (stream or "")
+
+
+def launch(nodeid: str, *, nproc: int = 2, timeout: float = 420, env: dict[str, str] | None = None) -> str:
+    """Run pytest ``nodeid`` on ``nproc`` ranks; fail the calling test with the output tail unless all pass."""
     try:
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+        proc = _torchrun_pytest([nodeid], nproc, timeout, env, stop_at_first_failure=True)
     except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"")[-6000:] if isinstance(exc.stdout, bytes) else (exc.stdout or "")[-6000:]
-        pytest.fail(f"{nodeid} on {nproc} ranks timed out after {timeout}s\n{out}")
+        pytest.fail(f"{nodeid} on {nproc} ranks timed out after {timeout}s\n{_text(exc.stdout)[-6000:]}")
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
         pytest.fail(f"{nodeid} on {nproc} ranks failed (exit {proc.returncode}):\n{output[-8000:]}")
     if " passed" not in output:
         pytest.fail(f"{nodeid} on {nproc} ranks ran no test:\n{output[-4000:]}")
     return output
+
+
+# ------------------------------------------------------------------------------------ several tests in one launch
+REPORT_ENV = "MB_CASE_REPORT"
+"""Folder where conftest.py's worker hook appends each test's outcome, one JSON line per phase, per rank."""
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """One test of a shared launch, over all ranks."""
+
+    status: str
+    """"passed" (every phase on every rank), "failed", "skipped" or "not run" (the launch ended before it)."""
+    detail: str = ""
+    """What failed, on which rank; or why it did not run, with the output tail."""
+
+
+def _read_reports(folder: Path, nproc: int) -> dict[int, list[dict[str, str]]]:
+    reports: dict[int, list[dict[str, str]]] = {}
+    for rank in range(nproc):
+        path = folder / f"rank{rank}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        reports[rank] = [json.loads(line) for line in lines if line.strip()]
+    return reports
+
+
+def _outcome(name: str, reports: dict[int, list[dict[str, str]]], ended: str) -> CaseOutcome:
+    failures, skipped, missing = [], [], []
+    for rank, rows in reports.items():
+        mine = [r for r in rows if r["test"] == name]
+        if not any(r["when"] == "teardown" for r in mine):
+            missing.append(rank)
+        failures += [f"rank {rank} ({r['when']}): {r['detail']}" for r in mine if r["outcome"] == "failed"]
+        skipped += [r["detail"] for r in mine if r["outcome"] == "skipped"]
+    if failures:
+        return CaseOutcome("failed", "\n".join(failures))
+    if missing:
+        return CaseOutcome("not run", f"no result from rank(s) {missing}: {ended}")
+    if skipped:
+        return CaseOutcome("skipped", skipped[0])
+    return CaseOutcome("passed")
+
+
+def launch_cases(file: str, names: list[str], *, nproc: int, timeout: float,
+                 env: dict[str, str] | None = None) -> dict[str, CaseOutcome]:
+    """Run the tests ``names`` of ``file`` in one launch on ``nproc`` ranks, in this order, without stopping at a
+    failure; returns each test's outcome over all ranks (conftest.py's worker hook writes them)."""
+    with tempfile.TemporaryDirectory(prefix="mb-cases-") as folder:
+        try:
+            proc = _torchrun_pytest([f"{file}::{n}" for n in names], nproc, timeout,
+                                    {**(env or {}), REPORT_ENV: folder}, stop_at_first_failure=False)
+            tail = (proc.stdout + proc.stderr)[-6000:]
+            ended = f"the launch exited with code {proc.returncode}; output tail:\n{tail}"
+        except subprocess.TimeoutExpired as exc:
+            ended = f"the launch timed out after {timeout}s; output tail:\n{_text(exc.stdout)[-6000:]}"
+        reports = _read_reports(Path(folder), nproc)
+    return {name: _outcome(name, reports, ended) for name in names}
+
+
+class LaunchGroups:
+    """Tests of one file grouped by process count, one launch per group, run when the group's first test asks.
+
+    Args:
+        file: the test file (``__file__``).
+        groups: process count -> the names of the tests launched together, in the order they run.
+        timeout: seconds per launch, per process count.
+        env: environment of every launch (e.g. the path of a reference computed by a fixture).
+    """
+
+    def __init__(self, file: str, groups: dict[int, list[str]], timeout: dict[int, float],
+                 env: dict[str, str] | None = None) -> None:
+        self.file, self.groups, self.timeout, self.env = file, groups, timeout, env or {}
+        self._outcomes: dict[int, dict[str, CaseOutcome]] = {}
+
+    def check(self, name: str) -> None:
+        """Fail (or skip) the calling test as test ``name`` did on the workers; launches its group if needed."""
+        nproc = next(n for n, names in self.groups.items() if name in names)
+        if nproc not in self._outcomes:
+            self._outcomes[nproc] = launch_cases(self.file, self.groups[nproc], nproc=nproc,
+                                                 timeout=self.timeout[nproc], env=self.env)
+        outcome = self._outcomes[nproc][name]
+        where = f"{name} on {nproc} ranks (one launch with {', '.join(self.groups[nproc])})"
+        if outcome.status == "skipped":
+            pytest.skip(f"{where}: {outcome.detail}")
+        if outcome.status != "passed":
+            pytest.fail(f"{where} {outcome.status}:\n{outcome.detail[-8000:]}", pytrace=False)

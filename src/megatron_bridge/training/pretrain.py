@@ -271,9 +271,9 @@ def pretrain(
     watch_parent()  # under a launcher (torchrun): exit when it dies instead of training on as an orphan
     ctx: TrainingContext | None = None
     try:
-        if cfg.logger.save_config_filepath and env.rank == 0:
-            cfg.to_yaml(cfg.logger.save_config_filepath)
         ctx = setup(cfg, env, callbacks)
+        if cfg.logger.save_config_filepath and env.rank == 0:  # after set-up: a refused run writes nothing
+            cfg.to_yaml(cfg.logger.save_config_filepath)
         n_params = sum(p.numel() for chunk in ctx.backend.chunks for p in chunk.parameters())
         log_rank_0(logger, "training %.2fM parameters for %d steps on %d rank(s) with %s (%d micro-batches/step)",
                    n_params / 1e6, cfg.train_iters, env.world_size, ctx.backend.name,

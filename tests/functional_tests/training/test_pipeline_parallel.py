@@ -3,11 +3,14 @@
 Every layout trains the same tiny Llama on the same global batches as a single-process PP=1 reference computed by
 the launching process; per-step losses (relative 1e-5), the validation loss and the final weights (absolute 1e-5,
 all stages gathered) must match. fp32; runs differ only in float summation order (measured: losses within 2e-7,
-weights within 1e-7). One torchrun launch per test; a launch may run several pretrain() calls on one process group.
+weights within 1e-7).
 
-Run one directly:
+Launches: the tests that use the same number of processes share one torchrun launch (``GROUPS``; launcher.py's
+``LaunchGroups``): each worker runs them in order on one process group and reports each, and each stays a test of its
+own here, passed or failed on its own. Run one directly on its own:
     python -m torch.distributed.run --nproc_per_node=2 -m pytest \
         tests/functional_tests/training/test_pipeline_parallel.py::test_pp2_1f1b_ddp -s
+(MB_REFERENCE must point at a reference file, see ``reference``.)
 """
 
 import json
@@ -21,7 +24,7 @@ import torch.distributed as dist
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.training.callbacks import Callback
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import LaunchGroups, is_worker
 from tests.functional_tests.training._common import FullWeights, max_weight_diff, small_config
 
 
@@ -29,7 +32,16 @@ LOSS_RTOL = 1e-5
 WEIGHT_ATOL = 1e-5
 STEPS = 4
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
+GROUPS: dict[int, list[str]] = {
+    2: ["test_pp2_1f1b_ddp", "test_pp2_vpp2_interleaved", "test_zero_bubble_schedules_match_1f1b",
+        "test_uneven_stages", "test_resume_across_pipeline_layouts"],
+    4: ["test_pp4", "test_pp2_fsdp2_dp2", "test_pp2_tp2", "test_pp2_cp2"],
+    8: ["test_pp2_dp2_tp2_eight_ranks"],
+}
+"""Tests launched together, by process count (one launch each)."""
+LAUNCH_TIMEOUT_S = {2: 1200, 4: 1200, 8: 900}
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1500)]
 
 
 def pp_config(**overrides: Any) -> ConfigContainer:
@@ -76,6 +88,20 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     return path
 
 
+@pytest.fixture(scope="module")
+def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory) -> LaunchGroups | None:
+    """The module's launches (launching process only); a group starts when its first test runs."""
+    if is_worker():
+        return None
+    work = tmp_path_factory.mktemp("pp_runs")
+    return LaunchGroups(__file__, GROUPS, LAUNCH_TIMEOUT_S, env={"MB_REFERENCE": str(reference),
+                                                                 "MB_PP_DIR": str(work)})
+
+
+_LOSSES: dict[str, list[float]] = {}
+"""Worker: losses of the runs this launch made, by label (a later test reuses an identical earlier run)."""
+
+
 def _join_group() -> None:
     """One process group for the whole launch: pretrain() reuses it (and leaves it alive) between runs."""
     if not dist.is_initialized():
@@ -104,46 +130,44 @@ def run_and_compare(label: str, **overrides: Any) -> list[float]:
     assert diff <= WEIGHT_ATOL, f"{label}: max weight difference {diff} > {WEIGHT_ATOL}"
     if dist.get_rank() == 0:
         print(f"[pp-parity] {label}: max weight diff {diff:.2e}, losses {result.losses}")
+    _LOSSES[label] = result.losses
     return result.losses
 
 
-def _launch(name: str, reference: Path | None, nproc: int) -> None:
-    launch(f"{__file__}::{name}", nproc=nproc, env={"MB_REFERENCE": str(reference)}, timeout=600)
-
-
-def test_pp2_1f1b_ddp(reference: Path | None) -> None:
+def test_pp2_1f1b_ddp(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        _launch("test_pp2_1f1b_ddp", reference, 2)
+        launches.check("test_pp2_1f1b_ddp")
         return
     run_and_compare("PP2 1F1B DDP", pipeline_model_parallel_size=2)
 
 
-def test_pp2_vpp2_interleaved(reference: Path | None) -> None:
+def test_pp2_vpp2_interleaved(launches: LaunchGroups | None) -> None:
     """Two model chunks per rank; DDP switches to torch's FSDP-based replicate."""
     if not is_worker():
-        _launch("test_pp2_vpp2_interleaved", reference, 2)
+        launches.check("test_pp2_vpp2_interleaved")
         return
     run_and_compare("PP2 VPP2 Interleaved1F1B", pipeline_model_parallel_size=2,
                     virtual_pipeline_model_parallel_size=2)
 
 
-def test_zero_bubble_schedules_match_1f1b(reference: Path | None) -> None:
-    """InterleavedZeroBubble, ZBVZeroBubble and DualPipeV (PP2 × VP2) give 1F1B's losses (and the reference's)."""
+def test_zero_bubble_schedules_match_1f1b(launches: LaunchGroups | None) -> None:
+    """InterleavedZeroBubble, ZBVZeroBubble and DualPipeV (PP2 × VP2) give 1F1B's losses (and the reference's).
+    The 1F1B run is test_pp2_1f1b_ddp's when it ran earlier in this launch (the same config)."""
     if not is_worker():
-        _launch("test_zero_bubble_schedules_match_1f1b", reference, 2)
+        launches.check("test_zero_bubble_schedules_match_1f1b")
         return
-    one_f_one_b = run_and_compare("PP2 1F1B", pipeline_model_parallel_size=2)
+    one_f_one_b = _LOSSES.get("PP2 1F1B DDP") or run_and_compare("PP2 1F1B DDP", pipeline_model_parallel_size=2)
     for schedule in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"):
         losses = run_and_compare(schedule, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
                                  **{"model.pipeline_schedule": schedule})
         assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(losses, one_f_one_b, strict=True)), schedule
 
 
-def test_uneven_stages(reference: Path | None) -> None:
+def test_uneven_stages(launches: LaunchGroups | None) -> None:
     """num_layers_in_first_pipeline_stage=1 (1 + 3 layers), and the embedding and loss counted as layers over
     PP2 × VP3 (stage 0 holds only the embedding, stage 5 only the output layer and loss)."""
     if not is_worker():
-        _launch("test_uneven_stages", reference, 2)
+        launches.check("test_uneven_stages")
         return
     run_and_compare("PP2 first=1", pipeline_model_parallel_size=2, **{"model.num_layers_in_first_pipeline_stage": 1})
     run_and_compare("PP2 VP3 account_for_embedding/loss", pipeline_model_parallel_size=2,
@@ -152,77 +176,85 @@ def test_uneven_stages(reference: Path | None) -> None:
                        "model.account_for_loss_in_pipeline_split": True})
 
 
-def test_pp4(reference: Path | None) -> None:
+def test_pp4(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        _launch("test_pp4", reference, 4)
+        launches.check("test_pp4")
         return
     run_and_compare("PP4 1F1B", pipeline_model_parallel_size=4)
 
 
-def test_pp2_fsdp2_dp2(reference: Path | None) -> None:
+def test_pp2_fsdp2_dp2(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        _launch("test_pp2_fsdp2_dp2", reference, 4)
+        launches.check("test_pp2_fsdp2_dp2")
         return
     run_and_compare("PP2 × FSDP2 DP2", pipeline_model_parallel_size=2, use_torch_fsdp2=True)
 
 
-def test_pp2_tp2(reference: Path | None) -> None:
+def test_pp2_tp2(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        _launch("test_pp2_tp2", reference, 4)
+        launches.check("test_pp2_tp2")
         return
     run_and_compare("PP2 × TP2 (FSDP2)", pipeline_model_parallel_size=2, tensor_model_parallel_size=2,
                     use_torch_fsdp2=True)
 
 
-def test_pp2_cp2(reference: Path | None) -> None:
+def test_pp2_cp2(launches: LaunchGroups | None) -> None:
     """Pipeline stages with context parallelism (each CP rank runs its zig-zag slice through the stages)."""
     if not is_worker():
-        _launch("test_pp2_cp2", reference, 4)
+        launches.check("test_pp2_cp2")
         return
     run_and_compare("PP2 × CP2 (DDP)", pipeline_model_parallel_size=2, context_parallel_size=2)
 
 
-def test_pp2_dp2_tp2_eight_ranks(reference: Path | None) -> None:
+def test_pp2_dp2_tp2_eight_ranks(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        _launch("test_pp2_dp2_tp2_eight_ranks", reference, 8)
+        launches.check("test_pp2_dp2_tp2_eight_ranks")
         return
     run_and_compare("PP2 × DP2 × TP2 (FSDP2, 8 ranks)", pipeline_model_parallel_size=2,
                     tensor_model_parallel_size=2, use_torch_fsdp2=True)
 
 
 # ------------------------------------------------------------------------------------------- resume across layouts
+RESUME_PHASES = 4
+"""Phases of the resumed run (2 steps each)."""
+
+
 def resume_phase(root: Path, phase: int, **layout: Any) -> list[float]:
-    """Worker: phase 1..3 of a 6-step run (stops after step 2 × phase and saves; resumes from ``root``), or the
-    whole run uninterrupted (phase 0)."""
+    """Worker: phase 1..RESUME_PHASES of a run of 2 × RESUME_PHASES steps (stops after step 2 × phase and saves;
+    resumes from ``root``), or the whole run uninterrupted (phase 0)."""
     from megatron_bridge.training.pretrain import pretrain
 
     _join_group()
-    cfg = pp_config(train_iters=6, **layout)
+    steps = 2 * RESUME_PHASES
+    cfg = pp_config(train_iters=steps, **layout)
     cfg.validation.eval_interval = None
-    cfg.train.exit_interval = 2 * phase if phase in (1, 2) else None
+    cfg.train.exit_interval = 2 * phase if 0 < phase < RESUME_PHASES else None
     cfg.checkpoint.save = cfg.checkpoint.load = str(root)
     cfg.checkpoint.save_interval = 2
     result = pretrain(cfg)
-    expected = list(range(1, 7)) if phase == 0 else [2 * phase - 1, 2 * phase]
+    expected = list(range(1, steps + 1)) if phase == 0 else [2 * phase - 1, 2 * phase]
     assert result.steps == expected, result.steps
     return result.losses
 
 
-def test_resume_across_pipeline_layouts(tmp_path: Path) -> None:
-    """Steps 1-2 at PP2 × VP2, steps 3-4 at PP1 (DP2), steps 5-6 at PP2 1F1B (each resuming from the previous
-    layout's checkpoint, optimizer state included) equal one uninterrupted PP1 run."""
+def test_resume_across_pipeline_layouts(launches: LaunchGroups | None) -> None:
+    """Steps 1-2 at PP2 × VP2 (DDP: replicate), steps 3-4 at PP1 (DDP, DP2), steps 5-6 at PP2 1F1B with FSDP2,
+    steps 7-8 at PP1 with FSDP2 (DP2), each resuming from the previous layout's checkpoint (optimizer state
+    included), equal one uninterrupted PP1 run."""
     if not is_worker():
-        launch(f"{__file__}::test_resume_across_pipeline_layouts", nproc=2, timeout=600,
-               env={"MB_RESUME_DIR": str(tmp_path)})
-        straight = json.loads((tmp_path / "straight.json").read_text())
-        resumed = json.loads((tmp_path / "resumed.json").read_text())
+        launches.check("test_resume_across_pipeline_layouts")
+        root = Path(launches.env["MB_PP_DIR"]) / "resume"
+        straight = json.loads((root / "straight.json").read_text())
+        resumed = json.loads((root / "resumed.json").read_text())
+        assert len(resumed) == 2 * RESUME_PHASES
         assert resumed == pytest.approx(straight, rel=1e-6, abs=0), (resumed, straight)
         return
-    root = Path(os.environ["MB_RESUME_DIR"])
+    root = Path(os.environ["MB_PP_DIR"]) / "resume"
     straight = resume_phase(root / "straight", 0)
     resumed = resume_phase(root / "resumed", 1, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)
     resumed += resume_phase(root / "resumed", 2)
-    resumed += resume_phase(root / "resumed", 3, pipeline_model_parallel_size=2)
+    resumed += resume_phase(root / "resumed", 3, pipeline_model_parallel_size=2, use_torch_fsdp2=True)
+    resumed += resume_phase(root / "resumed", 4, use_torch_fsdp2=True)
     if dist.get_rank() == 0:
         (root / "straight.json").write_text(json.dumps(straight))
         (root / "resumed.json").write_text(json.dumps(resumed))

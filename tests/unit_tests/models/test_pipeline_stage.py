@@ -1,12 +1,13 @@
 """Pipeline stage modules: pruned copies with the full model's names and weights, forward chained = full forward,
 and the large recipes' layouts (shrunk in width and depth) build on every pipeline rank."""
 
+import pytest
 import torch
 
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.config.pipeline_layout import stage_layer_counts
 from megatron_bridge.models import build_model_chunks
-from megatron_bridge.recipes import llama3_70b_pretrain_config, llama31_405b_pretrain_config
+from megatron_bridge.recipes import RECIPES
 
 
 def _tiny(**fields: object) -> ModelConfig:
@@ -55,21 +56,33 @@ def test_meta_device_stages_hold_only_their_modules() -> None:
     assert stage.embed_tokens is None and sorted(stage.layers.keys()) == ["2", "3"]
 
 
-def _shrunk(cfg_fn, num_layers: int) -> ModelConfig:
-    m = cfg_fn().model
+def _shrunk(cfg_fn, num_layers: int):  # noqa: ANN001, ANN202  (recipe function -> ConfigContainer)
+    """The recipe with its whole parallel layout (TP, PP, VP, CP, SP, the pipeline split) and a tiny model."""
+    cfg = cfg_fn()
+    m = cfg.model
     m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads = num_layers, 64, 64, 8
-    m.num_query_groups, m.vocab_size, m.seq_length, m.context_parallel_size = 8, 100, 16, 1  # CP: issue #11
-    m.make_vocab_size_divisible_by = 16
-    return m
+    m.num_query_groups, m.vocab_size, m.make_vocab_size_divisible_by = 8, 100, 16
+    m.seq_length = cfg.dataset.seq_length = 2 * m.context_parallel_size * m.tensor_model_parallel_size
+    cfg.tokenizer.vocab_size = 100
+    return cfg
 
 
-def test_large_recipe_layouts_build_on_every_pipeline_rank() -> None:
-    for cfg_fn, layers in ((llama3_70b_pretrain_config, 20), (llama31_405b_pretrain_config, 14)):
-        m = _shrunk(cfg_fn, layers)
-        counts = stage_layer_counts(m)
-        built = []
-        for pp_rank in range(m.pipeline_model_parallel_size):
-            chunks = _chunks(m, pp_rank)
-            assert len(chunks) == m.virtual_pipeline_model_parallel_size
-            built += [len(c.layers) for c in chunks]
-        assert sorted(built) == sorted(counts) and sum(built) == layers
+@pytest.mark.parametrize(("name", "layers"), [("llama3_70b", 20), ("llama31_70b", 20), ("llama31_405b", 14)])
+def test_large_recipe_layouts_validate_and_build_on_every_pipeline_rank(name: str, layers: int) -> None:
+    """llama3_70b / llama31_70b (TP4 PP4 VP5 CP2 SP) and llama31_405b (TP8 PP8 VP2 CP4 SP, embedding and loss
+    counted in the split: first and last stages one layer fewer), shrunk in width and depth, validate at the
+    recipe's world size and build every pipeline rank's chunks."""
+    info = RECIPES[name]
+    cfg = _shrunk(info.fn, layers)
+    m = cfg.model
+    assert m.context_parallel_size > 1 and m.tensor_model_parallel_size > 1 and m.sequence_parallel
+    cfg.validate(world_size=info.world_size)
+    counts = stage_layer_counts(m)
+    if m.account_for_embedding_in_pipeline_split:
+        assert counts[0] == counts[-1] == counts[1] - 1
+    built = []
+    for pp_rank in range(m.pipeline_model_parallel_size):
+        chunks = _chunks(m, pp_rank)
+        assert len(chunks) == m.virtual_pipeline_model_parallel_size
+        built += [len(c.layers) for c in chunks]
+    assert sorted(built) == sorted(counts) and sum(built) == layers
