@@ -115,13 +115,12 @@ def _report(args: argparse.Namespace, times: dict[str, list[float]], memory: dic
 def main() -> int:
     """Entry point (re-launches itself under torchrun on 2 ranks)."""
     args = parse_args()
-    from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun
+    from megatron_bridge.utils.launch import end_worker, relaunch_with_torchrun, running_under_torchrun
 
     if not running_under_torchrun():
         return relaunch_with_torchrun(2, [os.path.abspath(__file__), *sys.argv[1:]], threads_per_rank=1)
     run(args)
-    sys.stdout.flush()
-    os._exit(0)  # gloo can abort at interpreter teardown
+    return end_worker(0)  # gloo can abort at interpreter teardown
 
 
 if __name__ == "__main__":

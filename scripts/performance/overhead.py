@@ -101,7 +101,7 @@ def library_loop(cfg) -> list[float]:  # noqa: ANN001
 def main() -> int:
     """Entry point (re-launches itself under torchrun)."""
     args = parse_args()
-    from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun
+    from megatron_bridge.utils.launch import end_worker, relaunch_with_torchrun, running_under_torchrun
 
     if not running_under_torchrun():
         return relaunch_with_torchrun(args.nproc, [os.path.abspath(__file__), *sys.argv[1:]], threads_per_rank=1)
@@ -131,10 +131,7 @@ def main() -> int:
             print(f"{name:>16s}: {value * 1000:8.1f} ms/step")
         print(f"ratio DDP   pretrain/bare: {med['pretrain DDP'] / med['bare DDP']:.3f}")
         print(f"ratio FSDP2 pretrain/bare: {med['pretrain FSDP2'] / med['bare FSDP2']:.3f}")
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    return end_worker(0)
 
 
 if __name__ == "__main__":

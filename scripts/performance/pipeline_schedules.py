@@ -63,7 +63,7 @@ def make_config(args: argparse.Namespace, vp: int | None, schedule: str | None):
 def main() -> int:
     """Entry point (re-launches itself under torchrun)."""
     args = parse_args()
-    from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun
+    from megatron_bridge.utils.launch import end_worker, relaunch_with_torchrun, running_under_torchrun
 
     if not running_under_torchrun():
         return relaunch_with_torchrun(args.ranks, [os.path.abspath(__file__), *sys.argv[1:]], threads_per_rank=1)
@@ -86,10 +86,7 @@ def main() -> int:
               f"median step time over {len(kept['1F1B'])} kept steps per variant")
         for name, value in med.items():
             print(f"{name:>22s}: {value * 1000:8.1f} ms/step   ratio to 1F1B {value / med['1F1B']:.3f}")
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    return end_worker(0)
 
 
 if __name__ == "__main__":

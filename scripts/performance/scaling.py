@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Scaling benchmark: per-rank memory (measured vs the dry-run estimate) and tokens/s at 1, 2 and 4 processes.
 
-    python scripts/performance/scaling.py --output-dir runs/scaling            # ~100M model + tiny, 1/2/4 ranks
+    python scripts/performance/scaling.py --output-dir runs/scaling            # every model and layout, 1/2/4 ranks
     python scripts/performance/scaling.py --models tiny --world-sizes 1 2      # a quick subset
 
-For each model (``tiny``: the tiny_llama recipe, 0.84M parameters; ``100m``: a Llama-shaped 100M model) and each
-layout that runs on this machine (DDP; FSDP2 with ``fsdp2.reshard_after_forward`` None / true / false; FSDP2 x TP 2;
-Megatron FSDP on GPUs; PP 2, CP 2 (DDP and FSDP2), EP 2 when the config accepts them - otherwise the row says why
-it was skipped), every world size launches ``torch.distributed.run``; each rank trains twice through ``pretrain()``:
+For each model (``tiny``: the tiny_llama recipe, 0.84M parameters; ``100m``: a Llama-shaped 100M model;
+``tiny_moe``: the tiny_moe recipe, 8 experts) and each layout that runs on this machine (DDP; FSDP2 with
+``fsdp2.reshard_after_forward`` None / true / false; FSDP2 x TP 2; Megatron FSDP on GPUs; PP 2 with 1F1B (DDP and
+FSDP2) and PP 2 x VP 2 (Interleaved1F1B); CP 2 (DDP and FSDP2); EP 2 (DDP and FSDP2, ``tiny_moe`` only; the dense
+layouts of ``tiny_moe`` are DDP and FSDP2) - a layout the config refuses is a row that says why it was skipped),
+every world size launches ``torch.distributed.run``; each rank trains twice through ``pretrain()``:
 unprofiled for tokens/s (median step after the first), then profiled for memory (:mod:`megatron_bridge.perf.measure`:
 peak = allocator events summed in time order during training; state = storage accounting of parameters, gradients
 and optimizer state at the end of the last step). The largest
@@ -38,13 +40,24 @@ LAYOUTS: dict[str, list[str]] = {
     "megatron_fsdp": ["dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true",
                       "ddp.data_parallel_sharding_strategy=optim_grads_params"],
     "pp2": ["model.pipeline_model_parallel_size=2"],
+    "pp2_vp2": ["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"],
+    "fsdp2_pp2": ["dist.use_torch_fsdp2=true", "model.pipeline_model_parallel_size=2"],
     "cp2": ["model.context_parallel_size=2"],
     "fsdp2_cp2": ["dist.use_torch_fsdp2=true", "model.context_parallel_size=2"],
-    "ep2": ["model.num_moe_experts=4", "model.expert_model_parallel_size=2"],
+    "ep2": ["model.expert_model_parallel_size=2"],
+    "fsdp2_ep2": ["dist.use_torch_fsdp2=true", "model.expert_model_parallel_size=2"],
 }
 """Layout name -> overrides on top of the model's benchmark config."""
-MIN_WORLD = {"fsdp2_tp2": 2, "pp2": 2, "cp2": 2, "fsdp2_cp2": 2, "ep2": 2}
-MODELS = ("tiny", "100m")
+MIN_WORLD = {"fsdp2_tp2": 2, "pp2": 2, "pp2_vp2": 2, "fsdp2_pp2": 2, "cp2": 2, "fsdp2_cp2": 2, "ep2": 2,
+             "fsdp2_ep2": 2}
+MODELS = ("tiny", "100m", "tiny_moe")
+MOE_LAYOUTS = ("ddp", "fsdp2", "ep2", "fsdp2_ep2")
+"""The layouts of the MoE model (expert-parallel layouts need experts: they run only there)."""
+
+
+def applies(model: str, layout: str) -> bool:
+    """Whether ``layout`` is benchmarked for ``model``."""
+    return layout in MOE_LAYOUTS if model == "tiny_moe" else "ep2" not in layout
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,17 +70,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run just these combinations (e.g. 100m:fsdp2:4), in this order")
     p.add_argument("--output-dir", default="runs/scaling")
     p.add_argument("--timeout", type=int, default=900, help="seconds per launch")
+    p.add_argument("--rescore", metavar="SCALING_JSON", default=None,
+                   help="recompute the estimate columns and errors of an existing scaling.json with the current "
+                        "estimate (same measurements), rewrite it and its plot, print the table; runs nothing")
     p.add_argument("--worker", nargs=3, metavar=("MODEL", "LAYOUT", "OUT"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def build_config(model: str, layout: str, steps: int | None = None):  # noqa: ANN201  (ConfigContainer)
     """The benchmark config of ``model`` with ``layout``'s overrides (fp32, mock data, no checkpoints/eval)."""
-    from megatron_bridge.recipes import tiny_llama_pretrain_config
+    from megatron_bridge.recipes import tiny_llama_pretrain_config, tiny_moe_pretrain_config
     from megatron_bridge.recipes.perf import common_perf_overrides
 
     if model == "tiny":
         cfg = tiny_llama_pretrain_config(global_batch_size=16, micro_batch_size=4)
+        default_steps = 5
+    elif model == "tiny_moe":  # 8 SwiGLU experts of width 96, top-2; EP 1 unless the layout says otherwise
+        cfg = tiny_moe_pretrain_config(global_batch_size=16, micro_batch_size=4, expert_model_parallel_size=1)
         default_steps = 5
     else:  # ~100M parameters: 12 blocks of width 768, GQA 12/4 heads, SwiGLU 2048, vocabulary 16000
         cfg = tiny_llama_pretrain_config(global_batch_size=4, micro_batch_size=1, seq_length=128)
@@ -90,7 +109,7 @@ def worker(model: str, layout: str, out: str) -> int:
     from megatron_bridge.errors import MegatronBridgeError
     from megatron_bridge.perf.measure import AllocationRecorder
     from megatron_bridge.training.pretrain import pretrain
-    from megatron_bridge.utils.launch import finish_worker
+    from megatron_bridge.utils.launch import end_worker, finish_worker
 
     rank = int(os.environ.get("RANK", "0"))
     # The worker owns the process group, so the two pretrain() calls reuse it (as overhead.py does).
@@ -111,9 +130,7 @@ def worker(model: str, layout: str, out: str) -> int:
     row = {"rank": rank, "step_time_s": step, "tokens_per_s": cfg.train.global_batch_size * cfg.model.seq_length / step,
            "peak_bytes": mem.peak_bytes, "state_bytes": mem.state_bytes, "final_loss": result.final_loss}
     Path(f"{out}.rank{rank}.json").write_text(json.dumps(row))
-    dist.barrier()
-    dist.destroy_process_group()
-    return finish_worker(0)
+    return end_worker(0)
 
 
 # ------------------------------------------------------------------------------------------------------- driver
@@ -158,9 +175,23 @@ def run_one(model: str, layout: str, world: int, timeout: int, tmp: str) -> dict
     row.update(status="ok", wall_s=round(time.time() - t0, 1),
                peak_bytes=max(r["peak_bytes"] for r in ranks), state_bytes=max(r["state_bytes"] for r in ranks),
                tokens_per_s=ranks[0]["tokens_per_s"], step_time_s=ranks[0]["step_time_s"])
+    return _errors(row)
+
+
+def _errors(row: dict[str, Any]) -> dict[str, Any]:
     row["state_error"] = row["est_state_bytes"] / row["state_bytes"] - 1
     row["peak_error"] = row["est_peak_bytes"] / row["peak_bytes"] - 1
     return row
+
+
+def rescore(path: Path) -> list[dict[str, Any]]:
+    """The rows of ``path`` with the estimate of the current code (measured columns unchanged)."""
+    rows = json.loads(path.read_text())["rows"]
+    for row in rows:
+        if row.get("status") == "ok":
+            cfg = build_config(row["model"], row["layout"]).validate(world_size=row["world_size"])
+            row.update(_errors({**row, **_estimate(cfg, row["world_size"])}))
+    return rows
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -231,8 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(*args.worker)
+    if args.rescore:
+        path = Path(args.rescore)
+        rows = rescore(path)
+        result = write_json(rows, path, json.loads(path.read_text()))
+        plot(rows, path.with_suffix(".png"))
+        _print_table(rows)
+        print(json.dumps(result["summary"], indent=2))
+        return 0
     plan = [(m, lay, w) for m in args.models for w in args.world_sizes for lay in args.layouts
-            if w >= MIN_WORLD.get(lay, 1)]
+            if w >= MIN_WORLD.get(lay, 1) and applies(m, lay)]
     if args.only:
         plan = [(m, lay, int(w)) for m, lay, w in (x.split(":") for x in args.only)]
     out = Path(args.output_dir)
@@ -252,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1
 
 
-def write_json(rows: list[dict[str, Any]], path: Path) -> dict[str, Any]:
-    """scaling.json: when, where, how it was measured, the rows and the summary."""
+def write_json(rows: list[dict[str, Any]], path: Path, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """scaling.json: when, where, how it was measured, the rows and the summary (``measured``: keep the date and
+    machine of an earlier measurement, for ``--rescore``)."""
     import torch
 
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
@@ -262,6 +302,9 @@ def write_json(rows: list[dict[str, Any]], path: Path) -> dict[str, Any]:
               "method": "peak: allocator events of torch.profiler(profile_memory=True) summed in time order; state: "
                         "storage accounting of parameters, gradients and optimizer state at the end of the last "
                         "step (megatron_bridge.perf.measure); largest rank", "rows": rows, "summary": summary(rows)}
+    if measured is not None:
+        result.update({k: measured[k] for k in ("date", "machine", "cpus", "torch", "device") if k in measured})
+        result["rescored"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     path.write_text(json.dumps(result, indent=2))
     return result
 

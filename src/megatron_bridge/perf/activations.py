@@ -9,7 +9,9 @@ Counted per token of one block of the local engine (``a`` = compute-dtype bytes,
   with all-gather CP (``cp_comm_type``) the gathered keys and values cover the whole sequence, ``× cp``), its
   output and the o_proj input copy (``2 nq d``), times ``a`` — head dimensions divide by TP;
 * MLP: its input ``h`` and, for SwiGLU, gate, silu(gate), up and their product (``4 f``; GELU ``2 f``), times ``a``;
-  MoE layers route each token to ``moe_router_topk`` experts of width ``moe_ffn_hidden_size``.
+  MoE layers route each token to ``moe_router_topk`` experts of width ``moe_ffn_hidden_size``: the token copies
+  and the expert intermediates, the expert outputs in fp32 (the weighted sum), the router's fp32 scores and the int64
+  routing indices (two more permutations with EP).
 
 Recompute (``model.recompute_granularity``, else the backend's ``activation_checkpointing``): "full" keeps only each
 block's input (residual dtype) plus one block recomputed during backward; ``recompute_method="block"`` does that for
@@ -18,15 +20,17 @@ saved) keeps input, q, v, attention output, gate and MLP output; MLP-only checkp
 The output head adds the final norm, the lm_head input and the fp32 log-softmax of the logits (``4 V``) plus two
 ``4 V`` gradients at the start of backward (logits are full-vocabulary on every TP rank).
 
-Micro-batches in flight on the first pipeline stage (Megatron): 1 without PP; 1F1B ``min(pp, m)``; interleaved
-``min(pp, m) × (1 + (pp - 1) / (pp × vp))``; GPipe ``m``. ``model.cpu_offloading`` moves the first
+Under PP each rank is estimated on its own (its layers as the engine splits them, the embedding and the head where
+it holds them) with the chunk-micro-batches its schedule keeps alive at once
+(:func:`~megatron_bridge.perf.layout.chunks_in_flight`); each of them also keeps the stage's received input and
+its output (``2 h`` per token in the residual dtype). ``model.cpu_offloading`` moves the first
 ``cpu_offloading_num_layers`` blocks' activations to host memory.
 """
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, cfg_get, layers_per_stage
+from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, RankStages, cfg_get, chunks_in_flight, pipeline_ranks
 
 
 if TYPE_CHECKING:
@@ -40,11 +44,12 @@ class ActivationEstimate:
     layer_bytes: int
     """One block, one micro-batch, nothing recomputed."""
     stored_layer_bytes: int
-    """One block, one micro-batch, as stored with the configured recompute (mean over the stage's blocks)."""
+    """One block, one micro-batch, as stored with the configured recompute (mean over the rank's blocks)."""
     in_flight: float
-    """Micro-batches whose activations are alive at once on the first pipeline stage."""
+    """Micro-batches whose activations are alive at once on the rank, in units of the rank's whole layer stack
+    (chunk-micro-batches / chunks)."""
     head_bytes: int
-    """Final norm, output layer and loss of one micro-batch (last stage)."""
+    """Final norm, output layer and loss of one micro-batch (0 on a rank without the last stage)."""
     peak_bytes: int
     """The activation peak on the device."""
     host_bytes: int = 0
@@ -88,7 +93,10 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
         k = int(cfg_get(m, "moe_router_topk", 2))
         fe = int(cfg_get(m, "moe_ffn_hidden_size", m.ffn_hidden_size)) / layout.etp
         fs = int(cfg_get(m, "moe_shared_expert_intermediate_size", 0)) / tp
-        mlp = a * (h + k * (h + width * fe) + width * fs) + 8 * experts
+        # the gathered token copies, the expert intermediates, the expert outputs kept in fp32 for the weighted
+        # sum, and the int64 routing indices, order and token map (+ the two EP permutations)
+        indices = 8 * k * (3 + (2 if layout.ep > 1 else 0))
+        mlp = a * (h + k * (h + width * fe) + width * fs) + 4 * k * h + 8 * experts + indices
         gate = a * k * fe
     else:
         mlp = a * (h + width * f)
@@ -103,48 +111,38 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
     }
 
 
-def _in_flight(layout: Layout) -> float:
-    m = layout.num_microbatches
-    if layout.pipeline_schedule == "gpipe":
-        return float(m)
-    if layout.pp == 1:
-        return 1.0
-    base = float(min(layout.pp, m))
-    if layout.pipeline_schedule == "interleaved":
-        return base * (1 + (layout.pp - 1) / (layout.pp * layout.vp))
-    return base
-
-
-def estimate_activations(cfg: "ConfigContainer", layout: Layout) -> ActivationEstimate:
-    """Activation bytes of the first and the last pipeline stage; the larger one is the estimate."""
+def estimate_activations(cfg: "ConfigContainer", layout: Layout, rank: RankStages | None = None
+                         ) -> ActivationEstimate:
+    """Activation bytes of one pipeline rank (default: the first); see the module docstring."""
     m = cfg.model
+    rank = rank or pipeline_ranks(cfg, layout)[0]
     mp = cfg.mixed_precision_config
     a = DTYPE_BYTES[mp.compute_dtype] if mp is not None and (mp.bf16 or mp.fp16) else DTYPE_BYTES[m.params_dtype]
     resid = DTYPE_BYTES[m.params_dtype] if layout.backend == "ddp" else a  # DDP autocast keeps an fp32 stream
     tokens = layout.tokens_per_microbatch
     per = _per_token(cfg, layout, a, resid)
     mode, blocks = recompute_mode(cfg, layout.backend)
-    first_n, last_n = layers_per_stage(cfg, layout)
+    n = len(rank.layers)
 
-    def stored(n: int) -> float:
+    def stored(count: int) -> float:
         if mode == "none":
-            return n * per["none"]
-        k = n if blocks is None else min(n, blocks)
-        return k * per[mode] + (n - k) * per["none"]
+            return count * per["none"]
+        k = count if blocks is None else min(count, blocks)
+        return k * per[mode] + (count - k) * per["none"]
 
-    offloaded = min(first_n, m.cpu_offloading_num_layers) if m.cpu_offloading and m.cpu_offloading_activations else 0
+    offloaded = min(n, m.cpu_offloading_num_layers) if m.cpu_offloading and m.cpu_offloading_activations else 0
     recompute_tmp = per["none"] if mode != "none" else 0.0
     v = m.padded_vocab_size
-    head = 8 * m.hidden_size + a * m.hidden_size + 12 * v + (a * v if a < 4 else 0)
-    in_flight = _in_flight(layout)
-    first = in_flight * (stored(first_n) - offloaded * per["none"]) + recompute_tmp
-    last = stored(last_n) + recompute_tmp + head if layout.pp > 1 else 0.0
-    peak = max(first + (head if layout.pp == 1 else 0.0), last)
+    head = 8 * m.hidden_size + a * m.hidden_size + 12 * v + (a * v if a < 4 else 0) if rank.last else 0.0
+    live_chunks = chunks_in_flight(layout, rank.pp_rank)
+    in_flight = live_chunks / rank.chunks
+    boundary = live_chunks * 2 * resid * m.hidden_size if layout.pp > 1 else 0.0  # stage input and output kept
+    peak = in_flight * (stored(n) - offloaded * per["none"]) + recompute_tmp + head + boundary
     notes = []
     if offloaded:
         notes.append(f"model.cpu_offloading: activations of the first {offloaded} block(s) live in host memory")
     return ActivationEstimate(
-        layer_bytes=int(per["none"] * tokens), stored_layer_bytes=int(stored(first_n) / max(first_n, 1) * tokens),
+        layer_bytes=int(per["none"] * tokens), stored_layer_bytes=int(stored(n) / max(n, 1) * tokens),
         in_flight=in_flight, head_bytes=int(head * tokens), peak_bytes=int(peak * tokens),
         host_bytes=int(in_flight * offloaded * per["none"] * tokens), recompute=mode, notes=notes,
     )

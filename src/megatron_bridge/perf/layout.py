@@ -51,7 +51,8 @@ class Layout:
     seq_length: int
     sequence_parallel: bool
     pipeline_schedule: str
-    """"1f1b", "interleaved" (vp > 1) or "gpipe" (all forwards, then all backwards)."""
+    """``model.pipeline_schedule`` as the engine resolves it ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble",
+    "ZBVZeroBubble", "DualPipeV"), "none" without PP."""
 
     @property
     def shard_size(self) -> int:
@@ -79,12 +80,11 @@ def backend_of(cfg: "ConfigContainer") -> Backend:
 
 
 def _schedule(model: Any, pp: int, vp: int) -> str:
-    named = str(cfg_get(model, "pipeline_schedule", "") or "").lower().replace("-", "").replace("_", "")
-    if "gpipe" in named:
-        return "gpipe"
-    if vp > 1 or "interleaved" in named:
-        return "interleaved"
-    return "1f1b" if pp > 1 else "none"
+    """The schedule the engine runs (:func:`megatron_bridge.config.pipeline_layout.resolve_schedule`)."""
+    if pp <= 1:
+        return "none"
+    named = cfg_get(model, "pipeline_schedule", None)
+    return str(named) if named else ("Interleaved1F1B" if vp > 1 else "1F1B")
 
 
 def layout_of(cfg: "ConfigContainer", world_size: int) -> Layout:
@@ -107,16 +107,63 @@ def layout_of(cfg: "ConfigContainer", world_size: int) -> Layout:
     )
 
 
-def layers_per_stage(cfg: "ConfigContainer", layout: Layout) -> tuple[int, int]:
-    """Decoder blocks on the first and on the last pipeline stage (all of them without PP).
+@dataclass(frozen=True)
+class RankStages:
+    """What one pipeline rank holds (all of its model chunks)."""
 
-    Honours Megatron's ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage`` when set;
-    otherwise blocks are split evenly (the first stages take the remainder).
+    pp_rank: int
+    layers: tuple[int, ...]
+    """Global indices of its decoder layers."""
+    chunks: int
+    """Model chunks (virtual stages) on the rank."""
+    first: bool
+    """Holds the embedding (stage 0)."""
+    last: bool
+    """Holds the final norm, the output layer and the loss (the last stage; rank 0 under the V schedules)."""
+
+
+def pipeline_ranks(cfg: "ConfigContainer", layout: Layout) -> list[RankStages]:
+    """Every pipeline rank's layers and edges, split exactly as the engine splits them
+    (:func:`megatron_bridge.config.pipeline_layout.build_stage_specs`: even, first/last-stage sizes, embedding and
+    loss counted as layers, loop or V placement); one rank holding everything without PP."""
+    if layout.pp <= 1:
+        return [RankStages(0, tuple(range(cfg.model.num_layers)), 1, True, True)]
+    from megatron_bridge.config.pipeline_layout import build_stage_specs
+
+    specs = build_stage_specs(cfg.model)
+    ranks = []
+    for rank in range(layout.pp):
+        mine = [s for s in specs if s.rank == rank]
+        ranks.append(RankStages(rank, tuple(i for s in mine for i in s.layers), len(mine),
+                                any(s.is_first for s in mine), any(s.is_last for s in mine)))
+    return ranks
+
+
+def chunks_in_flight(layout: Layout, pp_rank: int) -> int:
+    """Chunk-micro-batches whose activations are alive at once on ``pp_rank`` at its peak, for the schedule's
+    action order in torch.distributed.pipelining (checked against torch's own orders in
+    tests/unit_tests/perf/test_pipeline_in_flight.py). A micro-batch's activations of a chunk live from its forward to
+    its backward (the weight pass of the zero-bubble schedules, which still needs the layer inputs).
+
+    * 1F1B: ``min(m, PP − r)`` (Megatron's and torch's warm-up);
+    * Interleaved1F1B: warm-up ``(VP − 1)·R + 2(PP − 1 − r)`` forwards, then one more before the first backward
+      (``R`` = micro-batches per round, ``PP`` when ``m >= PP``; capped at ``m·VP``): Megatron's
+      ``PP·(1 + (PP − 1)/(PP·VP))`` rank stacks on the first rank;
+    * InterleavedZeroBubble: ``(VP − 1)·R + PP`` on every rank (``VP·PP`` when ``m >= PP``; weight passes wait);
+    * ZBVZeroBubble: ``min(2·PP, m + 1 + r, 2m)``;
+    * DualPipeV: ``min(2·PP + 1, 2m)``.
     """
-    n, pp = cfg.model.num_layers, layout.pp
-    if pp == 1:
-        return n, n
-    first = cfg_get(cfg.model, "num_layers_in_first_pipeline_stage", None)
-    last = cfg_get(cfg.model, "num_layers_in_last_pipeline_stage", None)
-    even = -(-n // pp)
-    return int(first if first is not None else even), int(last if last is not None else n // pp)
+    p, v, m, r = layout.pp, layout.vp, layout.num_microbatches, pp_rank
+    schedule = layout.pipeline_schedule
+    if p <= 1 or schedule == "none":
+        return 1
+    if schedule == "1F1B":
+        return min(m, p - r)
+    if schedule == "ZBVZeroBubble":
+        return min(2 * p, m + 1 + r, 2 * m)
+    if schedule == "DualPipeV":
+        return min(2 * p + 1, 2 * m)
+    per_round = m // max(1, m // p)  # micro-batches per round of the interleaved (loop) schedules
+    if schedule == "InterleavedZeroBubble":
+        return min((v - 1) * per_round + p, m * v)
+    return min((v - 1) * per_round + 2 * (p - 1 - r) + 1, m * v)  # Interleaved1F1B

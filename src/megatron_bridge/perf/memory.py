@@ -4,8 +4,10 @@ Pure arithmetic on the config (no torch), for the largest rank of the layout. Th
 allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron's rules for the layout:
 
 * **Parameters per rank**: matrices and the vocabulary-parallel embedding/output divide by TP, norms are replicated;
-  PP keeps ``ceil(L / pp)`` blocks per stage, the embedding on the first stage and the output layer, final norm (and,
-  when tied, an embedding copy) on the last; experts divide by EP and the expert TP size.
+  under PP each pipeline rank holds its layers as the engine splits them (even, first/last-stage sizes, embedding
+  and loss counted as layers, virtual stages; :func:`~megatron_bridge.perf.layout.pipeline_ranks`), the embedding
+  with the first stage and the output layer, final norm (and, when tied, an embedding copy) with the last; experts
+  divide by EP and the expert TP size. Every pipeline rank is estimated; the table shows the largest.
 * **State bytes per parameter** (``model.params_dtype`` = P bytes; torch optimizers keep state in the parameter
   dtype): parameters P, gradients P, AdamW 2P (SGD with momentum P). FSDP2 shards all three over dp × cp (expert state
   over the expert-data-parallel group) and ``fsdp2.offload_policy`` moves them to host memory; Megatron FSDP shards
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from megatron_bridge.models.flops import parameter_breakdown
 from megatron_bridge.perf.activations import ActivationEstimate, estimate_activations
-from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, cfg_get, layers_per_stage, layout_of
+from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, RankStages, cfg_get, layout_of, pipeline_ranks
 
 
 if TYPE_CHECKING:
@@ -78,6 +80,8 @@ class MemoryEstimate:
     host_bytes: int = 0
     """Bytes moved to host memory by offloading (not counted in the device total)."""
     notes: list[str] = field(default_factory=list)
+    pp_rank: int = 0
+    """The pipeline rank this estimate is for (the largest one)."""
 
     @property
     def state_bytes(self) -> int:
@@ -91,13 +95,15 @@ class MemoryEstimate:
         return self.state_bytes + max(self.activations.peak_bytes + self.buffer_bytes, step)
 
 
-def _moe_layers(cfg: "ConfigContainer", num_layers: int) -> int:
+def _moe_layers(cfg: "ConfigContainer", layers: "int | tuple[int, ...]") -> int:
+    """MoE layers among ``layers`` (global indices; an int: the first that many)."""
     if not cfg_get(cfg.model, "num_moe_experts", 0):
         return 0
+    indices = range(layers) if isinstance(layers, int) else layers
     freq = cfg_get(cfg.model, "moe_layer_freq", 1)
     if isinstance(freq, list | tuple):
-        return sum(1 for x in freq[:num_layers] if x)
-    return len(range(0, num_layers, max(1, int(freq))))
+        return sum(1 for i in indices if i < len(freq) and freq[i])
+    return sum(1 for i in indices if i % max(1, int(freq)) == 0)
 
 
 def _expert_params(cfg: "ConfigContainer") -> tuple[int, int]:
@@ -111,27 +117,21 @@ def _expert_params(cfg: "ConfigContainer") -> tuple[int, int]:
     return experts * (n_fc1 + 1) * h * fe, h * experts + (n_fc1 + 1) * h * fs
 
 
-def rank_params(cfg: "ConfigContainer", layout: Layout) -> RankParams:
-    """Parameters on the largest rank: the first or the last pipeline stage, whichever holds more."""
+def rank_params(cfg: "ConfigContainer", layout: Layout, rank: RankStages | None = None) -> RankParams:
+    """Parameters on pipeline rank ``rank`` (default: the first)."""
     parts = parameter_breakdown(cfg.model)
+    rank = rank or pipeline_ranks(cfg, layout)[0]
     tp, moe_total, moe_dense = layout.tp, *_expert_params(cfg)
     attn = (parts.layer_attention - parts.layer_attention_norms) // tp + parts.layer_attention_norms
     dense_mlp = parts.layer_mlp // tp
-
-    def stage(n_layers: int, first: bool, last: bool) -> tuple[int, int, int, int]:
-        n_moe = _moe_layers(cfg, n_layers)
-        lookup = parts.embedding // tp if first and parts.output else 0
-        edge = (parts.embedding // tp if first else 0)
-        if last:
-            edge += (parts.output or (parts.embedding if layout.pp > 1 else 0)) // tp
-        dense = n_layers * attn + (n_layers - n_moe) * dense_mlp + n_moe * moe_dense + edge
-        dense += parts.final_norm if last else 0
-        expert = n_moe * moe_total // (layout.ep * layout.etp)
-        return dense, expert, edge, lookup
-
-    first_n, last_n = layers_per_stage(cfg, layout)
-    stages = [stage(first_n, True, layout.pp == 1)] + ([stage(last_n, False, True)] if layout.pp > 1 else [])
-    dense, expert, edge, lookup = max(stages, key=lambda s: s[0] + s[1])
+    n_layers, n_moe = len(rank.layers), _moe_layers(cfg, rank.layers)
+    lookup = parts.embedding // tp if rank.first and parts.output else 0
+    edge = parts.embedding // tp if rank.first else 0
+    if rank.last:
+        edge += (parts.output or (parts.embedding if layout.pp > 1 else 0)) // tp
+    dense = n_layers * attn + (n_layers - n_moe) * dense_mlp + n_moe * moe_dense + edge
+    dense += parts.final_norm if rank.last else 0
+    expert = n_moe * moe_total // (layout.ep * layout.etp)
     model_total = parts.total + _moe_layers(cfg, parts.num_layers) * (moe_total + moe_dense - parts.layer_mlp)
     return RankParams(dense, expert, edge, lookup, attn + dense_mlp, model_total)
 
@@ -184,14 +184,18 @@ def compute_bytes(cfg: "ConfigContainer") -> int:
         cfg.model.params_dtype]
 
 
-def _fsdp2_buffers(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> tuple[int, tuple[str, int]]:
+def _fsdp2_buffers(cfg: "ConfigContainer", layout: Layout, params: RankParams, n_layers: int
+                   ) -> tuple[int, tuple[str, int]]:
     """Unsharded root (embedding, output, norm) + gathered blocks in the param dtype, one block's unsharded grads
-    and reduce-scatter input in the reduce dtype."""
+    and reduce-scatter input in the reduce dtype. Under PP ``reshard_after_forward=None`` means False (the FSDP2
+    backend keeps a stage's blocks gathered between its micro-batches)."""
     policy = cfg.fsdp2.mp_policy
     gather = DTYPE_BYTES.get(getattr(policy, "param_dtype", None) or "", compute_bytes(cfg))
     reduce = DTYPE_BYTES.get(getattr(policy, "reduce_dtype", None) or "", 4)
-    first_n, _ = layers_per_stage(cfg, layout)
+    first_n = n_layers
     reshard = cfg.fsdp2.reshard_after_forward
+    if reshard is None and layout.pp > 1:
+        reshard = False
     depth = cfg.fsdp2.fsdp2_backward_prefetch_depth if cfg.fsdp2.enable_fsdp2_prefetch else 0
     held = first_n if reshard is False else min(first_n, 1 + depth + (1 if reshard is None else 0))
     root = params.embedding_and_output * gather
@@ -199,7 +203,8 @@ def _fsdp2_buffers(cfg: "ConfigContainer", layout: Layout, params: RankParams) -
     return root + held * block + 2 * params.block * reduce, ("FSDP2 all-gather (root unit)", max(root, block))
 
 
-def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> tuple[int, tuple[str, int]]:
+def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams, n_layers: int | None = None
+                 ) -> tuple[int, tuple[str, int]]:
     """Transient buffers of the forward/backward and the largest single communication buffer.
 
     DDP: its flat gradient buckets (:func:`ddp_bucket_bytes`) and, with a bf16/fp16 preset, autocast's cast copies
@@ -217,7 +222,8 @@ def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> 
         bucket = int((cfg.ddp.bucket_cap_mb or 25) * 2**20)
         largest = ("DDP gradient bucket", min(bucket, params.total * pbytes))
     else:  # FSDP2 (also with offloading: units are gathered to the device) and Megatron FSDP
-        total, largest = _fsdp2_buffers(cfg, layout, params)
+        n = cfg.model.num_layers if n_layers is None else n_layers
+        total, largest = _fsdp2_buffers(cfg, layout, params, n)
     if layout.pp > 1:
         total += 2 * hidden
         largest = max(largest, ("PP send/recv (one micro-batch)", hidden), key=lambda x: x[1])
@@ -231,9 +237,15 @@ def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> 
 
 
 def estimate_memory(cfg: "ConfigContainer", world_size: int) -> MemoryEstimate:
-    """The per-rank memory estimate of ``cfg`` on ``world_size`` processes (call after ``cfg.validate()``)."""
+    """The per-rank memory estimate of ``cfg`` on ``world_size`` processes (call after ``cfg.validate()``): every
+    pipeline rank is estimated, the one with the largest peak is returned (``pp_rank`` says which)."""
     layout = layout_of(cfg, world_size)
-    params = rank_params(cfg, layout)
+    ranks = [_estimate_rank(cfg, layout, rank) for rank in pipeline_ranks(cfg, layout)]
+    return max(ranks, key=lambda e: e.peak_bytes)
+
+
+def _estimate_rank(cfg: "ConfigContainer", layout: Layout, rank: RankStages) -> MemoryEstimate:
+    params = rank_params(cfg, layout, rank)
     p, g, o = state_bytes(cfg, layout, params)
     notes: list[str] = []
     host = 0
@@ -243,11 +255,17 @@ def estimate_memory(cfg: "ConfigContainer", world_size: int) -> MemoryEstimate:
     if layout.backend == "ddp" and cfg.optimizer.use_distributed_optimizer:
         notes.append("optimizer.use_distributed_optimizer with DDP: ZeRO-1, optimizer state sharded over "
                      "data-parallel ranks (ZeroRedundancyOptimizer)")
-    acts = estimate_activations(cfg, layout)
+    acts = estimate_activations(cfg, layout, rank)
     host += acts.host_bytes
-    buffers, largest = buffer_bytes(cfg, layout, params)
+    buffers, largest = buffer_bytes(cfg, layout, params, len(rank.layers))
     opt_params = o // max(1, _bytes_per_param(cfg)[2]) if o else 0
     step_tmp = opt_params * DTYPE_BYTES[cfg.model.params_dtype] if cfg.optimizer.optimizer == "adam" else 0
     notes.extend(acts.notes)
+    if layout.pp > 1:
+        notes.append(f"pipeline rank {rank.pp_rank} of {layout.pp} is the largest: {len(rank.layers)} layers in "
+                     f"{rank.chunks} chunk(s){', the embedding' if rank.first else ''}"
+                     f"{', the output layer' if rank.last else ''}; {layout.pipeline_schedule} keeps "
+                     f"{acts.in_flight:g} of its layer stacks' activations alive")
     persistent = ddp_bucket_bytes(cfg, layout, params)
-    return MemoryEstimate(layout, params, p, g, o, acts, buffers, persistent, step_tmp, largest, host, notes)
+    return MemoryEstimate(layout, params, p, g, o, acts, buffers, persistent, step_tmp, largest, host, notes,
+                          rank.pp_rank)

@@ -49,3 +49,14 @@ def finish_worker(code: int = 0) -> int:
     from megatron_bridge.utils.cli import finish
 
     return finish(code)
+
+
+def end_worker(code: int = 0) -> int:
+    """End a torchrun worker that owns its process group (the benchmark scripts): barrier and destroy the group if
+    one is up, then :func:`finish_worker` (flush, ``os._exit``)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return finish_worker(code)

@@ -87,7 +87,7 @@ def test_pipeline_context_and_expert_fields_are_read_when_present() -> None:
     base = estimate_memory(cfg, 1)
     cfg.model.pipeline_model_parallel_size = 2
     pp = estimate_memory(cfg, 2)
-    assert pp.layout.pipeline_schedule == "1f1b" and pp.activations.in_flight == 2
+    assert pp.layout.pipeline_schedule == "1F1B" and pp.activations.in_flight == 2 and pp.pp_rank == 0
     assert pp.params.total < base.params.total  # two of four blocks per stage
     cfg.model.virtual_pipeline_model_parallel_size = 2
     assert estimate_memory(cfg, 2).activations.in_flight == 2 * (1 + 1 / 4)
@@ -133,3 +133,25 @@ def test_run_recipe_dry_run_prints_yaml_then_the_table() -> None:
                          timeout=600).stdout
     assert yaml.safe_load(out)["model"]["hidden_size"] == 128
     assert "# on B200" in out and "#   peak" in out
+
+
+def test_llama31_405b_activations_hand_count() -> None:
+    """Megatron-Bridge's 405B layout (TP8 PP8 VP2 CP4 SP, 128K tokens, micro-batch 1, recompute none, bf16; the
+    embedding and loss counted as layers: stages of 7, 8, ..., 8, 7 layers), counted by hand for this library's
+    engine on pipeline rank 0 (stages 0 and 8: the embedding + 7 + 8 = 15 layers)."""
+    cfg = RECIPES["llama31_405b"].fn().validate(world_size=256)
+    est = estimate_memory(cfg, 256)
+    h, tp, cp, a = 16384, 8, 4, 2  # bf16 compute
+    q, kv, f = 128 * 128 // tp, 8 * 128 // tp, 53248 // tp  # per TP rank: query, key/value widths, FFN
+    tokens = 131072 // cp  # one micro-batch's tokens on a CP rank
+    norms = 2 * 2 * 4 * h // tp  # two RMSNorms, fp32 input and output, sequence-parallel shards
+    attention = a * (h + q + 2 * kv * cp + 2 * q)  # gathered input, q, all-gathered k and v, output, o_proj input
+    mlp = a * (h + 4 * f)  # gathered input, gate, silu(gate), up, their product
+    per_token_layer = norms + attention + mlp
+    assert per_token_layer == 165_888
+    # Interleaved1F1B on rank 0: (VP-1)*PP + 2*(PP-1) = 22 warm-up forwards + 1 before the first backward = 23
+    # chunk-micro-batches alive, 11.5 of the rank's two-chunk layer stacks
+    assert est.pp_rank == 0 and est.activations.in_flight == 23 / 2
+    boundary = 23 * 2 * a * h  # each chunk-micro-batch keeps its stage input and output
+    assert est.activations.peak_bytes == tokens * (23 / 2 * 15 * per_token_layer + boundary)
+    assert 910 < est.activations.peak_bytes / 2**30 < 925  # ~919 GiB: the recipe needs recompute (see docs)
