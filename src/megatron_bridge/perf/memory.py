@@ -9,9 +9,10 @@ allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron
   with the first stage and the output layer, final norm (and, when tied, an embedding copy) with the last; experts
   divide by EP and the expert TP size. Every pipeline rank is estimated; the table shows the largest.
 * **State bytes per parameter** (``model.params_dtype`` = P bytes; torch optimizers keep state in the parameter
-  dtype): parameters P, gradients P, AdamW 2P (SGD with momentum P). FSDP2 shards all three over dp × cp (expert state
-  over the expert-data-parallel group) and ``fsdp2.offload_policy`` moves them to host memory; Megatron FSDP shards
-  them by ``ddp.data_parallel_sharding_strategy`` (optim → optimizer, optim_grads → + gradients,
+  dtype): parameters P, gradients P, AdamW 2P (SGD with momentum P). FSDP2 shards all three over dp × cp (with
+  EP > 1 it leaves the experts whole on each EP rank: they are its ignored parameters) and
+  ``fsdp2.offload_policy`` moves them to host memory; Megatron FSDP shards them by
+  ``ddp.data_parallel_sharding_strategy`` (optim → optimizer, optim_grads → + gradients,
   optim_grads_params → + parameters), gradients in fp32 with ``ddp.grad_reduce_in_fp32``, plus fp32 main weights
   when parameters are 16-bit. DDP shards only optimizer state, with ``optimizer.use_distributed_optimizer`` (ZeRO-1).
 * **Activations**: :mod:`megatron_bridge.perf.activations`.
@@ -162,9 +163,12 @@ def state_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> t
     """Per-rank (parameter, gradient, optimizer) bytes, sharded as the backend shards them."""
     per_param = _bytes_per_param(cfg)
     out = []
+    # FSDP2 leaves the expert-parallel experts alone (ignored parameters, reduced over the expert-data-parallel
+    # group by distributed/expert_parallel.py): every rank keeps its EP shard's experts whole
+    experts_sharded = layout.backend != "fsdp2" or layout.ep == 1
     for nbytes, sharded in zip(per_param, _sharded(cfg, layout), strict=True):
         dense = params.dense // layout.shard_size if sharded else params.dense
-        expert = params.expert // layout.expert_shard_size if sharded else params.expert
+        expert = params.expert // layout.expert_shard_size if sharded and experts_sharded else params.expert
         out.append(nbytes * (dense + expert))
     return out[0], out[1], out[2]
 
