@@ -89,13 +89,17 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory) -> LaunchGroups | None:
-    """The module's launches (launching process only); a group starts when its first test runs."""
+def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> LaunchGroups | None:
+    """The module's launches (launching process only): a group starts when its first test runs and runs the tests
+    of that group this session selected."""
     if is_worker():
         return None
+    selected = {item.name for item in request.session.items}
+    groups = {n: [t for t in names if t in selected] for n, names in GROUPS.items()}
     work = tmp_path_factory.mktemp("pp_runs")
-    return LaunchGroups(__file__, GROUPS, LAUNCH_TIMEOUT_S, env={"MB_REFERENCE": str(reference),
-                                                                 "MB_PP_DIR": str(work)})
+    return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={"MB_REFERENCE": str(reference),
+                                                                "MB_PP_DIR": str(work)})
 
 
 _LOSSES: dict[str, list[float]] = {}
