@@ -1,5 +1,7 @@
 """The CPU memory measurement behind scripts/performance/scaling.py, and one estimate-vs-measurement check."""
 
+import gc
+
 import pytest
 import torch
 
@@ -35,6 +37,7 @@ def test_tiny_ddp_one_rank_measurement_matches_the_estimate() -> None:
     cfg = common_perf_overrides(tiny_llama_pretrain_config(global_batch_size=8, micro_batch_size=4), train_iters=2,
                                 warmup_iters=1)
     cfg.logger.log_progress = False
+    gc.collect()  # garbage of earlier tests must not be freed (or missed) inside the recording
     with AllocationRecorder(torch.device("cpu")) as recorder:
         pretrain(cfg, callbacks=[recorder])
     measured = recorder.result()
