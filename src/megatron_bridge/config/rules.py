@@ -5,7 +5,8 @@ docs/training/config-container.md is checked against ``RULES`` by a test, so the
 Rules about the data-parallel backends and checkpoint formats live in :mod:`.rules_distributed`, those of pipeline
 parallelism in :mod:`.rules_pipeline`, those of the FP8/FP4 presets in :mod:`.rules_precision`, those of quantization
 and distillation in :mod:`.rules_model_optimization`, those of the model engine (``model.engine``,
-``model.transformer_impl``) in :mod:`.rules_engine`.
+``model.transformer_impl``) in :mod:`.rules_engine`, those about the machine (CUDA, accelerator) in
+:mod:`.rules_device`.
 """
 
 from collections.abc import Callable
@@ -419,3 +420,4 @@ import megatron_bridge.config.rules_pipeline  # noqa: E402, F401
 import megatron_bridge.config.rules_moe  # noqa: E402, F401
 import megatron_bridge.config.rules_model_optimization  # noqa: E402, F401
 import megatron_bridge.config.rules_precision  # noqa: E402, F401
+import megatron_bridge.config.rules_device  # noqa: E402, F401

@@ -48,6 +48,16 @@ def cuda_capability() -> tuple[int, int] | None:
         return None
 
 
+def accelerator_available() -> bool:
+    """Whether torch sees an accelerator (CUDA, XPU, MPS, ...) here; False without one (or without torch)."""
+    try:
+        import torch
+
+        return bool(torch.accelerator.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def version_at_least(found: str | None, minimum: str) -> bool:
     """``found >= minimum`` comparing the numeric release parts ("2.7.0.dev0" counts as 2.7.0)."""
     if found is None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.distributed import FSDP2OffloadPolicy
 from megatron_bridge.config.mixed_precision import (
     MixedPrecisionConfig,
     bf16_with_fp8_current_scaling_mixed,
@@ -222,6 +223,14 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
     "fp8_local_compat": (lambda cfg: (_emulated_fp8(cfg), _set(quantization__quant_cfg="int8")(cfg)), 1,
                          "quantization.quant_cfg",
                          lambda cfg: (_emulated_fp8(cfg), _set(dist__use_torch_fsdp2=True)(cfg))),
+    "nccl_needs_cuda": (_set(dist__distributed_backend="nccl"), 1, "dist.distributed_backend",
+                        _set(dist__distributed_backend="gloo")),
+    "cp_ring_needs_cuda": (_set(model__context_parallel_size=2, model__cp_comm_type="p2p"), 2, "model.cp_comm_type",
+                           _set(model__context_parallel_size=2, model__cp_comm_type="all_gather")),
+    "fsdp2_pin_memory_needs_accelerator": (
+        _set(dist__use_torch_fsdp2=True, fsdp2__offload_policy=FSDP2OffloadPolicy(pin_memory=True)), 1,
+        "fsdp2.offload_policy.pin_memory",
+        _set(dist__use_torch_fsdp2=True, fsdp2__offload_policy=FSDP2OffloadPolicy(pin_memory=False))),
 }
 
 NOT_YET_BUILT = "engine_parallel_layout"
@@ -252,6 +261,7 @@ def _as_cpu_machine(monkeypatch: pytest.MonkeyPatch, rule_id: str) -> None:
     import megatron_bridge.utils.packages as packages
 
     monkeypatch.setattr(packages, "cuda_capability", lambda: None)
+    monkeypatch.setattr(packages, "accelerator_available", lambda: False)
     if rule_id in NO_MODELOPT_RULES + NO_MEGATRON_CORE_RULES:
         monkeypatch.setattr(packages, "import_problem", lambda name: "not installed")
 
