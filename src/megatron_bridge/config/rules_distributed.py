@@ -201,6 +201,25 @@ def _tp_plan(cfg: "ConfigContainer", world_size: int) -> None:
             fail("; ".join(problems), "fsdp2.tp_plan")
 
 
+@rule("tp_plan_matches_model", ("fsdp2.tp_plan", "model.tensor_model_parallel_size"),
+      "A custom fsdp2.tp_plan (native engine, TP > 1, PP = 1) matches modules of the model and shards each attention "
+      "whole (q/k/v colwise, o_proj rowwise).")
+def _tp_plan_model(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if not (isinstance(cfg.fsdp2.tp_plan, dict) and cfg.dist.use_torch_fsdp2 and m.tensor_model_parallel_size > 1
+            and m.pipeline_model_parallel_size == 1 and m.engine == "native"):
+        return
+    if tp_plan_problems(cfg.fsdp2.tp_plan, sequence_parallel=m.sequence_parallel):
+        return  # rule tp_plan_styles names those
+    from megatron_bridge.distributed.tensor_parallel import check_custom_plan
+    from megatron_bridge.errors import ConfigValidationError
+
+    try:
+        check_custom_plan(cfg)
+    except ConfigValidationError as exc:
+        fail(str(exc).rstrip("."), *exc.paths)
+
+
 @rule("autocast_dtype", ("ddp.autocast_dtype", "fsdp2.autocast_dtype"),
       "Autocast dtypes are 'bfloat16' or 'float16' (None disables autocast); 'float32' is not an autocast dtype.")
 def _autocast(cfg: "ConfigContainer", world_size: int) -> None:

@@ -267,10 +267,12 @@ def _style_for(module: nn.Module, style: str, model: nn.Module, sp: bool) -> Par
     return ReplicateParallel()
 
 
-def plan_from_patterns(model: nn.Module, patterns: dict[str, str], *, sequence_parallel: bool) -> dict[str, Any]:
+def plan_from_patterns(model: nn.Module, patterns: dict[str, str], *, sequence_parallel: bool,
+                       log: bool = True) -> dict[str, Any]:
     """Resolve a custom ``fsdp2.tp_plan`` (module docstring) against ``model``: fully qualified name → style.
 
-    Patterns matching no module are logged once. Modules left out that own parameters are replicated.
+    Patterns matching no module are logged once. Modules left out that own parameters are replicated (logged unless
+    ``log`` is False, as in the dry check of :func:`check_custom_plan`).
 
     Raises:
         ConfigValidationError: a bad entry (see :func:`validate_tp_plan`) or the plan matches no module.
@@ -288,7 +290,7 @@ def plan_from_patterns(model: nn.Module, patterns: dict[str, str], *, sequence_p
             f"fsdp2.tp_plan={patterns!r} matches no module of {type(model).__name__}: patterns are matched with "
             "fnmatch against fully qualified names such as 'layers.*.self_attn.q_proj'.", ("fsdp2.tp_plan",),
         )
-    for pattern in patterns.keys() - used:
+    for pattern in patterns.keys() - used if log else ():
         warn_once(logger, f"tp_plan_unused:{pattern}", "fsdp2.tp_plan pattern %r matches no module", pattern)
     modules = dict(model.named_modules())
     plan: dict[str, Any] = {n: _style_for(modules[n], s, model, sequence_parallel) for n, s in names.items()}
@@ -299,9 +301,24 @@ def plan_from_patterns(model: nn.Module, patterns: dict[str, str], *, sequence_p
             plan[name] = head_sharded_norm()  # per-head norms follow their attention's head split
         elif name not in names and not name.startswith(covered) and any(True for _ in module.parameters(False)):
             plan[name] = ReplicateParallel()
-            log_rank_0(logger, "TP: %s is not in fsdp2.tp_plan; its parameters are replicated over the TP group",
-                       name or type(model).__name__)
+            if log:
+                log_rank_0(logger, "TP: %s is not in fsdp2.tp_plan; its parameters are replicated over the TP group",
+                           name or type(model).__name__)
     return plan
+
+
+def check_custom_plan(cfg: "ConfigContainer") -> None:
+    """Resolve ``fsdp2.tp_plan`` against the native model built on the meta device (no memory, no process group) and
+    check the head split, as :func:`apply_tensor_parallel` will (rule ``tp_plan_matches_model`` of ``validate()``).
+
+    Raises:
+        ConfigValidationError: the plan matches no module, shards an attention partly, or heads do not divide by TP.
+    """
+    from megatron_bridge.models.llama import LlamaModel
+
+    model = LlamaModel(cfg.model, device="meta")
+    plan = plan_from_patterns(model, cfg.fsdp2.tp_plan, sequence_parallel=cfg.model.sequence_parallel, log=False)
+    divide_attention_heads(model, plan, cfg.model.tensor_model_parallel_size)
 
 
 # -------------------------------------------------------------------------------------------------- applying

@@ -19,6 +19,8 @@ from megatron_bridge.recipes import tiny_llama_pretrain_config
 
 
 Mutator = Callable[[ConfigContainer], None]
+ATTENTION_PLAN = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
+                  "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise"}
 
 
 def _set(**paths: object) -> Mutator:
@@ -231,6 +233,10 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
         _set(dist__use_torch_fsdp2=True, fsdp2__offload_policy=FSDP2OffloadPolicy(pin_memory=True)), 1,
         "fsdp2.offload_policy.pin_memory",
         _set(dist__use_torch_fsdp2=True, fsdp2__offload_policy=FSDP2OffloadPolicy(pin_memory=False))),
+    "tp_plan_matches_model": (
+        _set(dist__use_torch_fsdp2=True, model__tensor_model_parallel_size=2, fsdp2__tp_plan={"mlp.*": "colwise"}), 2,
+        "fsdp2.tp_plan",
+        _set(dist__use_torch_fsdp2=True, model__tensor_model_parallel_size=2, fsdp2__tp_plan=ATTENTION_PLAN)),
 }
 
 NOT_YET_BUILT = "engine_parallel_layout"
@@ -335,3 +341,12 @@ def test_world_size_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "8")  # 12 is not divisible by micro-batch 4 x DP 8
     with pytest.raises(ConfigValidationError, match="global_batch_divisible"):
         cfg.validate()
+
+
+def test_custom_tp_plan_sharding_an_attention_partly_is_refused_by_validate() -> None:
+    """The head split of set-up (distributed/tensor_parallel.py) is checked on a meta-device model in validate()."""
+    cfg = tiny_llama_pretrain_config(tensor_model_parallel_size=2, use_torch_fsdp2=True)
+    cfg.fsdp2.tp_plan = {"layers.*.self_attn.q_proj": "colwise"}
+    with pytest.raises(ConfigValidationError, match=r"shards layers\.0\.self_attn partly") as info:
+        cfg.validate(world_size=2)
+    assert "[rule tp_plan_matches_model]" in str(info.value) and info.value.paths == ("fsdp2.tp_plan",)
