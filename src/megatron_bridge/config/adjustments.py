@@ -190,6 +190,21 @@ def _mfsdp_average_in_collective(cfg: "ConfigContainer") -> None:
              "for average_in_collective)")
 
 
+@_adjustment(
+    "megatron_core_vpp_p2p",
+    "With model.engine='megatron_core' and virtual pipeline stages, model.batch_p2p_comm=True is set False (logged): "
+    "megatron-core's interleaved schedule on the batched P2P path gives wrong gradients (NVIDIA/Megatron-LM#750).",
+)
+def _mcore_vpp_p2p(cfg: "ConfigContainer") -> None:
+    m = cfg.model
+    if (m.engine == "megatron_core" and m.pipeline_model_parallel_size > 1
+            and m.virtual_pipeline_model_parallel_size is not None and m.batch_p2p_comm):
+        _set(cfg, "model.batch_p2p_comm", False,
+             "megatron-core's interleaved pipeline schedule (virtual stages) is silently wrong with batched P2P "
+             "communication (NVIDIA/Megatron-LM#750); it sends and receives one by one instead "
+             "(or overlapped with model.overlap_p2p_comm=True)")
+
+
 def apply_adjustments(cfg: "ConfigContainer") -> None:
     """Apply every adjustment in order."""
     for adjustment in ADJUSTMENTS:

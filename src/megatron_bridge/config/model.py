@@ -91,6 +91,13 @@ class ModelConfig:
     pipeline_dtype: DType | None = None
     """Dtype of the activations sent between pipeline stages: each stage but the last casts its output to it
     (e.g. "bfloat16" halves the traffic of fp32 residual streams). None sends them as computed. Ignored with PP=1."""
+    overlap_p2p_comm: bool = False
+    """megatron-core engine, interleaved schedule (virtual stages): overlap the pipeline sends/receives with compute
+    (megatron-core's field). Not with batch_p2p_comm. The native engine's torch schedules ignore it."""
+    batch_p2p_comm: bool = True
+    """megatron-core engine: batch each step's pipeline sends/receives into one ``batch_isend_irecv`` (megatron-core's
+    field and default). With virtual stages this path is silently wrong upstream (NVIDIA/Megatron-LM#750), so
+    finalize() sets it False there, logged (adjustment ``megatron_core_vpp_p2p``). The native engine ignores it."""
     context_parallel_size: int = 1
     """Context-parallel size (CP): every sequence is cut into 2×CP chunks and CP rank r holds chunks r and 2·CP−1−r
     (zig-zag); gradients are reduced over data-parallel × CP ranks. See docs/training/context-parallel.md."""

@@ -5,6 +5,9 @@
 or the transformer-engine layer spec. The megatron-core path supports a subset of the features in this version; rule
 ``megatron_core_features`` names every field that asks for more, so ``validate()`` refuses what the build cannot
 do. Probes import lazily: configs with the native engine never import torch, megatron-core or transformer-engine here.
+
+Pipeline parallelism on this engine runs megatron-core's own schedules; rule ``megatron_core_pipeline`` refuses what
+they do not have (the zero-bubble and V schedules, P2P overlap without virtual stages, ...).
 """
 
 from typing import TYPE_CHECKING
@@ -73,9 +76,6 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     m, d, c = cfg.model, cfg.dist, cfg.checkpoint
     mp = cfg.mixed_precision_config
     checks: list[tuple[bool, str, object, str]] = [
-        (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, "1"),
-        (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
-         m.virtual_pipeline_model_parallel_size, "None"),
         (m.is_moe, "model.num_moe_experts", m.num_moe_experts, "None"),
         (m.has_attention_output_bias != m.add_bias_linear, "model.attention_output_bias", m.attention_output_bias,
          "None"),
@@ -102,8 +102,8 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 
 @rule("megatron_core_features", ("model.engine",),
-      "With engine='megatron_core', only the features its provider builds in this version: TP with megatron-core "
-      "DDP and optimizer, fp32, no checkpoints, PP, MoE, recompute, offloading, FSDP, quantization or distillation.")
+      "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
+      " DDP and optimizer, fp32, no checkpoints, MoE, recompute, offloading, FSDP, quantization or distillation.")
 def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine != "megatron_core":
         return
@@ -114,3 +114,55 @@ def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
     fixes = ", ".join(f"{path}={fix}" for path, _, fix in bad)
     fail(f"{what}: not supported by model.engine='megatron_core' in this version (docs/training/engines.md): set "
          f"{fixes}, or use model.engine='native'", "model.engine", *(path for path, _, _ in bad))
+
+
+MEGATRON_CORE_SCHEDULES = ("1F1B", "Interleaved1F1B")
+"""The values of ``model.pipeline_schedule`` megatron-core runs: ``forward_backward_pipelining_without_interleaving``
+and, with virtual stages, ``forward_backward_pipelining_with_interleaving``."""
+
+
+@rule("megatron_core_pipeline", ("model.pipeline_schedule", "model.overlap_p2p_comm", "model.pipeline_dtype",
+                                 "model.num_layers_in_first_pipeline_stage", "train.global_batch_size"),
+      "With engine='megatron_core' and PP > 1: megatron-core's schedules (1F1B, Interleaved1F1B), overlap_p2p_comm "
+      "only with virtual stages, pipeline_dtype = params_dtype, not both first/last stage sizes at PP=2 with virtual "
+      "stages, interleaved micro-batches a multiple of PP.")
+def _mcore_pipeline(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    pp, vp = m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size
+    if m.engine != "megatron_core" or pp <= 1:
+        return
+    if m.pipeline_schedule is not None and m.pipeline_schedule not in MEGATRON_CORE_SCHEDULES:
+        fail(f"model.pipeline_schedule={m.pipeline_schedule!r} with model.engine='megatron_core': megatron-core has "
+             f"only {list(MEGATRON_CORE_SCHEDULES)} (None picks the one for model.virtual_pipeline_model_parallel_size)"
+             "; set model.pipeline_schedule=None, or use model.engine='native' (torch.distributed.pipelining runs "
+             "every schedule)", "model.pipeline_schedule", "model.engine")
+    if m.overlap_p2p_comm and vp is None:
+        fail("model.overlap_p2p_comm=True without virtual stages: megatron-core's 1F1B schedule does not overlap its "
+             "P2P communication; set model.overlap_p2p_comm=False or model.virtual_pipeline_model_parallel_size",
+             "model.overlap_p2p_comm", "model.virtual_pipeline_model_parallel_size")
+    if m.overlap_p2p_comm and m.batch_p2p_comm:
+        fail("model.overlap_p2p_comm=True and model.batch_p2p_comm=True: megatron-core uses one or the other; set "
+             "model.batch_p2p_comm=False", "model.overlap_p2p_comm", "model.batch_p2p_comm")
+    if m.pipeline_dtype is not None and m.pipeline_dtype != m.params_dtype:
+        fail(f"model.pipeline_dtype={m.pipeline_dtype!r} with model.params_dtype={m.params_dtype!r} and "
+             "model.engine='megatron_core': megatron-core sends the activations in the dtype they are computed in and "
+             "sizes its receive buffers with pipeline_dtype; set model.pipeline_dtype=None", "model.pipeline_dtype")
+    first, last = m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage
+    if vp is not None and pp == 2 and first is not None and last is not None:
+        fail(f"model.num_layers_in_first_pipeline_stage={first} and model.num_layers_in_last_pipeline_stage={last} "
+             "with PP=2 and virtual stages: megatron-core (0.19) places the layers of this split by dividing by the "
+             "number of middle pipeline ranks, which is 0 (ZeroDivisionError); set only one of the two (the other "
+             "rank holds the rest), e.g. model.num_layers_in_last_pipeline_stage=None",
+             "model.num_layers_in_first_pipeline_stage", "model.num_layers_in_last_pipeline_stage")
+    layout = m.tensor_model_parallel_size * pp * m.context_parallel_size
+    if vp is None or cfg.train.micro_batch_size <= 0 or world_size % max(1, layout):
+        return  # other rules report a bad layout
+    n_micro = cfg.num_microbatches(world_size)
+    if n_micro < pp or n_micro % pp:
+        per_micro = cfg.train.global_batch_size // max(1, n_micro)  # micro_batch_size × data-parallel size
+        fix = per_micro * pp * max(1, -(-n_micro // pp))
+        fail(f"train.global_batch_size={cfg.train.global_batch_size} gives {n_micro} micro-batch(es) per step "
+             f"(global batch / (micro-batch size × data-parallel size)) with model.pipeline_model_parallel_size={pp} "
+             "and virtual stages: megatron-core's interleaved schedule runs the micro-batches in groups of PP, so "
+             f"their number must be a multiple of {pp}; set e.g. train.global_batch_size={fix}",
+             "train.global_batch_size", "model.pipeline_model_parallel_size")

@@ -1,13 +1,13 @@
 """The ``ddp_wrap`` backend of megatron-core chunks (``model.engine="megatron_core"``): megatron-core's
 ``DistributedDataParallel``, as Megatron-Bridge wraps its models.
 
-Its ``DistributedDataParallelConfig`` comes from ``cfg.ddp`` (:func:`ddp_config`): gradient reduction in fp32,
-overlap of gradient reduction and parameter gathering, bucket size, distributed optimizer, averaging inside the
-collective and the NaN check. Gradients accumulate in megatron-core's contiguous ``main_grad`` buffers; the optimizer
-is megatron-core's (:mod:`megatron_bridge.models.mcore.optimizer`) and steps with its own clipping
-(:meth:`MegatronCoreDDPBackend.optimizer_step`). Checkpointing this backend is not supported in this version
-(rule ``megatron_core_features``).
-"""
+Its ``DistributedDataParallelConfig`` comes from ``cfg.ddp`` (:func:`ddp_config`): gradient reduction in fp32, overlap
+of gradient reduction and parameter gathering, bucket size, distributed optimizer, averaging inside the collective and
+the NaN check. Under pipeline parallelism the chunks are this rank's (virtual) stages; megatron-core's schedule runs
+them (:mod:`megatron_bridge.models.mcore.pipeline`). Gradients accumulate in megatron-core's contiguous ``main_grad``
+buffers; the optimizer is megatron-core's (:mod:`megatron_bridge.models.mcore.optimizer`) and steps with its own
+clipping (:meth:`MegatronCoreDDPBackend.optimizer_step`). Checkpointing this backend is not supported in this version
+(rule ``megatron_core_features``)."""
 
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
@@ -46,6 +46,7 @@ class MegatronCoreDDPBackend(DataParallelBackend):
 
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
         """Wrap every chunk; only the first one has gradient buckets (Megatron's rule for virtual stages)."""
+        from megatron.core import parallel_state
         from megatron.core.distributed import DistributedDataParallel
 
         config = ddp_config(self.cfg)
@@ -53,6 +54,8 @@ class MegatronCoreDDPBackend(DataParallelBackend):
             DistributedDataParallel(chunk.config, config, chunk, disable_bucketing=i > 0)
             for i, chunk in enumerate(model_chunks)
         ]
+        if self.pipelined:  # parameter norms are summed over the stages
+            self.pp_group = parallel_state.get_pipeline_model_parallel_group()
         return self.chunks
 
     def prepare_optimizer(self, optimizer: Any) -> Any:
@@ -70,9 +73,12 @@ class MegatronCoreDDPBackend(DataParallelBackend):
         return stack
 
     def finish_grad_sync(self) -> None:
-        """Reduce (or wait for the overlapped reduction of) the gradients of every chunk."""
-        for chunk in self.chunks:
-            chunk.finish_grad_sync()
+        """megatron-core's ``finalize_model_grads``: reduce (or wait for the overlapped reduction of) the gradients of
+        every chunk over the data-parallel ranks, all-reduce the sequence-parallel norms' gradients over TP and the
+        tied embedding's over its first and last pipeline stage."""
+        from megatron.core.distributed import finalize_model_grads
+
+        finalize_model_grads(self.chunks)
 
     def zero_grad(self, optimizer: Any) -> None:
         """Zero megatron-core's gradient buffers and the optimizer's gradients."""

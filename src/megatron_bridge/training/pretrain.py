@@ -151,8 +151,13 @@ def _quantize(cfg: ConfigContainer, chunks: list[nn.Module], tokenizer: Any, dev
     return [prepare_quantized_model(cfg, chunk, tokenizer, device) for chunk in chunks]
 
 
-def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = None) -> TrainingContext:
-    """Build model, backend, optimizer, schedule, checkpoint manager and data for a validated config."""
+def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = None,
+          forward_step_func: Callable[..., Any] | None = None) -> TrainingContext:
+    """Build model, backend, optimizer, schedule, checkpoint manager and data for a validated config.
+
+    ``forward_step_func`` is the step megatron-core's pipeline schedule runs (``model.engine="megatron_core"`` with
+    PP > 1; default :func:`~megatron_bridge.training.gpt_step.megatron_core_forward_step`); the loop calls it itself
+    otherwise."""
     from megatron_bridge.distributed.context_parallel import context_parallel_rank
     from megatron_bridge.distributed.ddp_wrap import ddp_wrap
     from megatron_bridge.distributed.init import data_parallel_rank, pipeline_parallel_rank
@@ -196,7 +201,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
                          flops_per_step=num_floating_point_operations(cfg.model, cfg.train.global_batch_size, seq))
     from megatron_bridge.data.loaders import cyclic_iter
 
-    return TrainingContext(
+    ctx = TrainingContext(
         cfg=cfg, env=env, backend=backend, optimizer=optimizer, scheduler=scheduler, train_state=state,
         checkpoint=checkpoint, loaded_checkpoint=loaded, loaders=loaders, train_iter=iter(loaders.train),
         valid_iter=cyclic_iter(loaders.valid) if loaders.valid is not None else None,
@@ -209,17 +214,33 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
                                   cfg.model.tensor_model_parallel_size, cfg.model),
         distiller=distiller, fp8=fp8,
     )
+    if cfg.model.engine == "megatron_core" and cfg.model.pipeline_model_parallel_size > 1:
+        ctx.pipeline = _megatron_core_pipeline_runner(ctx, forward_step_func)
+    return ctx
 
 
 def _pipeline_runner(cfg: ConfigContainer, backend: Any, env: Any) -> Any:
-    if cfg.model.pipeline_model_parallel_size <= 1:
+    if cfg.model.pipeline_model_parallel_size <= 1 or cfg.model.engine == "megatron_core":
         return None
     from megatron_bridge.distributed.pipeline import PipelineRunner
 
     return PipelineRunner(cfg, backend, env.device, cfg.num_microbatches(env.world_size))
 
 
+def _megatron_core_pipeline_runner(ctx: TrainingContext, forward_step_func: Callable[..., Any] | None) -> Any:
+    """megatron-core's schedule over the megatron-core chunks; a 3-argument forward step gets ``ctx`` as state."""
+    from functools import partial
+
+    from megatron_bridge.models.mcore.pipeline import MegatronCorePipelineRunner
+    from megatron_bridge.training.gpt_step import call_forward_step, megatron_core_forward_step
+
+    step = partial(call_forward_step, forward_step_func or megatron_core_forward_step, ctx)
+    return MegatronCorePipelineRunner(ctx.cfg, ctx.backend, step, ctx.cfg.num_microbatches(ctx.env.world_size))
+
+
 def _check_forward_step(cfg: ConfigContainer, forward_step_func: Callable[..., Any]) -> None:
+    if cfg.model.engine == "megatron_core":  # megatron-core's schedules run any forward step of Megatron's shape
+        return
     if cfg.model.pipeline_model_parallel_size > 1 and forward_step_func is not default_forward_step:
         raise ConfigValidationError(
             f"a custom forward_step_func ({getattr(forward_step_func, '__name__', forward_step_func)!r}) with "
@@ -271,7 +292,7 @@ def pretrain(
     watch_parent()  # under a launcher (torchrun): exit when it dies instead of training on as an orphan
     ctx: TrainingContext | None = None
     try:
-        ctx = setup(cfg, env, callbacks)
+        ctx = setup(cfg, env, callbacks, forward_step_func)
         if cfg.logger.save_config_filepath and env.rank == 0:  # after set-up: a refused run writes nothing
             cfg.to_yaml(cfg.logger.save_config_filepath)
         n_params = sum(p.numel() for chunk in ctx.backend.chunks for p in chunk.parameters())

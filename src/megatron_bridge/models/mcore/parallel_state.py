@@ -58,10 +58,12 @@ def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
     if ps.model_parallel_is_initialized():
         current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
                    ps.get_context_parallel_world_size())
-        if current != sizes:
+        vp = ps.get_virtual_pipeline_model_parallel_world_size()
+        if (*current, vp) != (*sizes, m.virtual_pipeline_model_parallel_size):
             raise MegatronBridgeError(
-                f"megatron-core's parallel state already exists with TP×PP×CP = {current}, but the config asks for "
-                f"{sizes}: call megatron_bridge.models.mcore.parallel_state.destroy() first")
+                f"megatron-core's parallel state already exists with TP×PP×CP = {current} and VP {vp}, but the config "
+                f"asks for {sizes} and VP {m.virtual_pipeline_model_parallel_size}: call "
+                "megatron_bridge.models.mcore.parallel_state.destroy() first")
     else:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=m.tensor_model_parallel_size,
@@ -73,6 +75,9 @@ def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
         )
         log_rank_0(logger, "megatron-core parallel state: TP %d, PP %d, CP %d, DP %d", *sizes,
                    ps.get_data_parallel_world_size())
+        if m.virtual_pipeline_model_parallel_size is not None:
+            log_rank_0(logger, "megatron-core virtual pipeline stages per rank: %d",
+                       m.virtual_pipeline_model_parallel_size)
     model_parallel_cuda_manual_seed(seed)
 
 

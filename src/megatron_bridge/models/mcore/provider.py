@@ -11,9 +11,14 @@ kv_channels, layernorm_epsilon,
 normalization, qk_layernorm,
 add_bias_linear, add_qkv_bias,
 init_method_std, sequence_parallel,
-tensor/pipeline/context parallel sizes
+tensor/pipeline/context parallel sizes,
+virtual_pipeline_model_parallel_size,
+num_layers_in_first/last_pipeline_stage,
+account_for_embedding/loss_in_pipeline_split,
+overlap_p2p_comm, batch_p2p_comm
 activation="swiglu" / "gelu"                ``gated_linear_unit=True, activation_func=F.silu`` / ``False, F.gelu``
 params_dtype                                ``TransformerConfig.params_dtype``
+pipeline_dtype (None: params_dtype)         ``TransformerConfig.pipeline_dtype`` (P2P buffers)
 padded_vocab_size, seq_length               ``GPTModel(vocab_size=..., max_sequence_length=...)``
 rotary_base, rope_scaling(_factor)          ``GPTModel(position_embedding_type="rope", rotary_base=...,
                                             rope_scaling=..., rope_scaling_factor=...)``
@@ -21,6 +26,13 @@ share_embeddings_and_output_weights         ``GPTModel(share_embeddings_and_outp
 transformer_impl                            layer spec: ``get_gpt_layer_local_spec`` ("local") or
                                             ``get_gpt_layer_with_transformer_engine_spec``
 =========================================  ==================================================================
+
+Under pipeline parallelism every rank builds one ``GPTModel`` per virtual stage (``vp_stage``), with
+``pre_process`` (embedding) on the first stage and ``post_process`` (final norm, output layer, loss) on the last;
+megatron-core places the layers from the split fields above, exactly as
+:func:`megatron_bridge.config.pipeline_layout.build_stage_specs` does for the native engine (stage ``s`` on pipeline
+rank ``s % PP``; tests/unit_tests/models/test_megatron_core_pipeline_split.py compares the two). The schedule is
+megatron-core's (:mod:`.pipeline`).
 
 The native model has no dropout, so both dropouts are 0; no fused kernels are requested (they need CUDA extensions
 this library does not require). Weights are initialised on the CPU when the model is built on the CPU
@@ -69,6 +81,12 @@ def transformer_config(model: "ModelConfig", device: torch.device) -> Any:
         tensor_model_parallel_size=model.tensor_model_parallel_size,
         pipeline_model_parallel_size=model.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=model.virtual_pipeline_model_parallel_size,
+        num_layers_in_first_pipeline_stage=model.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=model.num_layers_in_last_pipeline_stage,
+        account_for_embedding_in_pipeline_split=model.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=model.account_for_loss_in_pipeline_split,
+        overlap_p2p_comm=model.overlap_p2p_comm,
+        batch_p2p_comm=model.batch_p2p_comm,
         context_parallel_size=model.context_parallel_size,
         sequence_parallel=model.sequence_parallel,
         params_dtype=_DTYPES[model.params_dtype],
@@ -90,38 +108,47 @@ def layer_spec(model: "ModelConfig") -> Any:
 
 def build_gpt_chunks(cfg: "ConfigContainer", device: torch.device) -> list[torch.nn.Module]:
     """Initialise megatron-core's parallel state from ``cfg`` (:func:`.parallel_state.initialize`) and build this
-    rank's ``GPTModel`` chunk(s) on ``device``.
+    rank's ``GPTModel`` chunk(s) on ``device``: one per virtual pipeline stage (one without virtual stages).
 
     Raises:
         ConfigValidationError: a model rule of ``validate()`` fails (e.g. a feature rule ``megatron_core_features``).
         MegatronCoreNeedsCudaError: ``device`` is not a CUDA device.
     """
-    from megatron.core.models.gpt import GPTModel
-
     from megatron_bridge.config.rules import enforce
     from megatron_bridge.models.mcore import parallel_state
 
     enforce(cfg, "engine_available", "transformer_impl_available", "megatron_core_context_parallel",
-            "megatron_core_features")
+            "megatron_core_features", "megatron_core_pipeline", "pipeline_layers")
     parallel_state.initialize(cfg, device, cfg.rng.seed)
     model = cfg.model
     config = transformer_config(model, device)
+    vp = model.virtual_pipeline_model_parallel_size
+    chunks = [_build_chunk(model, config, device, vp_stage) for vp_stage in (range(vp) if vp else [None])]
+    log_rank_0(logger, "Built megatron-core GPTModel (%s spec): %d layers, hidden %d, %d chunk(s), %s parameters on "
+               "this rank", model.transformer_impl, model.num_layers, model.hidden_size, len(chunks),
+               f"{sum(p.numel() for chunk in chunks for p in chunk.parameters()):,}")
+    return chunks
+
+
+def _build_chunk(model: "ModelConfig", config: Any, device: torch.device, vp_stage: int | None) -> torch.nn.Module:
+    """The ``GPTModel`` of virtual stage ``vp_stage`` (None: no virtual stages) of this pipeline rank."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
     gpt = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(model),
         vocab_size=model.padded_vocab_size,
         max_sequence_length=model.seq_length,
-        pre_process=True,
-        post_process=True,
+        pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+        post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
         share_embeddings_and_output_weights=model.share_embeddings_and_output_weights,
         position_embedding_type="rope",
         rotary_base=model.rotary_base,
         rope_scaling=model.rope_scaling,
         rope_scaling_factor=model.rope_scaling_factor,
+        vp_stage=vp_stage,
     )
     if device.type == "cuda":
         gpt.cuda(device)
-    log_rank_0(logger, "Built megatron-core GPTModel (%s spec): %d layers, hidden %d, %s parameters on this rank",
-               model.transformer_impl, model.num_layers, model.hidden_size,
-               f"{sum(p.numel() for p in gpt.parameters()):,}")
-    return [gpt]
+    return gpt

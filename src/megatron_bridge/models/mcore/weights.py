@@ -20,8 +20,14 @@ lm_head.weight (untied only)                    output_layer.weight
 LayerNorm biases follow their weights. The same names and layouts as Megatron-Bridge's Llama/Qwen3 mappings to
 megatron-core (fused QKV grouped per query group, fused gate/up ``linear_fc1``). With the GELU MLP (no gate)
 ``linear_fc1`` is ``up_proj`` alone.
+
+Under pipeline parallelism a stage's ``GPTModel`` numbers its decoder layers from 0:
+:func:`megatron_core_stage_state` cuts a stage's state dict out of a whole-model one, :func:`megatron_core_merge_stages`
+puts the stages back together (the global layer indices of a stage: its layers' ``layer_number - 1``, or
+:func:`megatron_bridge.config.pipeline_layout.build_stage_specs`).
 """
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -109,4 +115,37 @@ def megatron_core_to_native(state: dict[str, torch.Tensor], model: "ModelConfig"
                     out[f"{dst}mlp.up_proj.{kind}"] = up
                 else:
                     out[f"{dst}mlp.up_proj.{kind}"] = fc1
+    return out
+
+
+_PRE_PROCESS = ("embedding.",)
+_POST_PROCESS = ("decoder.final_layernorm.", "output_layer.")
+
+
+def megatron_core_stage_state(state: dict[str, torch.Tensor], layers: Sequence[int], *, pre_process: bool,
+                              post_process: bool) -> dict[str, torch.Tensor]:
+    """The state dict of one pipeline stage's ``GPTModel`` from a whole-model megatron-core state dict: global decoder
+    layers ``layers`` renumbered from 0 (megatron-core numbers a stage's layers locally; its ``layer_number`` is
+    global, 1-based), the embedding with ``pre_process``, the final norm and output layer with ``post_process``."""
+    out: dict[str, torch.Tensor] = {}
+    for local, layer in enumerate(layers):
+        prefix = f"decoder.layers.{layer}."
+        out.update({f"decoder.layers.{local}.{k[len(prefix):]}": v for k, v in state.items() if k.startswith(prefix)})
+    for keep, prefixes in ((pre_process, _PRE_PROCESS), (post_process, _POST_PROCESS)):
+        if keep:
+            out.update({k: v for k, v in state.items() if k.startswith(prefixes)})
+    return out
+
+
+def megatron_core_merge_stages(stages: Sequence[tuple[dict[str, torch.Tensor], Sequence[int]]]
+                               ) -> dict[str, torch.Tensor]:
+    """A whole-model megatron-core state dict from the stages' ``(state dict, global layers)`` pairs (the inverse of
+    :func:`megatron_core_stage_state`); a tied output layer absent from the last stage is simply not there."""
+    out: dict[str, torch.Tensor] = {}
+    for state, layers in stages:
+        for key, value in state.items():
+            if key.startswith("decoder.layers."):
+                local, rest = key[len("decoder.layers."):].split(".", 1)
+                key = f"decoder.layers.{layers[int(local)]}.{rest}"
+            out[key] = value
     return out

@@ -1,0 +1,231 @@
+"""Pipeline parallelism on the megatron-core engine (megatron-core's own schedules) on CPU/gloo, through the test-only
+harness (tests/functional_tests/mcore_cpu_harness.py), with cross-engine parity.
+
+A one-process megatron-core run (PP=1) is the reference: its initial weights, per-step losses and final validation
+loss. Every pipelined run starts from those weights — cut per stage by :mod:`megatron_bridge.models.mcore.weights`
+(each megatron-core stage's layers found from its own ``layer_number``), or mapped to native names for the native
+engine — and trains on the same data; its per-step and validation losses must equal the reference's within
+:data:`LOSS_ATOL` (fp32; measured differences are ~1e-7):
+
+* megatron-core PP=2 (1F1B) and PP=2 × VP=2 (interleaved 1F1B, ``batch_p2p_comm`` forced off) with megatron-core DDP,
+  and the native engine (torch.distributed.pipelining) at the same layouts: cross-engine parity under PP;
+* the same two megatron-core layouts with the distributed optimizer; and PP=2 × DP=2 with it on 4 ranks;
+* uneven splits mapped to megatron-core's fields (``num_layers_in_first_pipeline_stage``, the embedding and loss
+  counted as layers over PP=2 × VP=3).
+
+The tests of one process count share one torchrun launch (launcher.py's ``LaunchGroups``). Skipped with CUDA (the
+harness replaces CUDA calls) and without megatron-core.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.training.callbacks import Callback
+from tests.functional_tests.launcher import LaunchGroups, is_worker, launch
+from tests.functional_tests.training._common import assert_finite_decreasing, small_config
+
+
+pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
+
+LOSS_ATOL = 1e-5
+STEPS = 4
+HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
+GROUPS: dict[int, list[str]] = {
+    2: ["test_pp2_1f1b", "test_pp2_vpp2_interleaved", "test_distributed_optimizer", "test_uneven_splits"],
+    4: ["test_pp2_dp2_distributed_optimizer"],
+}
+"""Tests launched together, by process count (one launch each)."""
+LAUNCH_TIMEOUT_S = {2: 600, 4: 420}
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness test (megatron-core runs natively on CUDA)"),
+]
+
+
+def pp_config(engine: str = "megatron_core", **overrides: Any) -> ConfigContainer:
+    """The tiny Llama (4 layers, untied embeddings) for ``STEPS`` steps of 8 samples in micro-batches of 2, one
+    validation batch at the end; vocabulary padded to 512; ``overrides`` by dotted path."""
+    cfg = small_config(train_iters=STEPS, eval_interval=STEPS)
+    cfg.model.engine = engine
+    cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by = 512, 128
+    cfg.validation.eval_iters = 1
+    cfg.logger.log_interval = 1
+    for path, value in overrides.items():
+        section, name = path.split(".")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+class StartFrom(Callback):
+    """At the start of training: records the whole model's weights (``weights is None``, one chunk, megatron-core
+    names) or loads ``weights`` (a whole megatron-core state dict) into every chunk, cut per stage."""
+
+    def __init__(self, weights: dict[str, torch.Tensor] | None = None) -> None:
+        self.weights = weights
+        self.recorded: dict[str, torch.Tensor] = {}
+
+    def on_train_start(self, ctx: Any) -> None:
+        if self.weights is None:
+            model = ctx.backend.unwrap(ctx.backend.chunks[0])
+            self.recorded = {k: v.detach().clone() for k, v in model.state_dict().items()
+                             if not k.endswith("_extra_state")}
+            return
+        for chunk in ctx.backend.chunks:
+            if ctx.cfg.model.engine == "megatron_core":
+                _load_megatron_core_stage(ctx.backend.unwrap(chunk), self.weights)
+            else:
+                _load_native_stage(chunk, self.weights, ctx.cfg)
+
+
+def _load_megatron_core_stage(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    from megatron_bridge.models.mcore.weights import megatron_core_stage_state
+
+    layers = [layer.layer_number - 1 for layer in model.decoder.layers]
+    state = megatron_core_stage_state(weights, layers, pre_process=model.pre_process,
+                                      post_process=model.post_process)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
+
+
+def _load_native_stage(chunk: torch.nn.Module, weights: dict[str, torch.Tensor], cfg: ConfigContainer) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    from megatron_bridge.models.mcore.weights import megatron_core_to_native
+
+    mapped = megatron_core_to_native(weights, cfg.model)
+    own = get_model_state_dict(chunk, options=StateDictOptions(full_state_dict=True))
+    assert set(own) <= set(mapped), sorted(set(own) - set(mapped))
+    set_model_state_dict(chunk, {k: mapped[k] for k in own}, options=StateDictOptions(full_state_dict=True))
+
+
+# ------------------------------------------------------------------------------------------------ the reference
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """The one-process megatron-core run (a 1-rank torchrun job: the harness patches its process)."""
+    if is_worker():
+        return None
+    path = tmp_path_factory.mktemp("mcore_pp_reference") / "reference.pt"
+    launch(f"{__file__}::test_reference_trains", nproc=1, env={**HARNESS_ENV, "MB_REFERENCE": str(path)})
+    return path
+
+
+def test_reference_trains(reference: Path | None) -> None:
+    """The reference (megatron-core, PP=1) trains: its losses fall."""
+    if not is_worker():
+        ref = torch.load(reference, weights_only=True)  # type: ignore[arg-type]
+        assert_finite_decreasing(ref["losses"].tolist(), min_drop=0.02)
+        return
+    from megatron_bridge.training.pretrain import pretrain
+    from tests.functional_tests.mcore_cpu_harness import install
+
+    install()
+    start = StartFrom()
+    result = pretrain(pp_config(), callbacks=[start])
+    assert result.final_step == STEPS and len(result.eval_losses) == 1
+    torch.save({"losses": torch.tensor(result.losses, dtype=torch.float64),
+                "eval": torch.tensor(list(result.eval_losses.values()), dtype=torch.float64),
+                "weights": start.recorded}, os.environ["MB_REFERENCE"])
+
+
+# ------------------------------------------------------------------------------------------- the pipelined runs
+@pytest.fixture(scope="module")
+def launches(reference: Path | None, request: pytest.FixtureRequest) -> LaunchGroups | None:
+    """The module's launches (launching process only), running the tests this session selected."""
+    if is_worker():
+        return None
+    selected = {item.name for item in request.session.items}
+    groups = {n: [t for t in names if t in selected] for n, names in GROUPS.items()}
+    return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={**HARNESS_ENV, "MB_REFERENCE": str(reference)})
+
+
+def run_and_compare(label: str, engine: str = "megatron_core", **overrides: Any) -> ConfigContainer:
+    """Worker: train ``pp_config(engine, **overrides)`` from the reference's weights on this launch's ranks (one
+    process group for the whole launch); its losses must equal the reference's. Returns the finalized config."""
+    from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.training.pretrain import pretrain
+    from tests.functional_tests.mcore_cpu_harness import install
+
+    install()
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    ref = torch.load(os.environ["MB_REFERENCE"], weights_only=True)
+    cfg = pp_config(engine, **overrides)
+    try:
+        result = pretrain(cfg, callbacks=[StartFrom(ref["weights"])])
+    finally:
+        parallel_state.destroy()  # the next run may use another layout; the default group stays
+    assert result.final_step == STEPS
+    want, want_eval = ref["losses"].tolist(), ref["eval"].tolist()
+    for got, expected in zip(result.losses, want, strict=True):
+        assert abs(got - expected) <= LOSS_ATOL, (label, result.losses, want)
+    for got, expected in zip(result.eval_losses.values(), want_eval, strict=True):
+        assert abs(got - expected) <= LOSS_ATOL, (label, result.eval_losses, want_eval)
+    if dist.get_rank() == 0:
+        diff = max(abs(a - b) for a, b in zip(result.losses, want, strict=True))
+        print(f"[mcore-pp] {label}: losses {json.dumps(result.losses)}, max |Δ| vs one process {diff:.2e}")
+    return cfg
+
+
+def test_pp2_1f1b(launches: LaunchGroups | None) -> None:
+    """megatron-core PP=2 (1F1B) and the native engine at PP=2 give the one-process losses from the same weights."""
+    if not is_worker():
+        launches.check("test_pp2_1f1b")  # type: ignore[union-attr]
+        return
+    run_and_compare("megatron-core PP2 1F1B", **{"model.pipeline_model_parallel_size": 2})
+    run_and_compare("native PP2 1F1B", engine="native", **{"model.pipeline_model_parallel_size": 2})
+
+
+def test_pp2_vpp2_interleaved(launches: LaunchGroups | None) -> None:
+    """megatron-core PP=2 × VP=2 (interleaved 1F1B; finalize() turned batch_p2p_comm off) and the native engine at
+    PP=2 × VP=2 give the one-process losses from the same weights."""
+    if not is_worker():
+        launches.check("test_pp2_vpp2_interleaved")  # type: ignore[union-attr]
+        return
+    layout = {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}
+    cfg = run_and_compare("megatron-core PP2 VP2 interleaved", **layout)
+    assert cfg.model.batch_p2p_comm is False
+    run_and_compare("native PP2 VP2 Interleaved1F1B", engine="native", **layout)
+
+
+def test_distributed_optimizer(launches: LaunchGroups | None) -> None:
+    """megatron-core's distributed optimizer under PP=2 and PP=2 × VP=2 (with overlapped P2P communication)."""
+    if not is_worker():
+        launches.check("test_distributed_optimizer")  # type: ignore[union-attr]
+        return
+    dist_opt = {"optimizer.use_distributed_optimizer": True, "model.pipeline_model_parallel_size": 2}
+    run_and_compare("megatron-core PP2 distributed optimizer", **dist_opt)
+    run_and_compare("megatron-core PP2 VP2 distributed optimizer, overlap_p2p_comm", **dist_opt,
+                    **{"model.virtual_pipeline_model_parallel_size": 2, "model.overlap_p2p_comm": True})
+
+
+def test_uneven_splits(launches: LaunchGroups | None) -> None:
+    """Uneven stages through megatron-core's own fields: 1 + 3 layers, and the embedding and the loss counted as
+    layers over PP=2 × VP=3 (the first stage holds only the embedding, the last only the output layer)."""
+    if not is_worker():
+        launches.check("test_uneven_splits")  # type: ignore[union-attr]
+        return
+    run_and_compare("megatron-core PP2 first=1", **{"model.pipeline_model_parallel_size": 2,
+                                                    "model.num_layers_in_first_pipeline_stage": 1})
+    run_and_compare("megatron-core PP2 VP3 account_for_embedding/loss",
+                    **{"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 3,
+                       "model.account_for_embedding_in_pipeline_split": True,
+                       "model.account_for_loss_in_pipeline_split": True})
+
+
+def test_pp2_dp2_distributed_optimizer(launches: LaunchGroups | None) -> None:
+    """4 ranks: megatron-core PP=2 × DP=2 with the distributed optimizer sharding over the data-parallel pair."""
+    if not is_worker():
+        launches.check("test_pp2_dp2_distributed_optimizer")  # type: ignore[union-attr]
+        return
+    run_and_compare("megatron-core PP2 DP2 distributed optimizer", **{
+        "model.pipeline_model_parallel_size": 2, "optimizer.use_distributed_optimizer": True,
+        "model.virtual_pipeline_model_parallel_size": 2})
