@@ -116,12 +116,16 @@ def _megatron_fsdp(cfg: "ConfigContainer", world_size: int) -> None:
              "dist.use_torch_fsdp2=True (FSDP2) or DDP with pipeline parallelism", "dist.use_megatron_fsdp", _PP)
 
 
-@rule("pipeline_tied_embeddings", ("model.share_embeddings_and_output_weights", _PP),
-      "Tied input/output embeddings are not split over pipeline stages in this version.")
+@rule("pipeline_tied_embeddings", ("model.share_embeddings_and_output_weights", _PP, "model.engine"),
+      "The native engine does not split tied input/output embeddings over pipeline stages in this version "
+      "(the megatron-core engine does).")
 def _tied(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.engine == "megatron_core":  # megatron-core keeps a copy on the last stage, synced by its grads
+        return
     if cfg.model.share_embeddings_and_output_weights and _pp(cfg) > 1:
         fail(f"model.share_embeddings_and_output_weights=True with {_PP}={_pp(cfg)}: the first and last stages "
-             "would each need the embedding; not supported in this version: set PP=1 or untie the embeddings",
+             "would each need the embedding; the native engine does not support it in this version: set PP=1, "
+             "untie the embeddings, or use model.engine='megatron_core'",
              "model.share_embeddings_and_output_weights", _PP)
 
 

@@ -11,7 +11,10 @@ engine — and trains on the same data; its per-step and validation losses must 
   and the native engine (torch.distributed.pipelining) at the same layouts: cross-engine parity under PP;
 * the same two megatron-core layouts with the distributed optimizer; and PP=2 × DP=2 with it on 4 ranks;
 * uneven splits mapped to megatron-core's fields (``num_layers_in_first_pipeline_stage``, the embedding and loss
-  counted as layers over PP=2 × VP=3).
+  counted as layers over PP=2 × VP=3);
+* tied embeddings (the native engine refuses them under PP): PP=2 and PP=2 × VP=2 against a DP=2 run of the same
+  launch from the same weights (DP=2 equals one process: tests/functional_tests/training/test_megatron_core_engine.py);
+* a custom 3-argument forward step ``(state, data_iterator, model)`` under megatron-core's schedule.
 
 The tests of one process count share one torchrun launch (launcher.py's ``LaunchGroups``). Skipped with CUDA (the
 harness replaces CUDA calls) and without megatron-core.
@@ -38,7 +41,8 @@ LOSS_ATOL = 1e-5
 STEPS = 4
 HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
 GROUPS: dict[int, list[str]] = {
-    2: ["test_pp2_1f1b", "test_pp2_vpp2_interleaved", "test_distributed_optimizer", "test_uneven_splits"],
+    2: ["test_pp2_1f1b", "test_pp2_vpp2_interleaved", "test_distributed_optimizer", "test_uneven_splits",
+        "test_tied_embeddings"],
     4: ["test_pp2_dp2_distributed_optimizer"],
 }
 """Tests launched together, by process count (one launch each)."""
@@ -81,17 +85,18 @@ class StartFrom(Callback):
             return
         for chunk in ctx.backend.chunks:
             if ctx.cfg.model.engine == "megatron_core":
-                _load_megatron_core_stage(ctx.backend.unwrap(chunk), self.weights)
+                _load_megatron_core_stage(ctx.backend.unwrap(chunk), self.weights,
+                                          ctx.cfg.model.share_embeddings_and_output_weights)
             else:
                 _load_native_stage(chunk, self.weights, ctx.cfg)
 
 
-def _load_megatron_core_stage(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+def _load_megatron_core_stage(model: torch.nn.Module, weights: dict[str, torch.Tensor], tied: bool) -> None:
     from megatron_bridge.models.mcore.weights import megatron_core_stage_state
 
     layers = [layer.layer_number - 1 for layer in model.decoder.layers]
     state = megatron_core_stage_state(weights, layers, pre_process=model.pre_process,
-                                      post_process=model.post_process)
+                                      post_process=model.post_process, tied=tied)
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
 
@@ -147,9 +152,9 @@ def launches(reference: Path | None, request: pytest.FixtureRequest) -> LaunchGr
     return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={**HARNESS_ENV, "MB_REFERENCE": str(reference)})
 
 
-def run_and_compare(label: str, engine: str = "megatron_core", **overrides: Any) -> ConfigContainer:
-    """Worker: train ``pp_config(engine, **overrides)`` from the reference's weights on this launch's ranks (one
-    process group for the whole launch); its losses must equal the reference's. Returns the finalized config."""
+def train(engine: str, callbacks: list[Callback], forward_step: Any = None, **overrides: Any) -> Any:
+    """Worker: ``pretrain(pp_config(engine, **overrides))`` on this launch's ranks (one process group for the whole
+    launch, megatron-core's groups destroyed after each run); returns (result, finalized config)."""
     from megatron_bridge.models.mcore import parallel_state
     from megatron_bridge.training.pretrain import pretrain
     from tests.functional_tests.mcore_cpu_harness import install
@@ -157,12 +162,20 @@ def run_and_compare(label: str, engine: str = "megatron_core", **overrides: Any)
     install()
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-    ref = torch.load(os.environ["MB_REFERENCE"], weights_only=True)
     cfg = pp_config(engine, **overrides)
     try:
-        result = pretrain(cfg, callbacks=[StartFrom(ref["weights"])])
+        result = pretrain(cfg, *([forward_step] if forward_step is not None else []), callbacks=callbacks)
     finally:
         parallel_state.destroy()  # the next run may use another layout; the default group stays
+    return result, cfg
+
+
+def run_and_compare(label: str, engine: str = "megatron_core", ref: dict[str, Any] | None = None,
+                    forward_step: Any = None, **overrides: Any) -> ConfigContainer:
+    """Worker: train ``pp_config(engine, **overrides)`` from the reference's weights (``ref``, default the
+    one-process reference); its losses must equal the reference's. Returns the finalized config."""
+    ref = ref if ref is not None else torch.load(os.environ["MB_REFERENCE"], weights_only=True)
+    result, cfg = train(engine, [StartFrom(ref["weights"])], forward_step, **overrides)
     assert result.final_step == STEPS
     want, want_eval = ref["losses"].tolist(), ref["eval"].tolist()
     for got, expected in zip(result.losses, want, strict=True):
@@ -171,16 +184,32 @@ def run_and_compare(label: str, engine: str = "megatron_core", **overrides: Any)
         assert abs(got - expected) <= LOSS_ATOL, (label, result.eval_losses, want_eval)
     if dist.get_rank() == 0:
         diff = max(abs(a - b) for a, b in zip(result.losses, want, strict=True))
-        print(f"[mcore-pp] {label}: losses {json.dumps(result.losses)}, max |Δ| vs one process {diff:.2e}")
+        print(f"[mcore-pp] {label}: losses {json.dumps(result.losses)}, max |Δ| vs reference {diff:.2e}")
     return cfg
 
 
+_STEP_CALLS: list[Any] = []
+
+
+def state_forward_step(state: Any, data_iterator: Any, model: torch.nn.Module) -> Any:
+    """A custom 3-argument forward step: records its ``state``, then runs the default megatron-core step."""
+    from megatron_bridge.training.gpt_step import megatron_core_forward_step
+
+    _STEP_CALLS.append(state)
+    return megatron_core_forward_step(data_iterator, model)
+
+
 def test_pp2_1f1b(launches: LaunchGroups | None) -> None:
-    """megatron-core PP=2 (1F1B) and the native engine at PP=2 give the one-process losses from the same weights."""
+    """megatron-core PP=2 (1F1B; a custom 3-argument forward step) and the native engine at PP=2 give the
+    one-process losses from the same weights."""
     if not is_worker():
         launches.check("test_pp2_1f1b")  # type: ignore[union-attr]
         return
-    run_and_compare("megatron-core PP2 1F1B", **{"model.pipeline_model_parallel_size": 2})
+    from megatron_bridge.training.pretrain import TrainingContext
+
+    run_and_compare("megatron-core PP2 1F1B, custom forward step", forward_step=state_forward_step,
+                    **{"model.pipeline_model_parallel_size": 2})
+    assert _STEP_CALLS and all(isinstance(s, TrainingContext) for s in _STEP_CALLS)
     run_and_compare("native PP2 1F1B", engine="native", **{"model.pipeline_model_parallel_size": 2})
 
 
@@ -221,11 +250,31 @@ def test_uneven_splits(launches: LaunchGroups | None) -> None:
                        "model.account_for_loss_in_pipeline_split": True})
 
 
+def test_tied_embeddings(launches: LaunchGroups | None) -> None:
+    """Tied embeddings: megatron-core PP=2 and PP=2 × VP=2 (the last stage's copy of the embedding, its gradient
+    all-reduced with the first stage's) give the losses of a DP=2 run from the same weights."""
+    if not is_worker():
+        launches.check("test_tied_embeddings")  # type: ignore[union-attr]
+        return
+    tied = {"model.share_embeddings_and_output_weights": True}
+    start = StartFrom()
+    result, _ = train("megatron_core", [start], **tied)
+    assert_finite_decreasing(result.losses, min_drop=0.02)
+    ref = {"losses": torch.tensor(result.losses), "eval": torch.tensor(list(result.eval_losses.values())),
+           "weights": start.recorded}
+    assert "output_layer.weight" not in start.recorded  # one stage: the output layer uses the embedding
+    run_and_compare("megatron-core PP2 tied embeddings", ref=ref, **tied,
+                    **{"model.pipeline_model_parallel_size": 2})
+    run_and_compare("megatron-core PP2 VP2 tied embeddings", ref=ref, **tied,
+                    **{"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2})
+
+
 def test_pp2_dp2_distributed_optimizer(launches: LaunchGroups | None) -> None:
-    """4 ranks: megatron-core PP=2 × DP=2 with the distributed optimizer sharding over the data-parallel pair."""
+    """4 ranks: megatron-core PP=2 × VP=2 × DP=2 with the distributed optimizer sharding over the data-parallel pair
+    and the gradient reduction overlapped (each chunk's start_grad_sync is the schedule's grad_sync_func)."""
     if not is_worker():
         launches.check("test_pp2_dp2_distributed_optimizer")  # type: ignore[union-attr]
         return
-    run_and_compare("megatron-core PP2 DP2 distributed optimizer", **{
+    run_and_compare("megatron-core PP2 VP2 DP2 distributed optimizer, overlap_grad_reduce", **{
         "model.pipeline_model_parallel_size": 2, "optimizer.use_distributed_optimizer": True,
-        "model.virtual_pipeline_model_parallel_size": 2})
+        "model.virtual_pipeline_model_parallel_size": 2, "ddp.overlap_grad_reduce": True})

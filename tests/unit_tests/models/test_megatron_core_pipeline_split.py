@@ -117,3 +117,18 @@ def test_stage_state_dicts_round_trip() -> None:
     assert "output_layer.weight" in stages[-1][0] and "decoder.final_layernorm.weight" in stages[-1][0]
     merged = megatron_core_merge_stages(stages)
     assert merged.keys() == full.keys() and all(torch.equal(merged[k], full[k]) for k in full)
+
+
+def test_tied_embedding_copy_on_the_last_stage() -> None:
+    """Tied embeddings: the last stage's output layer is a copy of the embedding, dropped again when merging."""
+    full = {"embedding.word_embeddings.weight": torch.randn(4, 2), "decoder.final_layernorm.weight": torch.randn(2),
+            "decoder.layers.0.mlp.linear_fc2.weight": torch.randn(2, 2),
+            "decoder.layers.1.mlp.linear_fc2.weight": torch.randn(2, 2)}
+    first = megatron_core_stage_state(full, [0], pre_process=True, post_process=False, tied=True)
+    last = megatron_core_stage_state(full, [1], pre_process=False, post_process=True, tied=True)
+    assert "output_layer.weight" not in first
+    assert torch.equal(last["output_layer.weight"], full["embedding.word_embeddings.weight"])
+    assert "output_layer.weight" not in megatron_core_stage_state(full, [0, 1], pre_process=True, post_process=True,
+                                                                   tied=True)
+    merged = megatron_core_merge_stages([(first, [0]), (last, [1])], tied=True)
+    assert merged.keys() == full.keys()

@@ -123,10 +123,12 @@ _POST_PROCESS = ("decoder.final_layernorm.", "output_layer.")
 
 
 def megatron_core_stage_state(state: dict[str, torch.Tensor], layers: Sequence[int], *, pre_process: bool,
-                              post_process: bool) -> dict[str, torch.Tensor]:
+                              post_process: bool, tied: bool = False) -> dict[str, torch.Tensor]:
     """The state dict of one pipeline stage's ``GPTModel`` from a whole-model megatron-core state dict: global decoder
     layers ``layers`` renumbered from 0 (megatron-core numbers a stage's layers locally; its ``layer_number`` is
-    global, 1-based), the embedding with ``pre_process``, the final norm and output layer with ``post_process``."""
+    global, 1-based), the embedding with ``pre_process``, the final norm and output layer with ``post_process``.
+    With ``tied`` embeddings a last stage without the embedding gets it as its ``output_layer.weight`` (megatron-core's
+    copy of the shared weight there)."""
     out: dict[str, torch.Tensor] = {}
     for local, layer in enumerate(layers):
         prefix = f"decoder.layers.{layer}."
@@ -134,16 +136,21 @@ def megatron_core_stage_state(state: dict[str, torch.Tensor], layers: Sequence[i
     for keep, prefixes in ((pre_process, _PRE_PROCESS), (post_process, _POST_PROCESS)):
         if keep:
             out.update({k: v for k, v in state.items() if k.startswith(prefixes)})
+    if tied and post_process and not pre_process:
+        out["output_layer.weight"] = state["embedding.word_embeddings.weight"]
     return out
 
 
-def megatron_core_merge_stages(stages: Sequence[tuple[dict[str, torch.Tensor], Sequence[int]]]
-                               ) -> dict[str, torch.Tensor]:
+def megatron_core_merge_stages(stages: Sequence[tuple[dict[str, torch.Tensor], Sequence[int]]], *,
+                               tied: bool = False) -> dict[str, torch.Tensor]:
     """A whole-model megatron-core state dict from the stages' ``(state dict, global layers)`` pairs (the inverse of
-    :func:`megatron_core_stage_state`); a tied output layer absent from the last stage is simply not there."""
+    :func:`megatron_core_stage_state`); with ``tied`` embeddings the last stage's copy (``output_layer.weight``) is
+    dropped, as a one-stage tied model has none."""
     out: dict[str, torch.Tensor] = {}
     for state, layers in stages:
         for key, value in state.items():
+            if tied and key == "output_layer.weight":
+                continue
             if key.startswith("decoder.layers."):
                 local, rest = key[len("decoder.layers."):].split(".", 1)
                 key = f"decoder.layers.{layers[int(local)]}.{rest}"
