@@ -18,6 +18,9 @@ streams and events come from the Megatron FSDP harness (no-ops; everything runs 
 the engine's CUDA guard (:func:`megatron_bridge.models.mcore.parallel_state.require_cuda`). Numbers are megatron-core's
 own: nothing in its arithmetic is replaced.
 
+:func:`install_fsdp` adds what megatron-core's FSDP wrappers need (megatron-fsdp's redirections for megatron-core's
+vendored copy, device meshes on the CPU; tests/functional_tests/mcore/test_wrappers.py).
+
 ``sitecustomize`` in ``tests/functional_tests/mcore_cpu/`` installs it in subprocesses (torchrun workers of
 ``run_recipe.py``) when ``MEGATRON_BRIDGE_MCORE_CPU_HARNESS=1``.
 """
@@ -99,6 +102,57 @@ def install() -> None:
     parallel_state.require_cuda = lambda device: None
     _MODE = _CudaToCpu()
     _MODE.__enter__()
+
+
+class _CpuDevice(str):
+    """``torch.cuda.current_device()`` under the FSDP redirections: the string ``"cpu"`` (so it allocates on the CPU
+    where it is passed as a device, also outside the function mode) that formats as ``"0"``, because megatron-fsdp
+    builds ``torch.device(f"cuda:{torch.cuda.current_device()}")`` (its device check; the mode then maps ``cuda:0``
+    to the CPU)."""
+
+    def __format__(self, spec: str) -> str:
+        return format(0, spec)
+
+
+_FSDP_INSTALLED = False
+
+
+def install_fsdp() -> None:
+    """:func:`install`, plus what megatron-core's FSDP wrappers need on CPU (idempotent):
+
+    * the Megatron FSDP harness's synchronous collectives, completed work handles, no-op coalescing manager and
+      PREMUL_SUM-free gradient pre-scaling (tests/functional_tests/megatron_fsdp_cpu_harness.py explains why gloo
+      needs them), applied to megatron-core's vendored copy of megatron-fsdp
+      (``megatron.core.distributed.fsdp.src.megatron_fsdp``), which the adapter imports instead of the
+      ``megatron_fsdp`` package;
+    * ``torch.cuda.current_device()`` returns :class:`_CpuDevice` (megatron-fsdp formats it into a device string);
+    * ``DeviceMesh.from_group(..., "cuda")`` builds a CPU mesh: the Megatron FSDP adapter and
+      ``TorchFullyShardedDataParallel`` hard-code ``device_type="cuda"`` for the meshes over megatron-core's groups.
+    """
+    global _FSDP_INSTALLED
+    install()
+    if _FSDP_INSTALLED:
+        return
+    import megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer as vendored_pgb
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from tests.functional_tests import megatron_fsdp_cpu_harness as mfsdp_harness
+
+    for name, out_arg in (("all_reduce", 0), ("all_gather_into_tensor", None), ("reduce_scatter_tensor", 0),
+                          ("all_gather", None), ("broadcast", None)):
+        if not hasattr(getattr(dist, name), "__wrapped__"):  # the Megatron FSDP harness may have done it already
+            setattr(dist, name, mfsdp_harness._synchronous(name, out_arg))
+    vendored_pgb._coalescing_manager = mfsdp_harness._coalescing_manager
+    vendored_pgb.gradient_reduce_preprocessing = mfsdp_harness._gradient_reduce_preprocessing
+    torch.cuda.current_device = lambda: _CpuDevice("cpu")  # type: ignore[assignment,return-value]
+    from_group = DeviceMesh.from_group
+
+    def cpu_from_group(group: Any, device_type: str, *args: Any, **kwargs: Any) -> DeviceMesh:
+        return from_group(group, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    DeviceMesh.from_group = staticmethod(cpu_from_group)  # type: ignore[method-assign,assignment]
+    _FSDP_INSTALLED = True
 
 
 @contextmanager

@@ -150,10 +150,11 @@ def _async_tp_needs_sp(cfg: "ConfigContainer") -> None:
     "legacy_check_for_nan_in_grad",
     "With Megatron FSDP, ddp.check_for_nan_in_grad=True is a legacy no-op (megatron-fsdp >= 0.5 removed the "
     "buffer-level check): it is kept in the config, ignored, and warned about once per process, pointing to "
-    "ddp.report_nan_in_param_grad.",
+    "ddp.report_nan_in_param_grad. Not with model.engine='megatron_core', whose Megatron FSDP adapter still checks "
+    "each gradient bucket.",
 )
 def _legacy_nan_check(cfg: "ConfigContainer") -> None:
-    if cfg.dist.use_megatron_fsdp and cfg.ddp.check_for_nan_in_grad:
+    if cfg.dist.use_megatron_fsdp and cfg.ddp.check_for_nan_in_grad and cfg.model.engine != "megatron_core":
         warn_once(
             logger,
             "legacy_check_for_nan_in_grad",

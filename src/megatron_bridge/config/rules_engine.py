@@ -73,7 +73,7 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of every setting the megatron-core engine does not build in this version. megatron-core's
     Llama 3.1 RoPE scaling takes only the factor (low/high frequency factors 1 and 4, original context 8192 fixed);
     its add_bias_linear sets the o_proj and MLP biases together."""
-    m, d, c = cfg.model, cfg.dist, cfg.checkpoint
+    m, c = cfg.model, cfg.checkpoint
     mp = cfg.mixed_precision_config
     checks: list[tuple[bool, str, object, str]] = [
         (m.is_moe, "model.num_moe_experts", m.num_moe_experts, "None"),
@@ -89,8 +89,6 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (m.recompute_granularity is not None, "model.recompute_granularity", m.recompute_granularity, "None"),
         (m.cpu_offloading, "model.cpu_offloading", m.cpu_offloading, "False"),
         (m.init_model_with_meta_device, "model.init_model_with_meta_device", m.init_model_with_meta_device, "False"),
-        (d.use_megatron_fsdp, "dist.use_megatron_fsdp", d.use_megatron_fsdp, "False"),
-        (d.use_torch_fsdp2, "dist.use_torch_fsdp2", d.use_torch_fsdp2, "False"),
         (mp is not None and (mp.bf16 or mp.fp16), "mixed_precision", cfg.mixed_precision, "'fp32'"),
         (cfg.quantization.quant_cfg is not None, "quantization.quant_cfg", cfg.quantization.quant_cfg, "None"),
         (cfg.distillation.enabled, "distillation.teacher_checkpoint", cfg.distillation.teacher_checkpoint, "None"),
@@ -103,7 +101,8 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 @rule("megatron_core_features", ("model.engine",),
       "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
-      " DDP and optimizer, fp32, no checkpoints, MoE, recompute, offloading, FSDP, quantization or distillation.")
+      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, fp32, no checkpoints, MoE, recompute, offloading, "
+      "quantization or distillation.")
 def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine != "megatron_core":
         return
@@ -166,3 +165,69 @@ def _mcore_pipeline(cfg: "ConfigContainer", world_size: int) -> None:
              "and virtual stages: megatron-core's interleaved schedule runs the micro-batches in groups of PP, so "
              f"their number must be a multiple of {pp}; set e.g. train.global_batch_size={fix}",
              "train.global_batch_size", "model.pipeline_model_parallel_size")
+
+
+def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
+    """(field, value, fix) of what megatron-core's FSDP wrappers (:mod:`megatron_bridge.distributed.mcore_fsdp`,
+    :mod:`megatron_bridge.distributed.mcore_fsdp2`) cannot do in this version."""
+    m, d, f, c, o = cfg.model, cfg.ddp, cfg.fsdp2, cfg.checkpoint, cfg.optimizer
+    mp = cfg.mixed_precision_config
+    checks: list[tuple[bool, str, object, str]] = [
+        (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, "1"),
+        (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
+         m.virtual_pipeline_model_parallel_size, "None"),
+        (mp is not None and (mp.bf16 or mp.fp16), "mixed_precision", cfg.mixed_precision, "'fp32'"),
+        (c.save is not None, "checkpoint.save", c.save, "None"),
+        (c.load is not None, "checkpoint.load", c.load, "None"),
+        (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
+    ]
+    if cfg.dist.use_megatron_fsdp:
+        checks += [
+            (d.report_nan_in_param_grad, "ddp.report_nan_in_param_grad", d.report_nan_in_param_grad,
+             "False (megatron-core's adapter checks with ddp.check_for_nan_in_grad=True)"),
+            (d.calculate_per_token_loss, "ddp.calculate_per_token_loss", d.calculate_per_token_loss, "False"),
+            (d.megatron_fsdp_mlp_activation_checkpointing, "ddp.megatron_fsdp_mlp_activation_checkpointing",
+             d.megatron_fsdp_mlp_activation_checkpointing, "False"),
+        ]
+    if cfg.dist.use_torch_fsdp2:
+        checks += [
+            (o.use_distributed_optimizer or d.use_distributed_optimizer, "optimizer.use_distributed_optimizer",
+             o.use_distributed_optimizer or d.use_distributed_optimizer,
+             "False (FSDP2 shards the optimizer state itself; Megatron-LM refuses it too)"),
+            (m.share_embeddings_and_output_weights, "model.share_embeddings_and_output_weights",
+             m.share_embeddings_and_output_weights,
+             "False (FSDP2 shards the embedding and the output layer apart; Megatron-LM requires untied ones)"),
+            (f.mp_policy is not None, "fsdp2.mp_policy", f.mp_policy, "None"),
+            (f.offload_policy is not None, "fsdp2.offload_policy", f.offload_policy, "None"),
+            (f.autocast_dtype is not None, "fsdp2.autocast_dtype", f.autocast_dtype, "None"),
+            (f.activation_checkpointing not in (False, None), "fsdp2.activation_checkpointing",
+             f.activation_checkpointing, "False"),
+            (f.mlp_activation_checkpointing, "fsdp2.mlp_activation_checkpointing", f.mlp_activation_checkpointing,
+             "False"),
+            (f.enable_compile, "fsdp2.enable_compile", f.enable_compile, "False"),
+            (f.enable_async_tensor_parallel, "fsdp2.enable_async_tensor_parallel", f.enable_async_tensor_parallel,
+             "False"),
+            (f.tp_plan is not None, "fsdp2.tp_plan", f.tp_plan,
+             "None (megatron-core's own tensor parallelism applies)"),
+        ]
+    return [(path, value, fix) for bad, path, value, fix in checks if bad]
+
+
+@rule("megatron_core_fsdp", ("model.engine", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2"),
+      "With engine='megatron_core', Megatron FSDP and FSDP2 (megatron-core's wrappers) run without pipeline "
+      "parallelism, checkpoints or bf16/fp16; FSDP2 without the distributed optimizer, tied embeddings or the native "
+      "engine's FSDP2-only options.")
+def _mcore_fsdp(cfg: "ConfigContainer", world_size: int) -> None:
+    d = cfg.dist
+    if cfg.model.engine != "megatron_core" or not (d.use_megatron_fsdp or d.use_torch_fsdp2):
+        return
+    bad = _fsdp_unsupported(cfg)
+    if not bad:
+        return
+    wrapper = "dist.use_megatron_fsdp=True" if d.use_megatron_fsdp else "dist.use_torch_fsdp2=True"
+    what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
+    fixes = ", ".join(f"{path}={fix}" for path, _, fix in bad)
+    fail(f"{what}: not supported with {wrapper} on model.engine='megatron_core' in this version "
+         f"(docs/training/engines.md): set {fixes}, or use megatron-core DDP (dist.use_megatron_fsdp=False, "
+         "dist.use_torch_fsdp2=False) or model.engine='native'",
+         "dist.use_megatron_fsdp" if d.use_megatron_fsdp else "dist.use_torch_fsdp2", *(path for path, _, _ in bad))

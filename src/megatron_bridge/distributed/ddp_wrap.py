@@ -1,7 +1,11 @@
 """``ddp_wrap``: the one factory that turns model chunks into a data-parallel backend.
 
-``model.engine="megatron_core"`` chunks (megatron-core ``GPTModel``) → megatron-core's DistributedDataParallel
-(:class:`~megatron_bridge.distributed.mcore_ddp.MegatronCoreDDPBackend`). Native chunks:
+``model.engine="megatron_core"`` chunks (megatron-core ``GPTModel``), as Megatron-Bridge's ``_ddp_wrap``:
+``dist.use_megatron_fsdp`` → megatron-core's Megatron FSDP adapter
+(:class:`~megatron_bridge.distributed.mcore_fsdp.MegatronCoreFSDPBackend`), ``dist.use_torch_fsdp2`` → megatron-core's
+``TorchFullyShardedDataParallel`` (:class:`~megatron_bridge.distributed.mcore_fsdp2.MegatronCoreFSDP2Backend`), else
+megatron-core's DistributedDataParallel (:class:`~megatron_bridge.distributed.mcore_ddp.MegatronCoreDDPBackend`).
+Native chunks:
 
 ``dist.use_megatron_fsdp`` → Megatron FSDP (:mod:`megatron_bridge.distributed.megatron_fsdp`, imported lazily),
 ``dist.use_torch_fsdp2`` → PyTorch FSDP2 (:class:`~megatron_bridge.distributed.fsdp2.FSDP2Backend`), else torch DDP
@@ -35,10 +39,8 @@ def select_backend_class(cfg: "ConfigContainer") -> type[DataParallelBackend]:
     Raises:
         BackendNotAvailableError: ``dist.use_megatron_fsdp`` while the Megatron FSDP backend module is missing.
     """
-    if cfg.model.engine == "megatron_core":  # validate() allows only its DDP (rule megatron_core_features)
-        from megatron_bridge.distributed.mcore_ddp import MegatronCoreDDPBackend
-
-        return MegatronCoreDDPBackend
+    if cfg.model.engine == "megatron_core":
+        return _megatron_core_backend(cfg)
     if cfg.dist.use_megatron_fsdp:
         return _megatron_fsdp_backend()
     if cfg.dist.use_torch_fsdp2:
@@ -48,6 +50,20 @@ def select_backend_class(cfg: "ConfigContainer") -> type[DataParallelBackend]:
     from megatron_bridge.distributed.ddp import DDPBackend
 
     return DDPBackend
+
+
+def _megatron_core_backend(cfg: "ConfigContainer") -> type[DataParallelBackend]:
+    if cfg.dist.use_megatron_fsdp:
+        from megatron_bridge.distributed.mcore_fsdp import MegatronCoreFSDPBackend
+
+        return MegatronCoreFSDPBackend
+    if cfg.dist.use_torch_fsdp2:
+        from megatron_bridge.distributed.mcore_fsdp2 import MegatronCoreFSDP2Backend
+
+        return MegatronCoreFSDP2Backend
+    from megatron_bridge.distributed.mcore_ddp import MegatronCoreDDPBackend
+
+    return MegatronCoreDDPBackend
 
 
 def _megatron_fsdp_backend() -> type[DataParallelBackend]:

@@ -160,14 +160,18 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
     "engine_available": (_set(model__engine="megatron_core"), 1, "model.engine", _set(model__engine="megatron_core")),
     "megatron_core_context_parallel": (_set(model__engine="megatron_core", model__context_parallel_size=2), 2,
                                        "model.context_parallel_size", _set(model__engine="megatron_core")),
-    "megatron_core_features": (_set(model__engine="megatron_core", dist__use_torch_fsdp2=True), 1,
-                               "dist.use_torch_fsdp2",
+    "megatron_core_features": (_set(model__engine="megatron_core", model__init_model_with_meta_device=True), 1,
+                               "model.init_model_with_meta_device",
                                _set(model__engine="megatron_core", model__tensor_model_parallel_size=2)),
     "megatron_core_pipeline": (_set(model__engine="megatron_core", model__pipeline_model_parallel_size=2,
                                     model__virtual_pipeline_model_parallel_size=2,
                                     model__pipeline_schedule="ZBVZeroBubble"), 2, "model.pipeline_schedule",
                                _set(model__engine="megatron_core", model__pipeline_model_parallel_size=2,
                                     model__virtual_pipeline_model_parallel_size=2)),
+    "megatron_core_fsdp": (_set(model__engine="megatron_core", dist__use_torch_fsdp2=True,
+                                model__share_embeddings_and_output_weights=True), 1,
+                           "model.share_embeddings_and_output_weights",
+                           _set(model__engine="megatron_core", dist__use_torch_fsdp2=True)),
     "engine_parallel_layout": (_set(model__expert_model_parallel_size=2), 2, "model.expert_model_parallel_size",
                                _set(model__expert_model_parallel_size=1)),
     "tensor_parallel_backend": (_set(model__tensor_model_parallel_size=2), 2, "model.tensor_model_parallel_size",
@@ -252,7 +256,7 @@ NO_MODELOPT_RULES = ("quantization_needs_modelopt", "distillation_needs_modelopt
 NO_MEGATRON_CORE_RULES = ("engine_available",)
 """Rules whose violation needs megatron-core to be missing: the test makes its import fail."""
 MEGATRON_CORE_PASSING = ("engine_available", "megatron_core_context_parallel", "megatron_core_features",
-                         "megatron_core_pipeline")
+                         "megatron_core_pipeline", "megatron_core_fsdp")
 """Rules whose passing case builds the megatron-core engine: skipped where megatron-core does not import."""
 
 

@@ -1,0 +1,171 @@
+"""The three ``ddp_wrap`` wrappers of megatron-core chunks (``model.engine="megatron_core"``) on 2 gloo ranks match one
+process: megatron-core DDP, megatron-core's Megatron FSDP adapter (per sharding strategy) and megatron-core's
+``TorchFullyShardedDataParallel`` (FSDP2), each with megatron-core's optimizer, through ``pretrain()``.
+
+Each case trains the tiny Llama (4 layers, hidden 128, vocabulary padded to 512 under every TP size) for 8 steps of 8
+samples in fp32 and must give the per-step losses of a one-process megatron-core DDP run within ``LOSS_RTOL``
+(relative). Runs differ only in float summation order (measured 2026-12-01: within 2e-8 relative).
+
+CPU: megatron-core and megatron-fsdp run on gloo through the test-only harness
+(tests/functional_tests/mcore_cpu_harness.py, ``install_fsdp``). ZeRO-3 (``optim_grads_params``) of the Megatron FSDP
+adapter is refused on CPU (tests/unit_tests/distributed/test_mcore_fsdp_mapping.py; the measured reason is in
+src/megatron_bridge/distributed/mcore_fsdp.py and docs/training/engines.md).
+
+Launches: the one-process reference and the 2-rank cases each share one torchrun launch (``GROUPS``, launcher.py's
+``LaunchGroups``); the launching process compares the losses the workers wrote. Skipped with CUDA (the harness
+replaces CUDA calls) and without megatron-core.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.functional_tests.launcher import LaunchGroups, is_worker
+
+
+pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
+
+LOSS_RTOL = 1e-5
+STEPS = 8
+PADDED_VOCAB = 512
+MFSDP = {"dist.use_megatron_fsdp": True}
+FSDP2 = {"dist.use_torch_fsdp2": True}
+CASES: dict[str, dict[str, Any]] = {
+    "test_megatron_core_ddp": {},
+    "test_megatron_fsdp_no_shard": {**MFSDP, "ddp.data_parallel_sharding_strategy": "no_shard"},
+    "test_megatron_fsdp_optim": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim"},
+    "test_megatron_fsdp_optim_overlap_grad_reduce": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim",
+                                                     "ddp.overlap_grad_reduce": True},
+    "test_megatron_fsdp_optim_grads": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads"},
+    "test_megatron_fsdp_optim_grads_tp2": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads",
+                                           "model.tensor_model_parallel_size": 2},
+    "test_fsdp2": FSDP2,
+    "test_fsdp2_tp2": {**FSDP2, "model.tensor_model_parallel_size": 2},
+}
+"""2-rank case → config overrides (dotted paths)."""
+GROUPS: dict[int, list[str]] = {1: ["test_one_process_reference"], 2: list(CASES)}
+LAUNCH_TIMEOUT_S = {1: 300, 2: 900}
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness test (megatron-core runs natively on CUDA)"),
+]
+
+
+def wrapper_config(**overrides: Any) -> Any:
+    """The functional tests' tiny Llama on the megatron-core engine, ``STEPS`` steps, with ``overrides``."""
+    from tests.functional_tests.training._common import small_config
+
+    cfg = small_config(train_iters=STEPS)
+    cfg.model.engine = "megatron_core"
+    cfg.model.make_vocab_size_divisible_by = PADDED_VOCAB // int(overrides.get("model.tensor_model_parallel_size", 1))
+    cfg = cfg.apply_overrides(None, [f"{k}={json.dumps(v)}" for k, v in overrides.items()])
+    assert cfg.model.padded_vocab_size == PADDED_VOCAB
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> LaunchGroups | None:
+    """The module's launches (launching process only); the workers write their losses to ``$MB_WRAPPERS_DIR``."""
+    if is_worker():
+        return None
+    selected = {item.name for item in request.session.items}
+    groups = {n: [t for t in names if t in selected or n == 1] for n, names in GROUPS.items()}
+    work = tmp_path_factory.mktemp("mcore_wrappers")
+    return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={"MB_WRAPPERS_DIR": str(work)})
+
+
+def train_and_record(name: str, overrides: dict[str, Any]) -> None:
+    """Worker: train ``overrides`` on this launch's ranks (sharing its process group) and write rank 0's losses."""
+    import torch.distributed as dist
+
+    from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.training.pretrain import pretrain
+    from tests.functional_tests.mcore_cpu_harness import install_fsdp
+
+    install_fsdp()
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")  # kept for the launch's next test; pretrain() reuses it
+    try:
+        result = pretrain(wrapper_config(**overrides))
+    finally:
+        parallel_state.destroy()  # megatron-core's groups: the next test may use another TP size
+    assert result.final_step == STEPS, result
+    if dist.get_rank() == 0:
+        record = {"backend": result.backend, "losses": result.losses}
+        (Path(os.environ["MB_WRAPPERS_DIR"]) / f"{name}.json").write_text(json.dumps(record))
+
+
+def compare(launches: LaunchGroups, name: str, backend: str) -> None:
+    """Launching process: run the reference and ``name`` (their launches), then compare the recorded losses."""
+    launches.check("test_one_process_reference")
+    launches.check(name)
+    folder = Path(launches.env["MB_WRAPPERS_DIR"])
+    got = json.loads((folder / f"{name}.json").read_text())
+    want = json.loads((folder / "test_one_process_reference.json").read_text())
+    assert got["backend"] == backend, got
+    assert len(got["losses"]) == STEPS and want["losses"][-1] < want["losses"][0] - 0.05, want
+    for a, b in zip(got["losses"], want["losses"], strict=True):
+        assert abs(a - b) <= LOSS_RTOL * abs(b), (name, got["losses"], want["losses"])
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"]))
+    print(f"[parity] {name} ({backend}): max relative loss difference {worst:.1e} over {STEPS} steps")
+
+
+def _case(name: str, backend: str, launches: LaunchGroups | None) -> None:
+    if is_worker():
+        train_and_record(name, CASES[name])
+    else:
+        compare(launches, name, backend)  # type: ignore[arg-type]
+
+
+def test_one_process_reference(launches: LaunchGroups | None) -> None:
+    """One process, megatron-core DDP: the losses every 2-rank case must match."""
+    if is_worker():
+        train_and_record("test_one_process_reference", {})
+    else:
+        launches.check("test_one_process_reference")  # type: ignore[union-attr]
+
+
+def test_megatron_core_ddp(launches: LaunchGroups | None) -> None:
+    """megatron-core DistributedDataParallel, DP=2."""
+    _case("test_megatron_core_ddp", "mcore_ddp", launches)
+
+
+def test_megatron_fsdp_no_shard(launches: LaunchGroups | None) -> None:
+    """Megatron FSDP adapter, no sharding (DDP-like all-reduce), DP=2."""
+    _case("test_megatron_fsdp_no_shard", "mcore_megatron_fsdp", launches)
+
+
+def test_megatron_fsdp_optim(launches: LaunchGroups | None) -> None:
+    """Megatron FSDP adapter, optimizer state sharded (ZeRO-1): gradients reduced once, in finish_grad_sync."""
+    _case("test_megatron_fsdp_optim", "mcore_megatron_fsdp", launches)
+
+
+def test_megatron_fsdp_optim_overlap_grad_reduce(launches: LaunchGroups | None) -> None:
+    """ZeRO-1 with ``ddp.overlap_grad_reduce``: gradients reduced in the last micro-batch's backward."""
+    _case("test_megatron_fsdp_optim_overlap_grad_reduce", "mcore_megatron_fsdp", launches)
+
+
+def test_megatron_fsdp_optim_grads(launches: LaunchGroups | None) -> None:
+    """Megatron FSDP adapter, optimizer state and gradients sharded (ZeRO-2), DP=2."""
+    _case("test_megatron_fsdp_optim_grads", "mcore_megatron_fsdp", launches)
+
+
+def test_megatron_fsdp_optim_grads_tp2(launches: LaunchGroups | None) -> None:
+    """ZeRO-2 over megatron-core's tensor parallelism: TP=2 (DP=1)."""
+    _case("test_megatron_fsdp_optim_grads_tp2", "mcore_megatron_fsdp", launches)
+
+
+def test_fsdp2(launches: LaunchGroups | None) -> None:
+    """megatron-core's TorchFullyShardedDataParallel (FSDP2), DP=2, deferred reduce-scatter."""
+    _case("test_fsdp2", "mcore_fsdp2", launches)
+
+
+def test_fsdp2_tp2(launches: LaunchGroups | None) -> None:
+    """FSDP2 over megatron-core's tensor parallelism: TP=2 (DP=1)."""
+    _case("test_fsdp2_tp2", "mcore_fsdp2", launches)

@@ -1,0 +1,145 @@
+"""``ddp_wrap`` for megatron-core chunks: which backend the config selects, how ``cfg.ddp`` / ``cfg.fsdp2`` map to
+megatron-core's Megatron FSDP and FSDP2 wrapper configs, and the refusals of rule ``megatron_core_fsdp`` (field, value,
+fix). Nothing here wraps a model (that needs the functional tests' harness: tests/functional_tests/mcore/
+test_wrappers.py)."""
+
+import pytest
+import torch
+
+from megatron_bridge.errors import ConfigValidationError, MegatronBridgeError
+from megatron_bridge.recipes import tiny_llama_pretrain_config
+
+
+pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
+
+from megatron_bridge.distributed.ddp_wrap import select_backend_class  # noqa: E402
+from megatron_bridge.distributed.mcore_ddp import MegatronCoreDDPBackend  # noqa: E402
+from megatron_bridge.distributed.mcore_fsdp import (  # noqa: E402
+    CPU_ZERO3_REFUSAL,
+    MegatronCoreFSDPBackend,
+    megatron_fsdp_ddp_config,
+    unit_module_classes,
+)
+from megatron_bridge.distributed.mcore_fsdp2 import (  # noqa: E402
+    MegatronCoreFSDP2Backend,
+    torch_fsdp2_ddp_config,
+    units_to_wrap,
+)
+
+
+def _mcore(**dotted: object):  # noqa: ANN202
+    cfg = tiny_llama_pretrain_config()
+    cfg.model.engine = "megatron_core"
+    for path, value in dotted.items():
+        section, field = path.split("__")
+        setattr(getattr(cfg, section), field, value)
+    return cfg
+
+
+@pytest.mark.parametrize(("flags", "backend"), [
+    ({}, MegatronCoreDDPBackend),
+    ({"dist__use_megatron_fsdp": True}, MegatronCoreFSDPBackend),
+    ({"dist__use_torch_fsdp2": True}, MegatronCoreFSDP2Backend),
+])
+def test_factory_selects_the_megatron_core_wrapper(flags: dict, backend: type) -> None:
+    assert select_backend_class(_mcore(**flags)) is backend
+
+
+def test_megatron_fsdp_options_map_to_the_adapter_config() -> None:
+    cfg = _mcore(dist__use_megatron_fsdp=True)
+    d = cfg.ddp
+    d.data_parallel_sharding_strategy, d.overlap_grad_reduce, d.overlap_param_gather = "optim_grads", True, True
+    d.use_distributed_optimizer, d.check_for_nan_in_grad, d.bucket_size = True, True, 4096
+    d.grad_reduce_in_fp32, d.preserve_fp32_weights, d.fsdp_double_buffer, d.keep_fp8_transpose_cache = (
+        True, True, True, True)
+    c = megatron_fsdp_ddp_config(cfg)
+    assert c.use_megatron_fsdp and c.data_parallel_sharding_strategy == "optim_grads"
+    assert (c.overlap_grad_reduce, c.overlap_param_gather, c.use_distributed_optimizer, c.check_for_nan_in_grad) == (
+        True, True, True, True)
+    assert c.bucket_size == c.suggested_communication_unit_size == 4096
+    assert c.grad_reduce_in_fp32 and c.megatron_fsdp_main_grads_dtype == torch.float32
+    assert c.megatron_fsdp_main_params_dtype == torch.float32
+    assert c.fsdp_double_buffer and c.keep_fp8_transpose_cache and not c.nccl_ub
+    default = megatron_fsdp_ddp_config(_mcore(dist__use_megatron_fsdp=True))
+    assert default.data_parallel_sharding_strategy == "no_shard" and default.bucket_size is None
+    assert default.megatron_fsdp_main_grads_dtype is None and default.megatron_fsdp_main_params_dtype is None
+
+
+def test_megatron_fsdp_validate_turns_on_the_distributed_optimizer() -> None:
+    cfg = _mcore(dist__use_megatron_fsdp=True)
+    cfg.ddp.average_in_collective = True
+    cfg.validate(world_size=2)
+    assert cfg.ddp.use_megatron_fsdp and cfg.ddp.use_distributed_optimizer and cfg.optimizer.use_distributed_optimizer
+    assert not cfg.ddp.average_in_collective
+
+
+def test_unit_modules_from_class_paths() -> None:
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    class Block(torch.nn.Module):
+        pass
+
+    model = torch.nn.Sequential(TransformerLayer.__new__(TransformerLayer))
+    torch.nn.Module.__init__(model[0])
+    assert unit_module_classes(None, model) is None
+    path = "megatron.core.transformer.transformer_layer.TransformerLayer"
+    assert unit_module_classes([path], model) == [TransformerLayer]
+    for bad, match in (([], "names no FSDP unit"), (["no.such.Class"], "not an importable"),
+                       (["torch.nn.Linear"], "no submodule")):
+        with pytest.raises(MegatronBridgeError, match=match):
+            unit_module_classes(bad, model)
+
+
+def test_megatron_fsdp_zero3_is_refused_on_cpu() -> None:
+    cfg = _mcore(dist__use_megatron_fsdp=True)
+    cfg.ddp.data_parallel_sharding_strategy = "optim_grads_params"
+    with pytest.raises(MegatronBridgeError, match="data_parallel_sharding_strategy='optim_grads'") as info:
+        MegatronCoreFSDPBackend(cfg, torch.device("cpu")).wrap([])
+    assert str(info.value) == CPU_ZERO3_REFUSAL
+
+
+def test_fsdp2_options_map_to_torch_fsdp2_config() -> None:
+    cfg = _mcore(dist__use_torch_fsdp2=True)
+    assert torch_fsdp2_ddp_config(cfg).reshard_after_forward is True  # None: megatron-core's default
+    cfg.fsdp2.reshard_after_forward = False
+    cfg.ddp.grad_reduce_in_fp32 = True
+    c = torch_fsdp2_ddp_config(cfg)
+    assert c.reshard_after_forward is False and c.grad_reduce_in_fp32 and not c.use_distributed_optimizer
+
+
+def test_fsdp2_units_follow_the_layer_spec() -> None:
+    from megatron.core import tensor_parallel
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    local, te = units_to_wrap("local"), units_to_wrap("transformer_engine")
+    assert TransformerLayer in local and tensor_parallel.ColumnParallelLinear not in local
+    assert te == local | {tensor_parallel.ColumnParallelLinear}
+
+
+@pytest.mark.parametrize(("flag", "setting", "path"), [
+    ("dist__use_torch_fsdp2", {"optimizer__use_distributed_optimizer": True}, "optimizer.use_distributed_optimizer"),
+    ("dist__use_torch_fsdp2", {"model__share_embeddings_and_output_weights": True},
+     "model.share_embeddings_and_output_weights"),
+    ("dist__use_torch_fsdp2", {"fsdp2__activation_checkpointing": True}, "fsdp2.activation_checkpointing"),
+    ("dist__use_torch_fsdp2", {"fsdp2__enable_compile": True}, "fsdp2.enable_compile"),
+    ("dist__use_torch_fsdp2", {"fsdp2__tp_plan": {"decoder.*": "colwise"}}, "fsdp2.tp_plan"),
+    ("dist__use_megatron_fsdp", {"ddp__report_nan_in_param_grad": True}, "ddp.report_nan_in_param_grad"),
+    ("dist__use_megatron_fsdp", {"ddp__calculate_per_token_loss": True}, "ddp.calculate_per_token_loss"),
+    ("dist__use_megatron_fsdp", {"ddp__megatron_fsdp_mlp_activation_checkpointing": True},
+     "ddp.megatron_fsdp_mlp_activation_checkpointing"),
+    ("dist__use_megatron_fsdp", {"checkpoint__save": "/tmp/mb-never-written"}, "checkpoint.save"),
+    ("dist__use_torch_fsdp2", {"model__pipeline_model_parallel_size": 2}, "model.pipeline_model_parallel_size"),
+])
+def test_fsdp_refusals_name_field_value_and_fix(flag: str, setting: dict, path: str) -> None:
+    cfg = _mcore(**{flag: True}, **setting)
+    world_size = cfg.model.pipeline_model_parallel_size
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_fsdp\]") as info:
+        cfg.validate(world_size=world_size)
+    message = str(info.value)
+    assert path in info.value.paths and f"{path}=" in message and "set " in message
+    assert "model.engine='native'" in message
+
+
+def test_megatron_fsdp_and_fsdp2_pass_validation_with_tensor_parallelism() -> None:
+    for flag in ("dist__use_megatron_fsdp", "dist__use_torch_fsdp2"):
+        _mcore(**{flag: True}, model__tensor_model_parallel_size=2).validate(world_size=4)
