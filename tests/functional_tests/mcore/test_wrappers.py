@@ -4,7 +4,7 @@ process: megatron-core DDP, megatron-core's Megatron FSDP adapter (per sharding 
 
 Each case trains the tiny Llama (4 layers, hidden 128, vocabulary padded to 512 under every TP size) for 8 steps of 8
 samples in fp32 and must give the per-step losses of a one-process megatron-core DDP run within ``LOSS_RTOL``
-(relative). Runs differ only in float summation order (measured 2026-12-01: within 2e-8 relative).
+(relative). Runs differ only in float summation order (measured 2026-12-01: within 8e-8 relative).
 
 CPU: megatron-core and megatron-fsdp run on gloo through the test-only harness
 (tests/functional_tests/mcore_cpu_harness.py, ``install_fsdp``). ZeRO-3 (``optim_grads_params``) of the Megatron FSDP
