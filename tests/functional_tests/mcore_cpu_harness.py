@@ -139,9 +139,9 @@ def install_fsdp() -> None:
 
     from tests.functional_tests import megatron_fsdp_cpu_harness as mfsdp_harness
 
-    for name, out_arg in (("all_reduce", 0), ("all_gather_into_tensor", None), ("reduce_scatter_tensor", 0),
-                          ("all_gather", None), ("broadcast", None)):
-        if not hasattr(getattr(dist, name), "__wrapped__"):  # the Megatron FSDP harness may have done it already
+    if not mfsdp_harness.is_installed():  # else its collectives are synchronous already
+        for name, out_arg in (("all_reduce", 0), ("all_gather_into_tensor", None), ("reduce_scatter_tensor", 0),
+                              ("all_gather", None), ("broadcast", None)):
             setattr(dist, name, mfsdp_harness._synchronous(name, out_arg))
     vendored_pgb._coalescing_manager = mfsdp_harness._coalescing_manager
     vendored_pgb.gradient_reduce_preprocessing = mfsdp_harness._gradient_reduce_preprocessing

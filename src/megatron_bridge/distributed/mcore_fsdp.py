@@ -54,15 +54,6 @@ if TYPE_CHECKING:
 logger = get_logger(__name__)
 
 
-CPU_ZERO3_REFUSAL = (
-    "ddp.data_parallel_sharding_strategy='optim_grads_params' with megatron-core's Megatron FSDP adapter on a device "
-    "that is not CUDA: on CPU (gloo, through the test-only redirection of megatron-core's CUDA calls) the adapter "
-    "all-gathers parameters that read as freed memory once megatron-core's optimizer allocates its state (measured: "
-    "2-rank losses off from the first step, or SIGSEGV; 1 rank, the other strategies and megatron-fsdp's own "
-    "fully_shard on the native engine are exact). Set ddp.data_parallel_sharding_strategy='optim_grads' (or 'optim', "
-    "'no_shard'), run on CUDA, or use model.engine='native' (its Megatron FSDP backend shards parameters on CPU)"
-)
-"""The refusal of ZeRO-3 on CPU (docs/training/engines.md, "Megatron FSDP and FSDP2")."""
 
 
 def megatron_fsdp_ddp_config(cfg: "ConfigContainer") -> Any:
@@ -140,8 +131,6 @@ class MegatronCoreFSDPBackend(MegatronCoreDDPBackend):
             apply_adjustment(self.cfg, adjustment)  # as validate() does (logged once), also without validate()
         enforce(self.cfg, "megatron_core_fsdp")
         d = self.cfg.ddp
-        if self.device.type != "cuda" and d.data_parallel_sharding_strategy == "optim_grads_params":
-            raise MegatronBridgeError(CPU_ZERO3_REFUSAL)
         config = megatron_fsdp_ddp_config(self.cfg)
         self.chunks = [
             FullyShardedDataParallel(

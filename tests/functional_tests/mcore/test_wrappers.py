@@ -7,9 +7,7 @@ samples in fp32 and must give the per-step losses of a one-process megatron-core
 (relative). Runs differ only in float summation order (measured 2026-12-01: within 8e-8 relative).
 
 CPU: megatron-core and megatron-fsdp run on gloo through the test-only harness
-(tests/functional_tests/mcore_cpu_harness.py, ``install_fsdp``). ZeRO-3 (``optim_grads_params``) of the Megatron FSDP
-adapter is refused on CPU (tests/unit_tests/distributed/test_mcore_fsdp_mapping.py; the measured reason is in
-src/megatron_bridge/distributed/mcore_fsdp.py and docs/training/engines.md).
+(tests/functional_tests/mcore_cpu_harness.py, ``install_fsdp``), which makes megatron-fsdp's collectives synchronous.
 
 Launches: the one-process reference and the 2-rank cases each share one torchrun launch (``GROUPS``, launcher.py's
 ``LaunchGroups``); the launching process compares the losses the workers wrote. Skipped with CUDA (the harness
@@ -41,8 +39,9 @@ CASES: dict[str, dict[str, Any]] = {
     "test_megatron_fsdp_optim_overlap_grad_reduce": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim",
                                                      "ddp.overlap_grad_reduce": True},
     "test_megatron_fsdp_optim_grads": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads"},
-    "test_megatron_fsdp_optim_grads_tp2": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads",
-                                           "model.tensor_model_parallel_size": 2},
+    "test_megatron_fsdp_optim_grads_params": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
+    "test_megatron_fsdp_optim_grads_params_tp2": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads_params",
+                                                  "model.tensor_model_parallel_size": 2},
     "test_fsdp2": FSDP2,
     "test_fsdp2_tp2": {**FSDP2, "model.tensor_model_parallel_size": 2},
 }
@@ -156,9 +155,14 @@ def test_megatron_fsdp_optim_grads(launches: LaunchGroups | None) -> None:
     _case("test_megatron_fsdp_optim_grads", "mcore_megatron_fsdp", launches)
 
 
-def test_megatron_fsdp_optim_grads_tp2(launches: LaunchGroups | None) -> None:
-    """ZeRO-2 over megatron-core's tensor parallelism: TP=2 (DP=1)."""
-    _case("test_megatron_fsdp_optim_grads_tp2", "mcore_megatron_fsdp", launches)
+def test_megatron_fsdp_optim_grads_params(launches: LaunchGroups | None) -> None:
+    """Megatron FSDP adapter, parameters sharded too (ZeRO-3; TransformerLayer units), DP=2."""
+    _case("test_megatron_fsdp_optim_grads_params", "mcore_megatron_fsdp", launches)
+
+
+def test_megatron_fsdp_optim_grads_params_tp2(launches: LaunchGroups | None) -> None:
+    """ZeRO-3 over megatron-core's tensor parallelism: TP=2 (DP=1)."""
+    _case("test_megatron_fsdp_optim_grads_params_tp2", "mcore_megatron_fsdp", launches)
 
 
 def test_fsdp2(launches: LaunchGroups | None) -> None:

@@ -15,7 +15,6 @@ pytest.importorskip("megatron.core", reason="the megatron-core engine needs mega
 from megatron_bridge.distributed.ddp_wrap import select_backend_class  # noqa: E402
 from megatron_bridge.distributed.mcore_ddp import MegatronCoreDDPBackend  # noqa: E402
 from megatron_bridge.distributed.mcore_fsdp import (  # noqa: E402
-    CPU_ZERO3_REFUSAL,
     MegatronCoreFSDPBackend,
     megatron_fsdp_ddp_config,
     unit_module_classes,
@@ -88,14 +87,6 @@ def test_unit_modules_from_class_paths() -> None:
                        (["torch.nn.Linear"], "no submodule")):
         with pytest.raises(MegatronBridgeError, match=match):
             unit_module_classes(bad, model)
-
-
-def test_megatron_fsdp_zero3_is_refused_on_cpu() -> None:
-    cfg = _mcore(dist__use_megatron_fsdp=True)
-    cfg.ddp.data_parallel_sharding_strategy = "optim_grads_params"
-    with pytest.raises(MegatronBridgeError, match="data_parallel_sharding_strategy='optim_grads'") as info:
-        MegatronCoreFSDPBackend(cfg, torch.device("cpu")).wrap([])
-    assert str(info.value) == CPU_ZERO3_REFUSAL
 
 
 def test_fsdp2_options_map_to_torch_fsdp2_config() -> None:
