@@ -115,6 +115,22 @@ def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
          f"{fixes}, or use model.engine='native'", "model.engine", *(path for path, _, _ in bad))
 
 
+@rule("megatron_core_sequence_parallel", ("model.sequence_parallel", "model.transformer_impl"),
+      "With engine='megatron_core' and the local layer spec, sequence parallelism needs Apex (megatron-core's torch "
+      "norms refuse it).")
+def _mcore_sequence_parallel(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.engine != "megatron_core" or not m.sequence_parallel or m.transformer_impl != "local":
+        return
+    problem = _problem("apex")
+    if problem is not None:
+        fail(f"model.sequence_parallel=True with model.engine='megatron_core' and model.transformer_impl='local': "
+             f"without Apex ({problem}) megatron-core's local layer spec builds its norms with torch "
+             "(WrappedTorchNorm), which refuses sequence parallelism; set model.sequence_parallel=False, "
+             "model.transformer_impl='transformer_engine' on a CUDA machine with transformer-engine, or install Apex",
+             "model.sequence_parallel", "model.transformer_impl")
+
+
 MEGATRON_CORE_SCHEDULES = ("1F1B", "Interleaved1F1B")
 """The values of ``model.pipeline_schedule`` megatron-core runs: ``forward_backward_pipelining_without_interleaving``
 and, with virtual stages, ``forward_backward_pipelining_with_interleaving``."""

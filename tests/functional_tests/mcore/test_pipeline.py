@@ -14,7 +14,8 @@ engine — and trains on the same data; its per-step and validation losses must 
   counted as layers over PP=2 × VP=3);
 * tied embeddings (the native engine refuses them under PP): PP=2 and PP=2 × VP=2 against a DP=2 run of the same
   launch from the same weights (DP=2 equals one process: tests/functional_tests/training/test_megatron_core_engine.py);
-* a custom 3-argument forward step ``(state, data_iterator, model)`` under megatron-core's schedule.
+* a custom 3-argument forward step ``(state, data_iterator, model)`` under megatron-core's schedule;
+* TP=2 × PP=2 on 4 ranks (the reference's weights split over TP as megatron-core shards them).
 
 The tests of one process count share one torchrun launch (launcher.py's ``LaunchGroups``). Skipped with CUDA (the
 harness replaces CUDA calls) and without megatron-core.
@@ -43,7 +44,7 @@ HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
 GROUPS: dict[int, list[str]] = {
     2: ["test_pp2_1f1b", "test_pp2_vpp2_interleaved", "test_distributed_optimizer", "test_uneven_splits",
         "test_tied_embeddings"],
-    4: ["test_pp2_dp2_distributed_optimizer"],
+    4: ["test_pp2_dp2_distributed_optimizer", "test_tp2_pp2"],
 }
 """Tests launched together, by process count (one launch each)."""
 LAUNCH_TIMEOUT_S = {2: 600, 4: 420}
@@ -97,8 +98,24 @@ def _load_megatron_core_stage(model: torch.nn.Module, weights: dict[str, torch.T
     layers = [layer.layer_number - 1 for layer in model.decoder.layers]
     state = megatron_core_stage_state(weights, layers, pre_process=model.pre_process,
                                       post_process=model.post_process, tied=tied)
+    state = {k: _tp_shard(k, v, model.state_dict()[k]) for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
+
+
+def _tp_shard(name: str, full: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """This tensor-parallel rank's part of a full megatron-core weight (its local shape tells the split dimension):
+    column-parallel weights split rows (the fused gate/up ``linear_fc1`` splits each half), row-parallel weights
+    columns, the vocabulary rows; norms are whole."""
+    from megatron.core import parallel_state as ps
+
+    if full.shape == local.shape:
+        return full
+    tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    if name.endswith("mlp.linear_fc1.weight"):
+        return torch.cat([half.chunk(tp)[rank] for half in full.chunk(2)])
+    dim = next(d for d in range(full.dim()) if full.shape[d] != local.shape[d])
+    return full.chunk(tp, dim=dim)[rank]
 
 
 def _load_native_stage(chunk: torch.nn.Module, weights: dict[str, torch.Tensor], cfg: ConfigContainer) -> None:
@@ -278,3 +295,13 @@ def test_pp2_dp2_distributed_optimizer(launches: LaunchGroups | None) -> None:
     run_and_compare("megatron-core PP2 VP2 DP2 distributed optimizer, overlap_grad_reduce", **{
         "model.pipeline_model_parallel_size": 2, "optimizer.use_distributed_optimizer": True,
         "model.virtual_pipeline_model_parallel_size": 2, "ddp.overlap_grad_reduce": True})
+
+
+def test_tp2_pp2(launches: LaunchGroups | None) -> None:
+    """4 ranks: megatron-core TP=2 × PP=2 from the reference's weights (split over TP). (Sequence parallelism needs
+    Apex or transformer-engine norms in megatron-core: rule megatron_core_sequence_parallel.)"""
+    if not is_worker():
+        launches.check("test_tp2_pp2")  # type: ignore[union-attr]
+        return
+    run_and_compare("megatron-core TP2 PP2", **{"model.pipeline_model_parallel_size": 2,
+                                                "model.tensor_model_parallel_size": 2})

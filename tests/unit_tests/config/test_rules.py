@@ -163,6 +163,9 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
     "megatron_core_features": (_set(model__engine="megatron_core", model__init_model_with_meta_device=True), 1,
                                "model.init_model_with_meta_device",
                                _set(model__engine="megatron_core", model__tensor_model_parallel_size=2)),
+    "megatron_core_sequence_parallel": (_set(model__engine="megatron_core", model__tensor_model_parallel_size=2,
+                                             model__sequence_parallel=True), 2, "model.sequence_parallel",
+                                        _set(model__engine="megatron_core", model__tensor_model_parallel_size=2)),
     "megatron_core_pipeline": (_set(model__engine="megatron_core", model__pipeline_model_parallel_size=2,
                                     model__virtual_pipeline_model_parallel_size=2,
                                     model__pipeline_schedule="ZBVZeroBubble"), 2, "model.pipeline_schedule",
@@ -256,8 +259,10 @@ NO_MODELOPT_RULES = ("quantization_needs_modelopt", "distillation_needs_modelopt
 NO_MEGATRON_CORE_RULES = ("engine_available",)
 """Rules whose violation needs megatron-core to be missing: the test makes its import fail."""
 MEGATRON_CORE_PASSING = ("engine_available", "megatron_core_context_parallel", "megatron_core_features",
-                         "megatron_core_pipeline", "megatron_core_fsdp")
+                         "megatron_core_pipeline", "megatron_core_fsdp", "megatron_core_sequence_parallel")
 """Rules whose passing case builds the megatron-core engine: skipped where megatron-core does not import."""
+NO_APEX_RULES = ("megatron_core_sequence_parallel",)
+"""Rules whose violation needs Apex to be missing: the test makes its import fail (megatron-core's import stays)."""
 
 
 def _emulated_fp8(cfg: ConfigContainer) -> None:
@@ -280,6 +285,9 @@ def _as_cpu_machine(monkeypatch: pytest.MonkeyPatch, rule_id: str) -> None:
     monkeypatch.setattr(packages, "accelerator_available", lambda: False)
     if rule_id in NO_MODELOPT_RULES + NO_MEGATRON_CORE_RULES:
         monkeypatch.setattr(packages, "import_problem", lambda name: "not installed")
+    if rule_id in NO_APEX_RULES:
+        real = packages.import_problem
+        monkeypatch.setattr(packages, "import_problem", lambda name: "not installed" if name == "apex" else real(name))
 
 
 def test_every_rule_has_a_case() -> None:

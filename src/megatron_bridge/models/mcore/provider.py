@@ -118,7 +118,7 @@ def build_gpt_chunks(cfg: "ConfigContainer", device: torch.device) -> list[torch
     from megatron_bridge.models.mcore import parallel_state
 
     enforce(cfg, "engine_available", "transformer_impl_available", "megatron_core_context_parallel",
-            "megatron_core_features", "megatron_core_pipeline", "pipeline_layers")
+            "megatron_core_features", "megatron_core_pipeline", "megatron_core_sequence_parallel", "pipeline_layers")
     parallel_state.initialize(cfg, device, cfg.rng.seed)
     model = cfg.model
     config = transformer_config(model, device)
