@@ -121,13 +121,16 @@ def kernel_breakdown(trace: dict[str, Any]) -> dict[str, float]:
 
 
 def matrix_cases() -> list[dict[str, str]]:
-    """Every preset with DDP, every backend with bf16, every other engine with DDP (no duplicates)."""
+    """Every preset with DDP, every backend with bf16, every other engine with DDP, megatron-core's chunks with its
+    FSDP wrappers (no duplicates)."""
     from megatron_bridge.config.mixed_precision import MIXED_PRECISION_PRESETS
 
     presets = sorted({n for n in MIXED_PRECISION_PRESETS if "-" not in n})
     cases = [{"engine": "local", "preset": p, "backend": "ddp"} for p in presets]
     cases += [{"engine": "local", "preset": "bf16_mixed", "backend": b} for b in BACKENDS if b != "ddp"]
     cases += [{"engine": e, "preset": ENGINE_PRESET[e], "backend": "ddp"} for e in ENGINES if e != "local"]
+    cases += [{"engine": "megatron_core", "preset": ENGINE_PRESET["megatron_core"], "backend": b}
+              for b in BACKENDS if b != "ddp"]  # megatron-core's own FSDP wrappers (docs/training/engines.md)
     return cases
 
 
@@ -143,6 +146,8 @@ def case_config(case: dict[str, str], steps: int = 6):  # noqa: ANN201  (ConfigC
     cfg = common_perf_overrides(cfg, train_iters=steps, warmup_iters=1)
     cfg.dist.use_torch_fsdp2 = case["backend"] == "fsdp2"
     cfg.model.engine, cfg.model.transformer_impl = ENGINE_SETTINGS[case["engine"]]
+    if cfg.model.engine == "megatron_core":  # its provider builds on the device (no meta-device init)
+        cfg.model.init_model_with_meta_device = False
     cfg.logger.log_progress = False
     cfg.validate(world_size=1)
     check_transformer_impl(cfg.model)
