@@ -36,14 +36,17 @@ CASES: dict[str, dict[str, Any]] = {
     "test_megatron_core_ddp": {},
     "test_megatron_fsdp_no_shard": {**MFSDP, "ddp.data_parallel_sharding_strategy": "no_shard"},
     "test_megatron_fsdp_optim": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim"},
-    "test_megatron_fsdp_optim_overlap_grad_reduce": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim",
-                                                     "ddp.overlap_grad_reduce": True},
+    "test_megatron_fsdp_optim_overlap": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim",
+                                         "ddp.overlap_grad_reduce": True, "ddp.overlap_param_gather": True,
+                                         "ddp.bucket_size": 20000},
     "test_megatron_fsdp_optim_grads": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads"},
     "test_megatron_fsdp_optim_grads_params": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
     "test_megatron_fsdp_optim_grads_params_tp2": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads_params",
                                                   "model.tensor_model_parallel_size": 2},
     "test_fsdp2": FSDP2,
     "test_fsdp2_tp2": {**FSDP2, "model.tensor_model_parallel_size": 2},
+    "test_fsdp2_sync_every_microbatch_no_reshard": {**FSDP2, "fsdp2.defer_fsdp_grad_sync": False,
+                                                    "fsdp2.reshard_after_forward": False},
 }
 """2-rank case → config overrides (dotted paths)."""
 GROUPS: dict[int, list[str]] = {1: ["test_one_process_reference"], 2: list(CASES)}
@@ -145,9 +148,10 @@ def test_megatron_fsdp_optim(launches: LaunchGroups | None) -> None:
     _case("test_megatron_fsdp_optim", "mcore_megatron_fsdp", launches)
 
 
-def test_megatron_fsdp_optim_overlap_grad_reduce(launches: LaunchGroups | None) -> None:
-    """ZeRO-1 with ``ddp.overlap_grad_reduce``: gradients reduced in the last micro-batch's backward."""
-    _case("test_megatron_fsdp_optim_overlap_grad_reduce", "mcore_megatron_fsdp", launches)
+def test_megatron_fsdp_optim_overlap(launches: LaunchGroups | None) -> None:
+    """ZeRO-1 with ``ddp.overlap_grad_reduce`` (gradients reduced in the last micro-batch's backward),
+    ``ddp.overlap_param_gather`` and a small ``ddp.bucket_size`` (several communication units)."""
+    _case("test_megatron_fsdp_optim_overlap", "mcore_megatron_fsdp", launches)
 
 
 def test_megatron_fsdp_optim_grads(launches: LaunchGroups | None) -> None:
@@ -173,3 +177,9 @@ def test_fsdp2(launches: LaunchGroups | None) -> None:
 def test_fsdp2_tp2(launches: LaunchGroups | None) -> None:
     """FSDP2 over megatron-core's tensor parallelism: TP=2 (DP=1)."""
     _case("test_fsdp2_tp2", "mcore_fsdp2", launches)
+
+
+def test_fsdp2_sync_every_microbatch_no_reshard(launches: LaunchGroups | None) -> None:
+    """FSDP2 with ``fsdp2.defer_fsdp_grad_sync=False`` (reduce-scatter after every micro-batch) and
+    ``fsdp2.reshard_after_forward=False`` (no prefetch chains)."""
+    _case("test_fsdp2_sync_every_microbatch_no_reshard", "mcore_fsdp2", launches)
