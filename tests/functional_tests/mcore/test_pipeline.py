@@ -15,7 +15,9 @@ engine — and trains on the same data; its per-step and validation losses must 
 * tied embeddings (the native engine refuses them under PP): PP=2 and PP=2 × VP=2 against a DP=2 run of the same
   launch from the same weights (DP=2 equals one process: tests/functional_tests/training/test_megatron_core_engine.py);
 * a custom 3-argument forward step ``(state, data_iterator, model)`` under megatron-core's schedule;
-* TP=2 × PP=2 on 4 ranks (the reference's weights split over TP as megatron-core shards them).
+* TP=2 × PP=2 on 4 ranks (the reference's weights split over TP as megatron-core shards them);
+* ``run_recipe.py --recipe tiny_llama --nproc 2 model.engine=megatron_core`` at PP=2 × VP=2 trains, evaluates and
+  logs the ``batch_p2p_comm`` adjustment.
 
 The tests of one process count share one torchrun launch (launcher.py's ``LaunchGroups``). Skipped with CUDA (the
 harness replaces CUDA calls) and without megatron-core.
@@ -23,6 +25,8 @@ harness replaces CUDA calls) and without megatron-core.
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,7 @@ import torch.distributed as dist
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.training.callbacks import Callback
-from tests.functional_tests.launcher import LaunchGroups, is_worker, launch
+from tests.functional_tests.launcher import REPO_ROOT, LaunchGroups, is_worker, launch
 from tests.functional_tests.training._common import assert_finite_decreasing, small_config
 
 
@@ -305,3 +309,30 @@ def test_tp2_pp2(launches: LaunchGroups | None) -> None:
         return
     run_and_compare("megatron-core TP2 PP2", **{"model.pipeline_model_parallel_size": 2,
                                                 "model.tensor_model_parallel_size": 2})
+
+
+def test_run_recipe_trains_pp2_vpp2_on_megatron_core() -> None:
+    """``run_recipe.py --recipe tiny_llama --nproc 2 model.engine=megatron_core`` at PP=2 × VP=2: megatron-core's
+    interleaved schedule trains and evaluates, and finalize() logs turning batch_p2p_comm off (the harness enters
+    the torchrun workers through tests/functional_tests/mcore_cpu/sitecustomize.py)."""
+    if is_worker():
+        pytest.skip("launches run_recipe.py itself")
+    harness_path = os.pathsep.join([str(REPO_ROOT / "tests" / "functional_tests" / "mcore_cpu"), str(REPO_ROOT)])
+    env = {**os.environ, **HARNESS_ENV, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (harness_path, os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "scripts/training/run_recipe.py", "--recipe", "tiny_llama", "--nproc", "2",
+           "model.engine=megatron_core", "model.pipeline_model_parallel_size=2",
+           "model.virtual_pipeline_model_parallel_size=2", "train.train_iters=4", "train.global_batch_size=8",
+           "train.micro_batch_size=2", "validation.eval_iters=1", "scheduler.lr_warmup_iters=1",
+           "scheduler.lr_warmup_fraction=null"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=420)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    assert "megatron-core parallel state: TP 1, PP 2, CP 1, DP 1" in output, output[-4000:]
+    assert "forward_backward_pipelining_with_interleaving over 4 stages (2 per rank)" in output, output[-4000:]
+    assert "set model.batch_p2p_comm=False (was True)" in output and "NVIDIA/Megatron-LM#750" in output
+    done = [line for line in output.splitlines() if line.startswith("done: at step 4 (train_iters)")]
+    assert done, output[-4000:]
+    first, last = (float(x) for x in done[0].split("loss ")[1].split(";")[0].split(" -> "))
+    assert last < first, done[0]
+    assert "validation loss at iteration 4" in output, output[-4000:]
