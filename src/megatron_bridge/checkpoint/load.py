@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from megatron_bridge.checkpoint import convert, layout
+from megatron_bridge.checkpoint import convert, layout, mcore_reader
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
     SafeFileSystemReader,
@@ -49,7 +49,8 @@ class LoadSource:
     path: str
     """An ``iter_*`` folder, a weights file or a HF folder."""
     kind: str
-    """"dcp", "torch" (a checkpoint folder with model_optim.pt), "weights" (a weights file) or "hf"."""
+    """"dcp", "torch" (a checkpoint folder with model_optim.pt), "mcore_dist" (megatron-core torch_dist, the
+    megatron-core engine's), "weights" (a weights file) or "hf"."""
     step: int
     """Step of the checkpoint (0 for weights files and HF folders)."""
     weights_only: bool
@@ -67,9 +68,12 @@ def latest_step(root: str | Path) -> int | None:
     state_path = root / layout.LATEST_TRAIN_STATE_FILENAME
     if state_path.is_file():
         state = load_torch_file(state_path, "tracker")
-        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        step = state.get("step") if isinstance(state, dict) else None
+        if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_floating_point():
+            step = int(step.item())  # Megatron-Bridge's TrainState.state_dict() (0-d tensors)
+        if not isinstance(step, int):
             raise CheckpointError(f"tracker {str(state_path)!r} holds no integer 'step'")
-        return state["step"]
+        return step
     step = layout.read_tracker_step(root)
     if step is not None:
         return step
@@ -103,10 +107,21 @@ def resolve_folder(root: str | Path, step: int | None) -> Path | None:
 
 
 def inspect_folder(folder: Path, weights_only: bool) -> LoadSource:
-    """Verify a committed folder (manifest sizes + crc32, DCP metadata) and describe it."""
+    """Verify a committed folder (manifest sizes + crc32, DCP metadata) and describe it. A megatron-core
+    ``torch_dist`` folder without our manifest (written by Megatron-LM or Megatron-Bridge) is checked through its
+    ``metadata.json`` and DCP metadata (kind "mcore_dist")."""
+    if not (folder / layout.MANIFEST_FILENAME).is_file() and mcore_reader.is_mcore_checkpoint(folder):
+        metadata = mcore_reader.check_mcore_folder(folder)
+        from megatron_bridge.checkpoint.mcore_checkpoint import has_optimizer_state
+
+        return LoadSource(str(folder), "mcore_dist", layout.step_of(folder) or 0, weights_only,
+                          has_optimizer_state(metadata))
     manifest = layout.verify_manifest(folder)
     fmt = manifest.get("format")
-    if fmt in ("torch_dist", "fsdp_dtensor"):
+    if fmt == "torch_dist" and manifest.get("layout") == mcore_reader.MCORE_LAYOUT:
+        mcore_reader.check_mcore_folder(folder)
+        kind = "mcore_dist"
+    elif fmt in ("torch_dist", "fsdp_dtensor"):
         check_dcp_storage(folder, read_dcp_metadata(folder))
         kind = "dcp"
     elif fmt == "torch":

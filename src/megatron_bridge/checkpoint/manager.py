@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from megatron_bridge.checkpoint import comm, layout, run_folder
+from megatron_bridge.checkpoint import comm, layout, mcore_checkpoint, mcore_reader, mcore_state, run_folder
 from megatron_bridge.checkpoint import load as loading
 from megatron_bridge.checkpoint import save as saving
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
@@ -80,6 +80,8 @@ class CheckpointManager:
         """This process (rank 0) holds the lock of ``checkpoint.save`` (see run_folder.py)."""
         self._overwrite_checked = False
         """The save folder was checked for checkpoints this run did not resume from."""
+        self.mcore = getattr(backend, "checkpoint_layout", None) == mcore_reader.MCORE_LAYOUT
+        """The megatron-core engine: megatron-core torch_dist folders (megatron_bridge.checkpoint.mcore_checkpoint)."""
 
     # ------------------------------------------------------------------------------------------------- load
     def load(self) -> bool:
@@ -100,17 +102,11 @@ class CheckpointManager:
         load_optim = self.ckpt.load_optim and not source.weights_only and source.has_optimizer
         if self.ckpt.load_optim and not source.weights_only and not source.has_optimizer:
             log_rank_0(logger, "checkpoint %s holds no optimizer state: optimizer starts fresh", source.path)
-        state = self._state_to_load(load_optim)
-        if source.kind == "dcp":
-            loading.load_dcp(source, state, self.group)
+        self._check_engine(source)
+        if self.mcore:
+            self._load_mcore(source, load_optim)
         else:
-            loading.load_full(source, state, self.cfg.model.padded_vocab_size, self.cfg.model, self.group)
-        self.backend.load_model_state_dict({k: v for k, v in state.items() if k.startswith("model")})
-        if load_optim:
-            self.backend.load_optimizer_state_dict(self.optimizer, state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-        if not source.weights_only:
-            self._restore_run_state(source)
+            self._load_native(source, load_optim)
         comm.barrier(self.group)
         if not source.weights_only:
             self._last_saved = (Path(source.path).resolve().parent, source.step)
@@ -122,6 +118,47 @@ class CheckpointManager:
             source.path, self.train_state.step, source.kind, time.perf_counter() - start,
         )
         return True
+
+    def _check_engine(self, source: loading.LoadSource) -> None:
+        """The two engines' checkpoints differ (parameter names, sharding): a named error points at the converter."""
+        if self.mcore == (source.kind == "mcore_dist"):
+            return
+        if self.mcore:
+            raise CheckpointError(
+                f"model.engine='megatron_core' loads megatron-core torch_dist checkpoints, but {source.path!r} is a "
+                f"{source.kind!r} source of the native engine: convert it with scripts/checkpoint/convert.py "
+                "--to megatron_core (megatron_bridge.checkpoint.mcore_convert), or set model.engine='native'")
+        raise CheckpointError(
+            f"{source.path!r} is a megatron-core torch_dist checkpoint (model.engine='megatron_core'): set "
+            "model.engine='megatron_core' to resume it, or convert its weights with scripts/checkpoint/convert.py "
+            "--to megatron (megatron_bridge.checkpoint.mcore_convert)")
+
+    def _load_native(self, source: loading.LoadSource, load_optim: bool) -> None:
+        state = self._state_to_load(load_optim)
+        if source.kind == "dcp":
+            loading.load_dcp(source, state, self.group)
+        else:
+            loading.load_full(source, state, self.cfg.model.padded_vocab_size, self.cfg.model, self.group)
+        self.backend.load_model_state_dict({k: v for k, v in state.items() if k.startswith("model")})
+        if load_optim:
+            self.backend.load_optimizer_state_dict(self.optimizer, state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        if not source.weights_only:
+            self._restore_run_state(source)
+
+    def _load_mcore(self, source: loading.LoadSource, load_optim: bool) -> None:
+        parts = mcore_checkpoint.parts_of(self.cfg, self.backend, self.optimizer, self.scheduler, self.train_state)
+        load_rng = self.ckpt.load_rng and not source.weights_only
+        restored = mcore_checkpoint.load(parts, source.path, load_optim=load_optim, load_rng=load_rng)
+        if source.weights_only:
+            return
+        if (Path(source.path) / layout.TRAIN_STATE_FILENAME).is_file():
+            self.train_state.load_state_dict(loading.read_train_state(source.path))
+        else:
+            self.train_state.load_state_dict(mcore_checkpoint.train_state_from_common(source.path))
+        if load_rng and not comm.all_ok(restored, self.group):
+            warn_once(logger, "rng_not_restored", "RNG states not restored: %s holds none for this run's "
+                      "tensor/pipeline-parallel layout", source.path)
 
     def _state_to_load(self, load_optim: bool) -> dict:
         state = dict(self.backend.model_state_dict())
@@ -177,6 +214,17 @@ class CheckpointManager:
 
     def _write(self, job: saving.SaveJob, start: float) -> None:
         step = job.step
+        if self.mcore:  # megatron-core writes RNG states into the checkpoint itself
+            saving.write_rank_files(job.tmp, self.rank, self.world_size, save_rng=False)
+            layout.fault_point("rank_files_written")
+            parts = mcore_checkpoint.parts_of(self.cfg, self.backend, self.optimizer, self.scheduler,
+                                              self.train_state)
+            mcore_checkpoint.save(parts, job.tmp)
+            comm.barrier(self.group)
+            comm.run_on_rank0(lambda: self._finalize_rank0(job), self.group)
+            log_rank_0(logger, "saved megatron-core checkpoint of step %d to %s in %.2fs", step, job.final,
+                       time.perf_counter() - start)
+            return
         saving.write_rank_files(job.tmp, self.rank, self.world_size, self.ckpt.save_rng)
         layout.fault_point("rank_files_written")
         state = saving.collect_state(self.backend, self.optimizer, self.scheduler, self.ckpt.save_optim)
@@ -239,9 +287,13 @@ class CheckpointManager:
             "has_optimizer": bool(self.ckpt.save_optim),
             "has_rng": bool(self.ckpt.save_rng),
         }
+        train_state = self.train_state.state_dict()
+        if self.mcore:  # Megatron-Bridge's train_state.pt (0-d tensors), which its loader reads
+            info["layout"] = mcore_reader.MCORE_LAYOUT
+            train_state = mcore_state.train_state_dict(self.train_state)
         return saving.SaveJob(
             root=root, step=step, tmp=layout.temporary_dir(root, step, save_id),
-            train_state_bytes=saving.serialize(self.train_state.state_dict()), config_yaml=self.cfg.to_yaml(),
+            train_state_bytes=saving.serialize(train_state), config_yaml=self.cfg.to_yaml(),
             info=info, extra_files=self.extra_files() if self.extra_files is not None and self.rank == 0 else {},
         )
 

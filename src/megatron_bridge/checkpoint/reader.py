@@ -25,7 +25,9 @@ from megatron_bridge.checkpoint.layout import DCP_METADATA_FILENAME
 from megatron_bridge.errors import CheckpointError
 
 
-_ALLOWED_MODULES = {"torch.distributed.checkpoint.metadata"}
+_ALLOWED_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.planner"}
+"""Modules whose own classes (plain dataclasses and enums) may appear in ``.metadata``; megatron-core's writer also
+stores the ranks' save plans (``SavePlan``, ``WriteItem``) there."""
 _ALLOWED_GLOBALS = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),

@@ -21,8 +21,18 @@ class CheckpointConfig:
     """Keep only the newest k checkpoints; -1 keeps all."""
     ckpt_format: CkptFormat = "torch_dist"
     """"torch_dist" (sharded DCP, DDP path), "fsdp_dtensor" (DTensor shards, FSDP backends) or "torch" (one file).
-    Differs from Megatron-Bridge: "torch_dist" is PyTorch DCP, not Megatron dist-checkpointing (the folders do not
-    load across the two libraries), and "fsdp_dtensor" also works with FSDP2 (Megatron-Bridge: Megatron FSDP only)."""
+    With model.engine='megatron_core', "torch_dist" is megatron-core's distributed checkpoint exactly as
+    Megatron-LM and Megatron-Bridge write it (the folders load across the libraries; docs/training/checkpointing.md).
+    Differs from Megatron-Bridge for the native engine: there "torch_dist" is PyTorch DCP keyed by this library's
+    parameter names (convert with scripts/checkpoint/convert.py), and "fsdp_dtensor" also works with FSDP2
+    (Megatron-Bridge: Megatron FSDP only)."""
+    fully_parallel_save: bool = True
+    """model.engine='megatron_core': spread the writing of replicated tensors over the data-parallel ranks
+    (megatron-core's FullyParallelSaveStrategyWrapper), as Megatron-Bridge does by default. The native engine's
+    DCP planner always de-duplicates replicas."""
+    dist_ckpt_optim_fully_reshardable: bool = False
+    """model.engine='megatron_core' with the distributed optimizer: save its state "fully_reshardable" (loads at any
+    TP/PP/DP) instead of "dp_reshardable" (loads at another DP size only), as in Megatron-Bridge."""
     async_save: bool = False
     """Write checkpoints in the background while training goes on (torch_dist and fsdp_dtensor only)."""
     save_optim: bool = True

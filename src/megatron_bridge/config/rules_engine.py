@@ -73,8 +73,9 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of every setting the megatron-core engine does not build in this version. megatron-core's
     Llama 3.1 RoPE scaling takes only the factor (low/high frequency factors 1 and 4, original context 8192 fixed);
     its add_bias_linear sets the o_proj and MLP biases together."""
-    m, c = cfg.model, cfg.checkpoint
+    m, c, d = cfg.model, cfg.checkpoint, cfg.dist
     mp = cfg.mixed_precision_config
+    ckpt_io = bool(c.save or c.load or c.pretrained_checkpoint)
     checks: list[tuple[bool, str, object, str]] = [
         (m.is_moe, "model.num_moe_experts", m.num_moe_experts, "None"),
         (m.has_attention_output_bias != m.add_bias_linear, "model.attention_output_bias", m.attention_output_bias,
@@ -92,16 +93,18 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (mp is not None and (mp.bf16 or mp.fp16), "mixed_precision", cfg.mixed_precision, "'fp32'"),
         (cfg.quantization.quant_cfg is not None, "quantization.quant_cfg", cfg.quantization.quant_cfg, "None"),
         (cfg.distillation.enabled, "distillation.teacher_checkpoint", cfg.distillation.teacher_checkpoint, "None"),
-        (c.save is not None, "checkpoint.save", c.save, "None"),
-        (c.load is not None, "checkpoint.load", c.load, "None"),
-        (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
+        (c.ckpt_format != "torch_dist" and ckpt_io, "checkpoint.ckpt_format", c.ckpt_format, "'torch_dist'"),
+        (d.use_megatron_fsdp and ckpt_io, "dist.use_megatron_fsdp", d.use_megatron_fsdp, "False"),
+        (d.use_torch_fsdp2 and ckpt_io, "dist.use_torch_fsdp2", d.use_torch_fsdp2, "False"),
+        (c.async_save, "checkpoint.async_save", c.async_save, "False"),
     ]
     return [(path, value, fix) for bad, path, value, fix in checks if bad]
 
 
 @rule("megatron_core_features", ("model.engine",),
       "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
-      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, fp32, no checkpoints, MoE, recompute, offloading, "
+      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, fp32, torch_dist checkpoints (synchronous, DDP); no "
+      "MoE, recompute, offloading, "
       "quantization or distillation.")
 def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine != "megatron_core":

@@ -6,8 +6,8 @@ of gradient reduction and parameter gathering, bucket size, distributed optimize
 the NaN check. Under pipeline parallelism the chunks are this rank's (virtual) stages; megatron-core's schedule runs
 them (:mod:`megatron_bridge.models.mcore.pipeline`). Gradients accumulate in megatron-core's contiguous ``main_grad``
 buffers; the optimizer is megatron-core's (:mod:`megatron_bridge.models.mcore.optimizer`) and steps with its own
-clipping (:meth:`MegatronCoreDDPBackend.optimizer_step`). Checkpointing this backend is not supported in this version
-(rule ``megatron_core_features``)."""
+clipping (:meth:`MegatronCoreDDPBackend.optimizer_step`). Checkpoints are megatron-core ``torch_dist`` folders
+(:mod:`megatron_bridge.checkpoint.mcore_checkpoint`)."""
 
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
@@ -39,6 +39,8 @@ class MegatronCoreDDPBackend(DataParallelBackend):
     """megatron-core ``DistributedDataParallel`` around each ``GPTModel`` chunk."""
 
     name = "mcore_ddp"
+    checkpoint_layout = "megatron_core"
+    """Checkpoints are megatron-core torch_dist folders (megatron_bridge.checkpoint.mcore_checkpoint)."""
 
     def __init__(self, cfg: Any, device: torch.device) -> None:
         super().__init__(cfg, device)
@@ -105,9 +107,11 @@ class MegatronCoreDDPBackend(DataParallelBackend):
         return [p for chunk in self.chunks for p in chunk.parameters() if p.requires_grad]
 
     def model_state_dict(self) -> dict[str, Any]:
-        """Not supported in this version (rule ``megatron_core_features`` refuses checkpoint.save/load)."""
-        raise MegatronBridgeError("checkpoints of model.engine='megatron_core' are not supported in this version")
+        """Not used: checkpoints of this backend are megatron-core ``sharded_state_dict``s
+        (:mod:`megatron_bridge.checkpoint.mcore_checkpoint`)."""
+        raise MegatronBridgeError("megatron-core chunks are checkpointed through their sharded_state_dict "
+                                  "(megatron_bridge.checkpoint.mcore_checkpoint), not model_state_dict")
 
     def load_model_state_dict(self, state: dict[str, Any]) -> None:
-        """Not supported in this version."""
+        """Not used (see :meth:`model_state_dict`)."""
         self.model_state_dict()

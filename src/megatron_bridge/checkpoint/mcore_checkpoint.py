@@ -1,0 +1,175 @@
+"""Save and load of the megatron-core engine (``model.engine="megatron_core"``) in megatron-core's ``torch_dist``
+distributed checkpoint format, as Megatron-LM and Megatron-Bridge write it (docs/training/checkpointing.md).
+
+Saving is megatron-core's own ``dist_checkpointing.save`` (``TorchDistSaveShardedStrategy("torch_dist", 1)``,
+wrapped in ``FullyParallelSaveStrategyWrapper`` over the data-parallel group with ``checkpoint.fully_parallel_save``)
+of the state dict of :mod:`.mcore_state`, into the save's temporary folder; :class:`~.manager.CheckpointManager`
+then commits it like every checkpoint (manifest, rename to ``iter_NNNNNNN``, trackers, ``most_recent_k``).
+Loading goes through the safe reader of :mod:`.mcore_reader` (megatron-core's own loader unpickles without
+restriction) and restores model, optimizer, scheduler and RNG as Megatron-Bridge's ``load_checkpoint`` does.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import yaml
+
+from megatron_bridge.checkpoint import mcore_reader, mcore_state
+from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
+from megatron_bridge.errors import CheckpointError
+from megatron_bridge.utils.logging import get_logger, log_rank_0
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.training.state import TrainState
+
+logger = get_logger(__name__)
+
+LAYOUT = mcore_reader.MCORE_LAYOUT
+_FULLY_RESHARDABLE = ("fully_reshardable", "fully_sharded_model_space")
+
+
+@dataclass
+class McoreParts:
+    """What a megatron-core engine checkpoint saves and restores."""
+
+    cfg: "ConfigContainer"
+    chunks: list[torch.nn.Module]
+    """The unwrapped ``GPTModel`` chunks."""
+    optimizer: Any
+    scheduler: Any
+    train_state: "TrainState"
+
+
+def parts_of(cfg: "ConfigContainer", backend: Any, optimizer: Any, scheduler: Any,
+             train_state: "TrainState") -> McoreParts:
+    """:class:`McoreParts` of a training run (the backend's chunks unwrapped, as Megatron-Bridge's
+    ``unwrap_model``)."""
+    return McoreParts(cfg, [backend.unwrap(c) for c in backend.chunks], optimizer, scheduler, train_state)
+
+
+def _save_strategy(cfg: "ConfigContainer") -> Any:
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    strategy = TorchDistSaveShardedStrategy("torch_dist", 1)
+    if cfg.checkpoint.fully_parallel_save:
+        strategy = FullyParallelSaveStrategyWrapper(strategy, ps.get_data_parallel_group(with_context_parallel=True))
+    return strategy
+
+
+def save(parts: McoreParts, folder: Path) -> None:
+    """Write the checkpoint into ``folder`` with megatron-core's ``dist_checkpointing.save`` (collective: every
+    rank; rank 0 writes ``.metadata`` and ``metadata.json``)."""
+    from megatron.core import dist_checkpointing
+
+    ckpt = parts.cfg.checkpoint
+    metadata = mcore_state.content_metadata(parts.cfg)
+    state = mcore_state.build_state_dict(
+        parts.cfg, parts.chunks, parts.optimizer, parts.scheduler, parts.train_state,
+        mcore_state.with_process_groups(metadata), is_loading=False, with_optim=ckpt.save_optim,
+        with_rng=ckpt.save_rng)
+    try:
+        dist_checkpointing.save(state, str(folder), _save_strategy(parts.cfg), content_metadata=metadata)
+    except CheckpointError:
+        raise
+    except DCP_ERRORS as exc:
+        raise CheckpointError(f"megatron-core dist_checkpointing.save into {str(folder)!r} failed: "
+                              f"{dcp_error_message(exc)}") from exc
+
+
+# ------------------------------------------------------------------------------------------------------ load
+def saved_parallel_sizes(folder: str | Path) -> tuple[int, int] | None:
+    """(TP, PP) of the run that wrote ``folder``, from its ``run_config.yaml`` (ours and Megatron-Bridge's share the
+    ``model`` field names); None when it has none or it does not parse with the safe YAML loader."""
+    path = Path(folder) / "run_config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        model = yaml.safe_load(path.read_text()).get("model", {})
+        return int(model["tensor_model_parallel_size"]), int(model.get("pipeline_model_parallel_size") or 1)
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def has_optimizer_state(metadata: Any) -> bool:
+    """True when the checkpoint's DCP metadata holds optimizer tensors."""
+    return any(key.startswith("optimizer.") for key in metadata.state_dict_metadata)
+
+
+def _check_optimizer_resharding(cfg: "ConfigContainer", folder: str | Path, sharding: str | None) -> None:
+    """The distributed optimizer's ``dp_reshardable`` state loads at another DP size only: TP/PP must match."""
+    if not cfg.optimizer.use_distributed_optimizer or sharding in _FULLY_RESHARDABLE:
+        return
+    saved = saved_parallel_sizes(folder)
+    now = (cfg.model.tensor_model_parallel_size, cfg.model.pipeline_model_parallel_size)
+    if saved is not None and saved != now:
+        raise CheckpointError(
+            f"checkpoint {str(folder)!r} was written at (TP, PP) = {saved} with the distributed optimizer's "
+            f"{sharding!r} state, which loads only at the same TP and PP (this run: {now}): resume at {saved}, "
+            "set checkpoint.load_optim=False (weights only), or save with "
+            "checkpoint.dist_ckpt_optim_fully_reshardable=True")
+
+
+def load(parts: McoreParts, folder: str | Path, *, load_optim: bool, load_rng: bool) -> bool:
+    """Restore the model (and with ``load_optim`` the optimizer and schedule; with ``load_rng`` the RNG states when
+    the checkpoint has this rank's) from a megatron-core ``torch_dist`` folder (every rank reads its own shards).
+    Returns True when the RNG states were restored.
+
+    Raises:
+        CheckpointError: the folder is incomplete, corrupt, holds disallowed objects or does not fit the model.
+    """
+    metadata_dcp = mcore_reader.check_mcore_folder(folder)
+    common = mcore_reader.load_common_state(folder)
+    saved = common.get("content_metadata")
+    metadata = dict(saved) if isinstance(saved, dict) else mcore_state.content_metadata(parts.cfg)
+    if load_optim:
+        _check_optimizer_resharding(parts.cfg, folder, metadata.get("distrib_optim_sharding_type"))
+    with_rng = load_rng and mcore_state.rng_key_in(metadata_dcp)
+    state = mcore_state.build_state_dict(
+        parts.cfg, parts.chunks, parts.optimizer, parts.scheduler, parts.train_state,
+        mcore_state.with_process_groups(metadata), is_loading=True, with_optim=load_optim, with_rng=with_rng)
+    state.pop("opt_param_scheduler", None)  # a plain value: comes from the common state
+    loaded = mcore_reader.load_sharded(state, folder, common)
+    for key, chunk in zip(mcore_state.model_keys(len(parts.chunks)), parts.chunks, strict=True):
+        _load_model(chunk, loaded, key, folder)
+    if load_optim:
+        _load_optimizer(parts, loaded, folder)
+    elif hasattr(parts.optimizer, "reload_model_params"):
+        parts.optimizer.reload_model_params()  # mixed precision: main params from the loaded weights
+    if with_rng:
+        mcore_state.set_rng_state(loaded[mcore_state.RNG_KEY])
+    return with_rng
+
+
+def _load_model(chunk: torch.nn.Module, loaded: dict[str, Any], key: str, folder: str | Path) -> None:
+    if key not in loaded:
+        raise CheckpointError(f"checkpoint {str(folder)!r} holds no {key!r} state (model chunks differ)")
+    try:
+        chunk.load_state_dict(loaded[key], strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"checkpoint {str(folder)!r} does not fit the model: {exc}") from exc
+
+
+def _load_optimizer(parts: McoreParts, loaded: dict[str, Any], folder: str | Path) -> None:
+    if "optimizer" not in loaded or "opt_param_scheduler" not in loaded:
+        raise CheckpointError(f"checkpoint {str(folder)!r} holds no optimizer or opt_param_scheduler state: set "
+                              "checkpoint.load_optim=False")
+    with torch.no_grad():
+        parts.optimizer.load_state_dict(loaded["optimizer"])
+    mcore_state.untie_optimizer_steps(parts.optimizer)
+    parts.scheduler.load_state_dict(mcore_state.scheduler_from_megatron(loaded["opt_param_scheduler"], parts.cfg))
+
+
+def train_state_from_common(folder: str | Path) -> dict[str, Any]:
+    """Train-state fields from the common state (checkpoints without ``train_state.pt``, e.g. Megatron-LM's)."""
+    common = mcore_reader.load_common_state(folder)
+    if "iteration" not in common:
+        raise CheckpointError(f"checkpoint {str(folder)!r} has no train_state.pt and no 'iteration'")
+    log_rank_0(logger, "%s has no train_state.pt: step from its 'iteration', sample counters start at 0", folder)
+    return {"step": int(common["iteration"]),
+            "floating_point_operations_so_far": float(common.get("num_floating_point_operations_so_far", 0))}
