@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.planner import WriteItem
 
 from megatron_bridge.bridge.memory import track
 from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint.mcore_reader import is_mcore_checkpoint
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
     SafeFileSystemReader,
@@ -52,6 +53,11 @@ class CheckpointTensors:
             self._tensors = _weights_of(load_torch_mmap(path), path)
             return
         self.folder = resolve_checkpoint_folder(path, step)
+        if is_mcore_checkpoint(self.folder):  # the megatron-core engine's: read through a TP=1 GPTModel
+            from megatron_bridge.checkpoint.mcore_convert import model_config_of, read_mcore_weights
+
+            self._tensors = read_mcore_weights(self.folder, model_config_of(self.folder, None))
+            return
         manifest = layout.verify_manifest(self.folder)
         if manifest.get("format") == "torch" or (self.folder / layout.TORCH_FILENAME).is_file():
             self._tensors = _weights_of(load_torch_mmap(self.folder / layout.TORCH_FILENAME), self.folder)

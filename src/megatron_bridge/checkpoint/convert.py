@@ -19,6 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint.mcore_reader import is_mcore_checkpoint
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
     SafeFileSystemReader,
@@ -34,8 +35,9 @@ from megatron_bridge.errors import CheckpointError
 
 VOCAB_KEYS = ("embed_tokens.weight", "lm_head.weight")
 """Our parameters whose rows are the (padded) vocabulary."""
-TARGETS = ("torch", "hf", "megatron")
-"""What :func:`convert_weights` writes: a torch file, a HF folder, one of our checkpoints."""
+TARGETS = ("torch", "hf", "megatron", "megatron_core")
+"""What :func:`convert_weights` writes: a torch file, a HF folder, one of our (native engine) checkpoints, a
+megatron-core torch_dist checkpoint (the megatron-core engine's; :mod:`.mcore_convert`)."""
 
 
 # ------------------------------------------------------------------------------------------------- detection
@@ -65,14 +67,20 @@ def resolve_checkpoint_folder(path: str | Path, step: int | None = None) -> Path
 
 
 # -------------------------------------------------------------------------------------------------- reading
-def read_model_weights(path: str | Path, *, step: int | None = None) -> dict[str, torch.Tensor]:
-    """Full model weights (our names) from a checkpoint, a weights file or a HF folder (see module docstring)."""
+def read_model_weights(path: str | Path, *, step: int | None = None,
+                       model_config: ModelConfig | None = None) -> dict[str, torch.Tensor]:
+    """Full model weights (our names) from a checkpoint, a weights file or a HF folder (see module docstring).
+    A megatron-core checkpoint needs the model config: ``model_config``, else its ``run_config.yaml``."""
     path = Path(path)
     if path.is_file():
         return _weights_from_file(path)
     if is_hf_folder(path):
         return read_hf_folder(path)
     folder = resolve_checkpoint_folder(path, step)
+    if is_mcore_checkpoint(folder):
+        from megatron_bridge.checkpoint.mcore_convert import model_config_of, read_mcore_weights
+
+        return read_mcore_weights(folder, model_config_of(folder, model_config))
     manifest = layout.verify_manifest(folder)
     if manifest.get("format") == "torch" or (folder / layout.TORCH_FILENAME).is_file():
         return _weights_from_file(folder / layout.TORCH_FILENAME)
@@ -190,6 +198,8 @@ def convert_weights(src: str | Path, dst: str | Path, to: str, *, step: int | No
     from megatron_bridge.bridge import AutoBridge
 
     src_path = Path(src)
+    if to == "megatron_core" or (to == "megatron" and src_path.is_dir() and not is_hf_folder(src_path)):
+        return _convert_between_engines(src_path, dst, to, step, model_config, bool(hf_options.get("overwrite")))
     if to == "torch":
         return write_torch_output(read_model_weights(src, step=step), dst, bool(hf_options.get("overwrite")))
     if to == "megatron":
@@ -207,3 +217,22 @@ def convert_weights(src: str | Path, dst: str | Path, to: str, *, step: int | No
             raise CheckpointError("HF export of a weights file needs the model config (--config run_config.yaml)")
         return AutoBridge.export_ckpt(src_path, dst, step=step, model_config=model_config, **hf_options)
     raise CheckpointError(f"unknown conversion target {to!r}: use one of {TARGETS}")
+
+
+def _convert_between_engines(src: Path, dst: str | Path, to: str, step: int | None,
+                             model_config: ModelConfig | None, overwrite: bool) -> Path:
+    """Any source -> a megatron-core checkpoint (``to="megatron_core"``), or a megatron-core checkpoint -> a native
+    one (``to="megatron"``); see :mod:`.mcore_convert`."""
+    from megatron_bridge.checkpoint import mcore_convert
+
+    cfg = mcore_convert.run_config_of(src, step, model_config)
+    if is_hf_folder(src):
+        weights = read_hf_folder(src, cfg.model.padded_vocab_size)
+    else:
+        weights = read_model_weights(src, step=step, model_config=cfg.model)
+    if to == "megatron_core":
+        return mcore_convert.write_mcore_checkpoint(weights, cfg, dst, overwrite)
+    if not is_mcore_checkpoint(resolve_checkpoint_folder(src, step)):
+        raise CheckpointError(f"--to megatron converts a Hugging Face folder or a megatron-core checkpoint; "
+                              f"{str(src)!r} is already one of ours")
+    return mcore_convert.write_native_checkpoint(weights, cfg, dst, overwrite)

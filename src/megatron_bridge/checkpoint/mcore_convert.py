@@ -1,0 +1,235 @@
+"""Weights between the native engine's checkpoints and megatron-core ``torch_dist`` checkpoints, in one process.
+
+* :func:`read_mcore_weights`: the model weights of a megatron-core checkpoint (ours, Megatron-Bridge's or
+  Megatron-LM's) under the native engine's names (full tensors).
+* :func:`write_mcore_checkpoint`: native-named weights as a megatron-core checkpoint (``iter_0000000``, model only,
+  the trackers, our manifest), which ``model.engine='megatron_core'`` loads at any TP/DP (``checkpoint.load`` or
+  ``checkpoint.pretrained_checkpoint``).
+
+Both build one TP=1 ``GPTModel`` on the CPU (no initialisation, no CUDA) and let megatron-core's own
+``sharded_state_dict`` decide the checkpoint's keys and layouts (stacked layers, TE-style layer-norm names, gated
+MLP halves; written by :func:`save_one_process`); :mod:`megatron_bridge.models.mcore.weights` maps the names.
+megatron-core needs ``torch.distributed``: a 1-process gloo group (and megatron-core's parallel state) is created
+for the call and destroyed afterwards; inside a multi-process job the conversion is refused.
+``scripts/checkpoint/convert.py --to megatron_core`` and ``convert_weights`` (:mod:`.convert`) call these; HF
+folders go through the Bridge on the way in and out.
+"""
+
+import copy
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import save as dcp_save
+
+from megatron_bridge.checkpoint import layout, mcore_reader, mcore_state
+from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
+from megatron_bridge.errors import CheckpointError
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.config.model import ModelConfig
+
+EMBEDDING_KEY = "embedding.word_embeddings.weight"
+"""The megatron-core checkpoint key whose rows are the padded vocabulary."""
+
+
+@contextmanager
+def _one_process_mcore() -> Iterator[None]:
+    """A 1-process gloo group and megatron-core TP=PP=1 parallel state for the block (created and destroyed here)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized() or (dist.is_initialized() and dist.get_world_size() > 1):
+        raise CheckpointError("converting megatron-core checkpoints runs in one process outside a training job "
+                              "(scripts/checkpoint/convert.py)")
+    created = not dist.is_initialized()
+    if created:
+        store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ps.initialize_model_parallel(1, 1)
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        if created:
+            dist.destroy_process_group()
+
+
+def _tp1_model(model: "ModelConfig", vocab_rows: int) -> torch.nn.Module:
+    """A TP=1 ``GPTModel`` of ``model`` on the CPU with ``vocab_rows`` embedding rows, weights left uninitialised."""
+    from megatron.core.models.gpt import GPTModel
+
+    from megatron_bridge.models.mcore.provider import layer_spec, transformer_config
+
+    flat = dataclasses.replace(model, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                               virtual_pipeline_model_parallel_size=None, context_parallel_size=1,
+                               sequence_parallel=False, transformer_impl="local")
+    config = transformer_config(flat, torch.device("cpu"))
+    config.perform_initialization = False
+    return GPTModel(config=config, transformer_layer_spec=layer_spec(flat), vocab_size=vocab_rows,
+                    max_sequence_length=flat.seq_length, pre_process=True, post_process=True,
+                    share_embeddings_and_output_weights=flat.share_embeddings_and_output_weights,
+                    position_embedding_type="rope", rotary_base=flat.rotary_base, rope_scaling=flat.rope_scaling,
+                    rope_scaling_factor=flat.rope_scaling_factor)
+
+
+def _weights(gpt: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def read_mcore_weights(folder: str | Path, model: "ModelConfig") -> dict[str, torch.Tensor]:
+    """Full model weights (native names, the checkpoint's padded vocabulary) of the megatron-core ``torch_dist``
+    folder ``folder`` (an ``iter_NNNNNNN`` folder) for the architecture ``model``.
+
+    Raises:
+        CheckpointError: the folder is not a (complete, allowed) megatron-core checkpoint or does not fit ``model``.
+    """
+    from megatron_bridge.models.mcore.weights import megatron_core_to_native
+
+    metadata = mcore_reader.check_mcore_folder(folder)
+    embedding = metadata.state_dict_metadata.get(EMBEDDING_KEY)
+    if embedding is None:
+        raise CheckpointError(f"{str(folder)!r} holds no {EMBEDDING_KEY!r}: not a GPT model checkpoint")
+    with _one_process_mcore():
+        gpt = _tp1_model(model, int(embedding.size[0]))
+        loaded = mcore_reader.load_sharded({"model": gpt.sharded_state_dict()}, folder)
+        try:
+            gpt.load_state_dict(loaded["model"], strict=True)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{str(folder)!r} does not fit the model config: {exc}") from exc
+        return megatron_core_to_native(_weights(gpt), model)
+
+
+def save_one_process(state: dict[str, Any], folder: Path, content_metadata: dict[str, Any]) -> None:
+    """What megatron-core's ``dist_checkpointing.save`` writes (the ``common_state`` object, the tensors through
+    megatron-core's own key translation and ``MCoreSavePlanner``, ``metadata.json``), for one process on any device:
+    megatron-core's writer synchronises CUDA and allocates CUDA tensors, which a CPU-only conversion cannot."""
+    from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
+    from megatron.core.dist_checkpointing.strategies import torch as mcore_torch
+
+    state = {**state, "content_metadata": content_metadata}
+    sharded, common = save_preprocess(state, validate_access_integrity=False)
+    sharded[mcore_reader.COMMON_STATE_KEY] = ShardedObject(mcore_reader.COMMON_STATE_KEY, common, (1,), (0,),
+                                                           replica_id=0)
+    flat, _, _ = mcore_torch._replace_state_dict_keys_with_sharded_keys(sharded, True)
+    pyt_state = mcore_torch.mcore_to_pyt_state_dict(flat, False)
+    writer = FileSystemWriter(folder, single_file_per_rank=True, sync_files=True, overwrite=False)
+    planner = mcore_torch.MCoreSavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
+    try:
+        dcp_save(pyt_state, storage_writer=writer, planner=planner, no_dist=True)
+    except DCP_ERRORS as exc:
+        raise CheckpointError(f"writing {str(folder)!r} failed: {dcp_error_message(exc)}") from exc
+    save_config(CheckpointingConfig("torch_dist", 1), str(folder))
+
+
+def write_mcore_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContainer", root: str | Path,
+                           overwrite: bool = False) -> Path:
+    """Write native-named ``weights`` as a megatron-core ``torch_dist`` checkpoint of ``cfg.model`` under ``root``
+    (``iter_0000000``: model weights only, step 0, with megatron-core's ``dist_checkpointing.save``; the trackers,
+    ``train_state.pt``, ``run_config.yaml`` with ``model.engine='megatron_core'`` and our manifest). The folder
+    appears complete or not at all. Returns the committed ``iter_0000000``.
+
+    Raises:
+        CheckpointError: the weights do not fit ``cfg.model``, or ``root`` holds files and not ``overwrite``.
+    """
+    from megatron_bridge.bridge.output import staged_output_dir
+    from megatron_bridge.checkpoint.save import serialize
+    from megatron_bridge.models.mcore.weights import native_to_megatron_core
+    from megatron_bridge.training.state import TrainState
+
+    out_cfg = copy.deepcopy(cfg)
+    out_cfg.model.engine = "megatron_core"
+    with _one_process_mcore(), staged_output_dir(root, overwrite=overwrite) as tmp:
+        gpt = _tp1_model(cfg.model, int(weights["embed_tokens.weight"].shape[0]))
+        mapped = native_to_megatron_core(weights, cfg.model)
+        expected = _weights(gpt)
+        if set(mapped) != set(expected) or any(mapped[k].shape != expected[k].shape for k in expected):
+            bad = sorted(k for k in set(mapped) ^ set(expected)) or sorted(
+                k for k in expected if mapped[k].shape != expected[k].shape)
+            raise CheckpointError(f"the weights do not fit the model config (keys or shapes differ): {bad[:8]}")
+        gpt.load_state_dict(mapped, strict=False)
+        folder = layout.temporary_dir(tmp, 0, layout.new_save_id())
+        folder.mkdir()
+        state = {"checkpoint_version": mcore_state.CHECKPOINT_VERSION, "iteration": 0,
+                 "model": gpt.sharded_state_dict()}
+        save_one_process(state, folder, {"singleton_local_shards": False, "chained_optim_avoid_prefix": True})
+        train_state = serialize(mcore_state.train_state_dict(TrainState()))
+        (folder / layout.TRAIN_STATE_FILENAME).write_bytes(train_state)
+        (folder / layout.RUN_CONFIG_FILENAME).write_text(out_cfg.to_yaml())
+        layout.commit(folder, layout.iteration_dir(tmp, 0),
+                      {"step": 0, "format": "torch_dist", "layout": mcore_reader.MCORE_LAYOUT,
+                       "backend": "mcore_convert", "world_size": 1, "has_optimizer": False, "has_rng": False})
+        layout.write_trackers(tmp, 0, train_state)
+    return layout.iteration_dir(root, 0)
+
+
+def run_config_of(src: str | Path, step: int | None, model_config: "ModelConfig | None") -> "ConfigContainer":
+    """The run config a conversion output carries: a HF folder's (the Bridge's provider), a checkpoint's
+    ``run_config.yaml``, or a default one around ``model_config`` (which always wins for the model when given).
+
+    Raises:
+        CheckpointError: ``src`` is a weights file or a foreign checkpoint and ``model_config`` is None.
+    """
+    from megatron_bridge.checkpoint.convert import is_hf_folder, resolve_checkpoint_folder
+    from megatron_bridge.config.container import ConfigContainer
+
+    path = Path(src)
+    if is_hf_folder(path):
+        from megatron_bridge.bridge import AutoBridge
+
+        cfg = ConfigContainer(model=AutoBridge.from_hf_pretrained(path).to_megatron_provider())
+    elif path.is_dir() and (resolve_checkpoint_folder(path, step) / layout.RUN_CONFIG_FILENAME).is_file() and (
+            model_config is None):
+        try:
+            cfg = ConfigContainer.from_yaml(resolve_checkpoint_folder(path, step) / layout.RUN_CONFIG_FILENAME)
+        except ValueError as exc:
+            raise CheckpointError(f"the run_config.yaml of {str(src)!r} is not this library's ({exc}): pass the "
+                                  "model config (--config run_config.yaml)") from exc
+    elif model_config is not None:
+        cfg = ConfigContainer(model=model_config)
+    else:
+        raise CheckpointError(f"{str(src)!r} does not say its model config: pass --config run_config.yaml")
+    if model_config is not None:
+        cfg.model = model_config
+    cfg.dataset.seq_length = cfg.model.seq_length
+    return cfg
+
+
+def write_native_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContainer", root: str | Path,
+                            overwrite: bool = False) -> Path:
+    """Write native-named ``weights`` as the native engine's checkpoint (``torch_dist`` DCP, step 0, model only;
+    the Bridge's writer), its run config with ``model.engine='native'``. Returns ``root``."""
+    from megatron_bridge.bridge.checkpoints import write_streaming_checkpoint
+    from megatron_bridge.bridge.output import staged_output_dir
+
+    out_cfg = copy.deepcopy(cfg)
+    out_cfg.model.engine = "native"
+    shapes = {name: (tuple(t.shape), t.dtype) for name, t in weights.items()}
+    with staged_output_dir(root, overwrite=overwrite) as tmp:
+        write_streaming_checkpoint(tmp, out_cfg, shapes, weights.__getitem__)
+    return Path(root)
+
+
+def model_config_of(folder: str | Path, model_config: "ModelConfig | None") -> "ModelConfig":
+    """``model_config``, else the ``model`` section of the folder's ``run_config.yaml`` (ours).
+
+    Raises:
+        CheckpointError: neither is available (e.g. a checkpoint written by Megatron-Bridge or Megatron-LM).
+    """
+    if model_config is not None:
+        return model_config
+    from megatron_bridge.checkpoint.convert import read_model_config
+
+    try:
+        return read_model_config(folder)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}. A megatron-core checkpoint written by Megatron-Bridge or Megatron-LM needs "
+                              "this library's model config: pass --config run_config.yaml (model_config=)") from exc
