@@ -17,6 +17,10 @@ GPU, one tensor at a time; an output folder appears complete or not at all. Exam
     # HF folder -> HF folder (reshard, change dtype) and HF folder -> torch file
     python scripts/checkpoint/convert.py hf/Qwen3-0.6B out/qwen3 --to hf --max-shard-size 500MB
     python scripts/checkpoint/convert.py out/hf out/from_hf.pt --to torch
+    # between the engines: any source -> a megatron-core torch_dist checkpoint (model.engine=megatron_core), and a
+    # megatron-core checkpoint (ours; Megatron-Bridge's or Megatron-LM's with --config) -> our native checkpoint
+    python scripts/checkpoint/convert.py runs/tiny/checkpoints ckpts/mcore --to megatron_core
+    python scripts/checkpoint/convert.py ckpts/mcore ckpts/native --to megatron
 
 Every output loads as ``checkpoint.pretrained_checkpoint`` (HF folders are checked against cfg.model first).
 Bad input (missing files, truncated shards, mismatched shapes, unknown tensors or config keys, an unknown
@@ -35,9 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", help="checkpoint root, iter_NNNNNNN folder, weights file (.pt) or HF folder")
-    p.add_argument("dst", help="output file (--to torch) or folder (--to hf, --to megatron)")
+    p.add_argument("dst", help="output file (--to torch) or folder (--to hf, megatron, megatron_core)")
     p.add_argument("--to", choices=TARGETS, required=True,
-                   help="torch: one weights file; hf: a Hugging Face folder; megatron: our checkpoint (from HF)")
+                   help="torch: one weights file; hf: a Hugging Face folder; megatron: our native checkpoint (from "
+                        "HF or megatron-core); megatron_core: a megatron-core torch_dist checkpoint")
     p.add_argument("--step", type=int, default=None, help="step of a checkpoint root (default: the latest)")
     p.add_argument("--config", default=None,
                    help="run_config.yaml giving the model config (HF export of a weights file)")

@@ -10,8 +10,10 @@ validation, the PyTorch-DCP load, factory merges) with megatron-core's own helpe
 * every object with ``torch.load(weights_only=True)``; NumPy's RNG state (an ``ndarray`` in Megatron's
   ``np_rng_state``) is allowed through :func:`torch.serialization.safe_globals`, nothing else.
 
-A legacy ``common.pt`` (megatron-core < 0.17) is read with ``weights_only=True`` too, so Megatron-LM checkpoints whose
-common state holds ``args`` (an ``argparse.Namespace``) are refused with a named error.
+A legacy ``common.pt`` (megatron-core < 0.17) is read with ``weights_only=True`` too. Importing megatron-core widens
+torch's ``weights_only`` allow-list process-wide (``megatron.core.safe_globals``: ``argparse.Namespace``, NumPy arrays,
+``PosixPath``, its enums and ``OptimizerConfig``, ...), so Megatron-LM's ``args`` load; they are data classes, and
+what they hold is still restricted (a function inside is refused).
 """
 
 import io
