@@ -9,7 +9,8 @@ as Megatron-LM and Megatron-Bridge write them, on 2 gloo ranks through the test-
 * our checkpoint loads with megatron-core's own ``dist_checkpointing.load`` into the model's
   ``sharded_state_dict`` and gives the weights our loader restored; its common state holds Megatron's keys;
 * resharding: the TP=2 checkpoint resumes at TP=1 × DP=2 (model and Adam state resharded; losses within 1e-5,
-  TP changes the summation order).
+  TP changes the summation order);
+* PP=2 × VPP=2: resume bit-exact, and the checkpoint resumes at TP=2 without stages (within 1e-5).
 
 The conversion round trip (native ↔ megatron-core, exact) runs in the launching process.
 """
@@ -33,10 +34,12 @@ STEPS, SAVE_AT = 4, 2
 RESHARD_RTOL = 1e-5
 TP2 = {"model.tensor_model_parallel_size": 2}
 DP2_DIST_OPT = {"optimizer.use_distributed_optimizer": True, "ddp.use_distributed_optimizer": True}
+PP2_VPP2 = {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}
 GROUPS = {2: ["test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_core",
               "test_megatron_bridge_checkpoint_resumes_bit_exact",
               "test_tensor_parallel_checkpoint_resumes_data_parallel",
-              "test_distributed_optimizer_resume_is_bit_exact"]}
+              "test_distributed_optimizer_resume_is_bit_exact",
+              "test_pipeline_resume_is_bit_exact_and_reshards"]}
 
 pytestmark = [
     pytest.mark.distributed,
@@ -202,6 +205,20 @@ def test_distributed_optimizer_resume_is_bit_exact(launches: LaunchGroups | None
     assert resumed == straight[SAVE_AT:], (resumed, straight)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"[mcore ckpt] dp2 distributed optimizer: straight {json.dumps(straight)} resumed {resumed}")
+
+
+def test_pipeline_resume_is_bit_exact_and_reshards(launches: LaunchGroups | None) -> None:
+    """PP=2 × VPP=2 (``model0``/``model1`` per rank, megatron-core's layer offsets): save at step 2, resume
+    bit-exact; the same checkpoint resumes at TP=2 without pipeline stages (losses within 1e-5)."""
+    if not is_worker():
+        launches.check("test_pipeline_resume_is_bit_exact_and_reshards")
+        return
+    straight = _straight("pp2_vpp2", PP2_VPP2)
+    resumed = _train(_config(PP2_VPP2, _work() / "pp2_vpp2_resumed", _work() / "pp2_vpp2"))
+    assert resumed == straight[SAVE_AT:], (resumed, straight)
+    resharded = _train(_config(TP2, None, _work() / "pp2_vpp2"))
+    for a, b in zip(resharded, straight[SAVE_AT:], strict=True):
+        assert abs(a - b) <= RESHARD_RTOL * abs(b), (resharded, straight)
 
 
 # ----------------------------------------------------------------------------------------- launching process
