@@ -73,7 +73,7 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of every setting the megatron-core engine does not build in this version. megatron-core's
     Llama 3.1 RoPE scaling takes only the factor (low/high frequency factors 1 and 4, original context 8192 fixed);
     its add_bias_linear sets the o_proj and MLP biases together."""
-    m, c, d = cfg.model, cfg.checkpoint, cfg.dist
+    m, c = cfg.model, cfg.checkpoint
     mp = cfg.mixed_precision_config
     ckpt_io = bool(c.save or c.load or c.pretrained_checkpoint)
     checks: list[tuple[bool, str, object, str]] = [
@@ -94,8 +94,6 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (cfg.quantization.quant_cfg is not None, "quantization.quant_cfg", cfg.quantization.quant_cfg, "None"),
         (cfg.distillation.enabled, "distillation.teacher_checkpoint", cfg.distillation.teacher_checkpoint, "None"),
         (c.ckpt_format != "torch_dist" and ckpt_io, "checkpoint.ckpt_format", c.ckpt_format, "'torch_dist'"),
-        (d.use_megatron_fsdp and ckpt_io, "dist.use_megatron_fsdp", d.use_megatron_fsdp, "False"),
-        (d.use_torch_fsdp2 and ckpt_io, "dist.use_torch_fsdp2", d.use_torch_fsdp2, "False"),
         (c.async_save, "checkpoint.async_save", c.async_save, "False"),
     ]
     return [(path, value, fix) for bad, path, value, fix in checks if bad]
