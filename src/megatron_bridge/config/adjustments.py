@@ -66,6 +66,15 @@ PRESET_FIELDS: tuple[tuple[str, str], ...] = (
 """Config paths the mixed-precision preset sets, and the MixedPrecisionConfig field each one is copied from."""
 
 
+def preset_value(cfg: "ConfigContainer", mp: MixedPrecisionConfig, path: str, attr: str) -> object:
+    """The value the preset ``mp`` gives ``path``. On the megatron-core engine ``model.params_dtype`` is the preset's
+    compute dtype (Megatron-Bridge's meaning: bf16/fp16 model weights, fp32 main weights in megatron-core's optimizer);
+    on the native engine its ``params_dtype`` (fp32 weights, bf16/fp16 autocast)."""
+    if path == "model.params_dtype" and cfg.model.engine == "megatron_core":
+        return mp.compute_dtype
+    return getattr(mp, attr)
+
+
 def preset_conflicts(cfg: "ConfigContainer", paths: set[str]) -> list[str]:
     """Which of ``paths`` (set explicitly, e.g. on the command line) hold a value the ``mixed_precision`` preset
     would replace at ``finalize()``; one description per conflict."""
@@ -79,7 +88,7 @@ def preset_conflicts(cfg: "ConfigContainer", paths: set[str]) -> list[str]:
         if path not in paths:
             continue
         section, leaf = path.split(".")
-        value, wanted = getattr(getattr(cfg, section), leaf), getattr(preset, attr)
+        value, wanted = getattr(getattr(cfg, section), leaf), preset_value(cfg, preset, path, attr)
         if value != wanted:
             out.append(f"{path}={value!r} would be replaced by mixed_precision={name}, which sets {wanted!r}")
     return out
@@ -88,7 +97,8 @@ def preset_conflicts(cfg: "ConfigContainer", paths: set[str]) -> list[str]:
 @_adjustment(
     "mixed_precision_preset",
     "A `mixed_precision` preset name is resolved to a MixedPrecisionConfig and its fields are copied to "
-    "model.params_dtype, optimizer.bf16/fp16/loss_scale/initial_loss_scale and ddp.grad_reduce_in_fp32.",
+    "model.params_dtype, optimizer.bf16/fp16/loss_scale/initial_loss_scale and ddp.grad_reduce_in_fp32; with "
+    "model.engine='megatron_core', model.params_dtype is the preset's compute dtype (Megatron-Bridge's bf16 weights).",
 )
 def _apply_mixed_precision(cfg: "ConfigContainer") -> None:
     if cfg.mixed_precision is None:
@@ -98,7 +108,7 @@ def _apply_mixed_precision(cfg: "ConfigContainer") -> None:
     mp: MixedPrecisionConfig = cfg.mixed_precision
     reason = "copied from the mixed_precision preset"
     for path, attr in PRESET_FIELDS:
-        _set(cfg, path, getattr(mp, attr), reason, level=logging.INFO)
+        _set(cfg, path, preset_value(cfg, mp, path, attr), reason, level=logging.INFO)
 
 
 @_adjustment(

@@ -74,7 +74,6 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     Llama 3.1 RoPE scaling takes only the factor (low/high frequency factors 1 and 4, original context 8192 fixed);
     its add_bias_linear sets the o_proj and MLP biases together."""
     m, c = cfg.model, cfg.checkpoint
-    mp = cfg.mixed_precision_config
     ckpt_io = bool(c.save or c.load or c.pretrained_checkpoint)
     checks: list[tuple[bool, str, object, str]] = [
         (m.is_moe, "model.num_moe_experts", m.num_moe_experts, "None"),
@@ -90,7 +89,6 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (m.recompute_granularity is not None, "model.recompute_granularity", m.recompute_granularity, "None"),
         (m.cpu_offloading, "model.cpu_offloading", m.cpu_offloading, "False"),
         (m.init_model_with_meta_device, "model.init_model_with_meta_device", m.init_model_with_meta_device, "False"),
-        (mp is not None and (mp.bf16 or mp.fp16), "mixed_precision", cfg.mixed_precision, "'fp32'"),
         (cfg.quantization.quant_cfg is not None, "quantization.quant_cfg", cfg.quantization.quant_cfg, "None"),
         (cfg.distillation.enabled, "distillation.teacher_checkpoint", cfg.distillation.teacher_checkpoint, "None"),
         (c.ckpt_format != "torch_dist" and ckpt_io, "checkpoint.ckpt_format", c.ckpt_format, "'torch_dist'"),
@@ -101,7 +99,7 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 @rule("megatron_core_features", ("model.engine",),
       "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
-      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, fp32, torch_dist checkpoints (synchronous, DDP); no "
+      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (synchronous, DDP); no "
       "MoE, recompute, offloading, "
       "quantization or distillation.")
 def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:

@@ -98,8 +98,8 @@ def _capability_problem(mp: MixedPrecisionConfig, capability: tuple[int, int]) -
 def low_precision_problems(cfg: "ConfigContainer", mp: MixedPrecisionConfig) -> list[str]:
     """What this machine and config lack for ``mp``'s FP8/FP4 settings (empty: nothing).
 
-    The local engine runs FP8 through torchao (:mod:`megatron_bridge.config.fp8_local`); the other engines through
-    transformer-engine.
+    The local engine runs FP8 through torchao (:mod:`megatron_bridge.config.fp8_local`); the megatron-core engine
+    through transformer-engine's layers, i.e. megatron-core's TE layer spec.
     """
     from megatron_bridge.utils.packages import cuda_capability, import_problem, package_version, version_at_least
 
@@ -107,6 +107,9 @@ def low_precision_problems(cfg: "ConfigContainer", mp: MixedPrecisionConfig) -> 
         return local_engine_problems(mp, cuda_capability(), import_problem("torchao.float8"),
                                      package_version("torchao"))
     problems = []
+    if cfg.model.transformer_impl != "transformer_engine":
+        problems.append(f"the transformer-engine layer spec (model.transformer_impl='transformer_engine'; found "
+                        f"{cfg.model.transformer_impl!r}: megatron-core's local spec has no FP8/FP4 layers)")
     capability = cuda_capability()
     if capability is None:
         problems.append("a CUDA device (none is available)")
@@ -126,7 +129,8 @@ def low_precision_problems(cfg: "ConfigContainer", mp: MixedPrecisionConfig) -> 
 
 @rule("fp8_requirements", ("mixed_precision",),
       "FP8/FP4 presets need a CUDA GPU of the right generation and the engine's FP8 library: torchao for the local "
-      "engine (tensorwise, mxfp8), transformer-engine for the others.")
+      "engine (tensorwise, mxfp8), transformer-engine and its layer spec (transformer_impl='transformer_engine') "
+      "for megatron-core.")
 def _fp8_requirements(cfg: "ConfigContainer", world_size: int) -> None:
     mp = _mp(cfg)
     if mp is None or not (mp.fp8 or mp.fp4):
@@ -160,3 +164,25 @@ def _fp8_local_compat(cfg: "ConfigContainer", world_size: int) -> None:
              "with DDP and PyTorch FSDP2, not with Megatron FSDP (its FP8 parameter gather is transformer-engine's). "
              "Fix: dist.use_torch_fsdp2=True (and dist.use_megatron_fsdp=False)", "mixed_precision",
              "dist.use_megatron_fsdp")
+
+
+_COMPUTE_DTYPE = {(True, False): "bfloat16", (False, True): "float16", (False, False): "float32"}
+
+
+@rule("megatron_core_precision", ("optimizer.bf16", "optimizer.fp16", "model.params_dtype"),
+      "With engine='megatron_core', model.params_dtype is the compute dtype (bf16/fp16 weights in Float16Module, "
+      "fp32 main weights in megatron-core's optimizer): bfloat16 with optimizer.bf16, float16 with optimizer.fp16.")
+def _mcore_precision(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.engine != "megatron_core":
+        return
+    o, dtype = cfg.optimizer, cfg.model.params_dtype
+    if o.bf16 and o.fp16:
+        fail("optimizer.bf16=True and optimizer.fp16=True cannot be used together: choose one (or a "
+             "mixed_precision preset)", "optimizer.bf16", "optimizer.fp16")
+    want = _COMPUTE_DTYPE[(o.bf16, o.fp16)]
+    if dtype != want:
+        flags = f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16}"
+        fail(f"model.params_dtype={dtype!r} with {flags} on model.engine='megatron_core': megatron-core keeps the "
+             f"model weights in the compute dtype ({want!r} here) and fp32 main weights in its optimizer "
+             "(Megatron-Bridge's meaning). Fix: set mixed_precision='bf16_mixed', 'fp16_mixed' or 'fp32' (it sets "
+             f"both), or model.params_dtype={want!r}", "model.params_dtype", "optimizer.bf16", "optimizer.fp16")

@@ -9,6 +9,8 @@ buffers; the optimizer is megatron-core's (:mod:`megatron_bridge.models.mcore.op
 clipping (:meth:`MegatronCoreDDPBackend.optimizer_step`). Checkpoints are megatron-core ``torch_dist`` folders
 (:mod:`megatron_bridge.checkpoint.mcore_checkpoint`)."""
 
+import logging
+import math
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
@@ -17,15 +19,21 @@ from torch import nn
 
 from megatron_bridge.distributed.base import DataParallelBackend
 from megatron_bridge.errors import MegatronBridgeError, TrainingError
+from megatron_bridge.utils.logging import get_logger, log_rank_0
+
+
+logger = get_logger(__name__)
 
 
 def ddp_config(cfg: Any) -> Any:
     """megatron-core's ``DistributedDataParallelConfig`` from ``cfg.ddp`` (Megatron-Bridge's field names)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
+    from megatron_bridge.models.mcore.precision import ddp_precision
+
     d = cfg.ddp
     return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=d.grad_reduce_in_fp32,
+        **ddp_precision(cfg),
         overlap_grad_reduce=d.overlap_grad_reduce,
         overlap_param_gather=d.overlap_param_gather,
         use_distributed_optimizer=d.use_distributed_optimizer,
@@ -92,11 +100,23 @@ class MegatronCoreDDPBackend(DataParallelBackend):
         """Not used: megatron-core's optimizer clips inside its step (:meth:`optimizer_step`)."""
         raise MegatronBridgeError("the megatron-core backend clips in optimizer_step (megatron-core's own step)")
 
+    def unwrap(self, chunk: nn.Module) -> nn.Module:
+        """The ``GPTModel`` inside megatron-core's DDP and, with bf16/fp16, its ``Float16Module``."""
+        from megatron_bridge.models.mcore.precision import unwrap_float16
+
+        return unwrap_float16(getattr(chunk, "module", chunk))
+
     def optimizer_step(self, optimizer: Any, max_norm: float, grad_scaler: Any = None) -> float:
-        """megatron-core's ``optimizer.step()``: copy the main gradients, clip by the global norm (its config's
-        ``clip_grad``, which is ``optimizer.clip_grad``), step; returns the gradient norm before clipping."""
+        """megatron-core's ``optimizer.step()``: copy the main gradients (unscaled by its fp16 loss scaler), clip by
+        the global norm (its config's ``clip_grad``, which is ``optimizer.clip_grad``), step; returns the gradient
+        norm before clipping. With fp16, a step whose gradients overflow is skipped and the loss scale lowered, as in
+        Megatron (logged; the norm returned is inf); without a loss scaler, a skipped step is an error."""
         success, grad_norm, _ = optimizer.step()
         if not success:
+            if self.cfg.optimizer.fp16:
+                log_rank_0(logger, "fp16: gradients overflowed, step skipped; loss scale now %g",
+                           float(optimizer.get_loss_scale()), level=logging.WARNING)
+                return math.inf
             raise TrainingError("megatron-core's optimizer skipped the step (NaN/Inf gradients)")
         if grad_norm is None:  # clip_grad == 0: megatron-core does not compute the norm
             grad_norm = optimizer.get_grad_norm()

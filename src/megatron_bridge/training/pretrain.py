@@ -50,7 +50,9 @@ class TrainingContext:
     valid_iter: Iterator[dict[str, torch.Tensor]] | None
     metrics: TrainingLogger
     exits: ExitConditions
-    grad_scaler: torch.amp.GradScaler | None
+    grad_scaler: Any
+    """fp16 loss scaler (``torch.amp.GradScaler``, or megatron-core's through ``MegatronCoreLossScaler``); None
+    otherwise."""
     result: TrainResult
     dp_size: int
     callbacks: list[Callback]
@@ -114,10 +116,15 @@ def _build_data(cfg: ConfigContainer, tokenizer: Any, state: TrainState, dp_rank
     )
 
 
-def _grad_scaler(cfg: ConfigContainer, device: torch.device) -> torch.amp.GradScaler | None:
+def _grad_scaler(cfg: ConfigContainer, device: torch.device, optimizer: Any) -> Any:
+    """fp16 loss scaling: torch's ``GradScaler``, or on the megatron-core engine its optimizer's own scaler."""
     o = cfg.optimizer
     if not o.fp16:
         return None
+    if cfg.model.engine == "megatron_core":
+        from megatron_bridge.models.mcore.precision import MegatronCoreLossScaler
+
+        return MegatronCoreLossScaler(optimizer)
     static = o.loss_scale is not None
     return torch.amp.GradScaler(device.type, init_scale=o.loss_scale if static else o.initial_loss_scale,
                                 growth_factor=1.0 if static else 2.0, backoff_factor=1.0 if static else 0.5)
@@ -206,7 +213,8 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         checkpoint=checkpoint, loaded_checkpoint=loaded, loaders=loaders, train_iter=iter(loaders.train),
         valid_iter=cyclic_iter(loaders.valid) if loaders.valid is not None else None,
         metrics=TrainingLogger(cfg, env.device, env.world_size), exits=ExitConditions(cfg, env.device),
-        grad_scaler=_grad_scaler(cfg, env.device), result=result, dp_size=dp_size, callbacks=list(callbacks or []),
+        grad_scaler=_grad_scaler(cfg, env.device, optimizer), result=result, dp_size=dp_size,
+        callbacks=list(callbacks or []),
         static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
         profiler=StepProfiler(cfg, env.rank, env.device), cp_size=cfg.model.context_parallel_size,
         pipeline=pipeline,

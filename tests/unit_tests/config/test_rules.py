@@ -175,6 +175,9 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                 model__share_embeddings_and_output_weights=True), 1,
                            "model.share_embeddings_and_output_weights",
                            _set(model__engine="megatron_core", dist__use_torch_fsdp2=True)),
+    "megatron_core_precision": (_set(model__engine="megatron_core", mixed_precision=None,
+                                     model__params_dtype="bfloat16"), 1, "model.params_dtype",
+                                _set(model__engine="megatron_core", mixed_precision="bf16_mixed")),
     "engine_parallel_layout": (_set(model__expert_model_parallel_size=2), 2, "model.expert_model_parallel_size",
                                _set(model__expert_model_parallel_size=1)),
     "tensor_parallel_backend": (_set(model__tensor_model_parallel_size=2), 2, "model.tensor_model_parallel_size",
@@ -259,7 +262,8 @@ NO_MODELOPT_RULES = ("quantization_needs_modelopt", "distillation_needs_modelopt
 NO_MEGATRON_CORE_RULES = ("engine_available",)
 """Rules whose violation needs megatron-core to be missing: the test makes its import fail."""
 MEGATRON_CORE_PASSING = ("engine_available", "megatron_core_context_parallel", "megatron_core_features",
-                         "megatron_core_pipeline", "megatron_core_fsdp", "megatron_core_sequence_parallel")
+                         "megatron_core_pipeline", "megatron_core_fsdp", "megatron_core_sequence_parallel",
+                         "megatron_core_precision")
 """Rules whose passing case builds the megatron-core engine: skipped where megatron-core does not import."""
 NO_APEX_RULES = ("megatron_core_sequence_parallel",)
 """Rules whose violation needs Apex to be missing: the test makes its import fail (megatron-core's import stays)."""

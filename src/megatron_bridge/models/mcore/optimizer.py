@@ -1,7 +1,8 @@
 """megatron-core's optimizer (``get_megatron_optimizer``) from ``cfg.optimizer`` for megatron-core chunks.
 
-It keeps its fp32 main parameters and gradients, clips by the global norm over model-parallel ranks (counting
-tensor-parallel duplicates once) and, with ``optimizer.use_distributed_optimizer``, shards its state over the
+It keeps fp32 main parameters and gradients (with bf16/fp16 model weights: ``Float16OptimizerWithFloat16Params``,
+or the distributed optimizer's fp32 shards; :mod:`.precision`), clips by the global norm over model-parallel ranks
+(counting tensor-parallel duplicates once) and, with ``optimizer.use_distributed_optimizer``, shards its state over the
 data-parallel ranks (megatron-core's DistributedOptimizer). The learning rate is set on its ``param_groups`` by this
 library's :class:`~megatron_bridge.training.lr_schedule.OptimizerParamScheduler`, as for the native optimizer.
 """
@@ -14,12 +15,12 @@ import torch
 if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def optimizer_config(cfg: "ConfigContainer") -> Any:
     """megatron-core's ``OptimizerConfig`` with the values of ``cfg.optimizer`` (same field names)."""
     from megatron.core.optimizer import OptimizerConfig
+
+    from megatron_bridge.models.mcore.precision import optimizer_precision
 
     o = cfg.optimizer
     return OptimizerConfig(
@@ -34,9 +35,7 @@ def optimizer_config(cfg: "ConfigContainer") -> Any:
         clip_grad=o.clip_grad,
         use_distributed_optimizer=o.use_distributed_optimizer,
         overlap_param_gather=cfg.ddp.overlap_param_gather,
-        params_dtype=_DTYPES[cfg.model.params_dtype],
-        bf16=False,
-        fp16=False,
+        **optimizer_precision(cfg),
     )
 
 

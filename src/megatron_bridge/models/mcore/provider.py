@@ -17,8 +17,8 @@ num_layers_in_first/last_pipeline_stage,
 account_for_embedding/loss_in_pipeline_split,
 overlap_p2p_comm, batch_p2p_comm
 activation="swiglu" / "gelu"                ``gated_linear_unit=True, activation_func=F.silu`` / ``False, F.gelu``
-params_dtype                                ``TransformerConfig.params_dtype``
-pipeline_dtype (None: params_dtype)         ``TransformerConfig.pipeline_dtype`` (P2P buffers)
+params_dtype, pipeline_dtype (None:         ``TransformerConfig`` bf16/fp16, dtypes, FP8/FP4 fields
+params_dtype), mixed precision              (:mod:`.precision`); bf16/fp16 chunks in ``Float16Module``
 padded_vocab_size, seq_length               ``GPTModel(vocab_size=..., max_sequence_length=...)``
 rotary_base, rope_scaling(_factor)          ``GPTModel(position_embedding_type="rope", rotary_base=...,
                                             rope_scaling=..., rope_scaling_factor=...)``
@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from megatron_bridge.models.mcore.precision import DTYPES
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
@@ -53,15 +54,16 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def transformer_config(model: "ModelConfig", device: torch.device) -> Any:
-    """megatron-core's ``TransformerConfig`` for ``model`` (see the module docstring for the mapping)."""
+def transformer_config(model: "ModelConfig", device: torch.device, precision: dict[str, Any] | None = None) -> Any:
+    """megatron-core's ``TransformerConfig`` for ``model`` (see the module docstring for the mapping); ``precision``
+    (:func:`megatron_bridge.models.mcore.precision.transformer_precision`) replaces the dtype fields and adds the
+    bf16/fp16 and FP8/FP4 ones."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     swiglu = model.activation == "swiglu"
-    return TransformerConfig(
+    kwargs: dict[str, Any] = dict(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
         ffn_hidden_size=model.ffn_hidden_size,
@@ -89,11 +91,13 @@ def transformer_config(model: "ModelConfig", device: torch.device) -> Any:
         batch_p2p_comm=model.batch_p2p_comm,
         context_parallel_size=model.context_parallel_size,
         sequence_parallel=model.sequence_parallel,
-        params_dtype=_DTYPES[model.params_dtype],
-        pipeline_dtype=_DTYPES[model.pipeline_dtype or model.params_dtype],
+        params_dtype=DTYPES[model.params_dtype],
+        pipeline_dtype=DTYPES[model.pipeline_dtype or model.params_dtype],
         use_cpu_initialization=device.type == "cpu",
         attention_softmax_in_fp32=True,
     )
+    kwargs.update(precision or {})
+    return TransformerConfig(**kwargs)
 
 
 def layer_spec(model: "ModelConfig") -> Any:
@@ -116,14 +120,17 @@ def build_gpt_chunks(cfg: "ConfigContainer", device: torch.device) -> list[torch
     """
     from megatron_bridge.config.rules import enforce
     from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.models.mcore.precision import transformer_precision, wrap_float16
 
     enforce(cfg, "engine_available", "transformer_impl_available", "megatron_core_context_parallel",
-            "megatron_core_features", "megatron_core_pipeline", "megatron_core_sequence_parallel", "pipeline_layers")
+            "megatron_core_features", "megatron_core_pipeline", "megatron_core_sequence_parallel", "pipeline_layers",
+            "megatron_core_precision", "fp8_requirements")
     parallel_state.initialize(cfg, device, cfg.rng.seed)
     model = cfg.model
-    config = transformer_config(model, device)
+    config = transformer_config(model, device, transformer_precision(cfg))
     vp = model.virtual_pipeline_model_parallel_size
-    chunks = [_build_chunk(model, config, device, vp_stage) for vp_stage in (range(vp) if vp else [None])]
+    chunks = [wrap_float16(_build_chunk(model, config, device, vp_stage), config)
+              for vp_stage in (range(vp) if vp else [None])]
     log_rank_0(logger, "Built megatron-core GPTModel (%s spec): %d layers, hidden %d, %d chunk(s), %s parameters on "
                "this rank", model.transformer_impl, model.num_layers, model.hidden_size, len(chunks),
                f"{sum(p.numel() for chunk in chunks for p in chunk.parameters()):,}")
