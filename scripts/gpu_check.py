@@ -4,8 +4,8 @@
     python scripts/gpu_check.py --wheels /path/to/wheels --output gpu_check.json   # on the GPU machine, offline
     python scripts/gpu_check.py --dry-run --output /tmp/gpu_check_plan.json        # CPU self-check of the plan
 
-Steps, each with its own time budget inside a 570 s deadline (a step that would overrun gets what is left, and a
-step with no time left is recorded as skipped):
+Steps, each with its own time budget inside a 570 s deadline (the budgets add up to it; a step that would overrun
+gets what is left, and a step with no time left is recorded as skipped):
 
 1. ``install``: the missing pure-Python dependencies at the pins of requirements/cpu.txt, from ``--wheels`` with
    ``pip install --no-index --find-links`` (no network there); the CUDA torch already installed is never replaced,
@@ -25,7 +25,11 @@ step with no time left is recorded as skipped):
    ``-c fp8_cs`` (torchao float8 on the local engine, FSDP2 with the FP8 all-gather, per-block ``torch.compile`` in
    both runs) through ``scripts/performance/launch.py``; the final losses agree within ``FP8_LOSS_RTOL`` and the
    summary records the median step times and their ratio (fp8 / bf16). Skipped below compute capability 8.9.
-6. ``cp_parity``: context parallelism, ring (``cp_comm_type="p2p"``) vs all-gather, when the config has
+6. ``mcore_fp8``: the same two blocks on the megatron-core engine with the transformer-engine layer spec
+   (megatron-core DDP and optimizer, no compile), ``-c bf16`` vs ``-c fp8_cs`` (transformer-engine FP8 current
+   scaling in every layer): losses within ``FP8_LOSS_RTOL``, the step-time ratio recorded. Skipped below compute
+   capability 8.9, or with validate()'s error where transformer-engine does not import.
+7. ``cp_parity``: context parallelism, ring (``cp_comm_type="p2p"``) vs all-gather, when the config has
    ``model.cp_comm_type`` and 2 GPUs are present; skipped with the reason otherwise.
 
 ``--dry-run`` runs nothing: it validates every case's config on CPU, sizes the MFU model for ``--gpu`` (default
@@ -46,7 +50,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE_S = 570
-BUDGETS = {"install": 60, "gpu_tests": 240, "matrix": 100, "fp8": 90, "cp_parity": 60, "mfu": 150}
+BUDGETS = {"install": 40, "gpu_tests": 180, "matrix": 90, "mfu": 120, "fp8": 60, "mcore_fp8": 60, "cp_parity": 20}
+"""Seconds per step, in running order; they add up to DEADLINE_S, so every step gets its budget (a unit test checks
+the sum)."""
 REQUIRED = {"megatron-fsdp": "megatron_fsdp", "megatron-core": "megatron.core", "einops": "einops", "numpy": "numpy",
             "PyYAML": "yaml",
             "pytest": "pytest", "pytest-timeout": "pytest_timeout", "omegaconf": "omegaconf",
@@ -58,14 +64,17 @@ ENGINE_SETTINGS = {"local": ("native", "local"), "megatron_core": ("megatron_cor
                    "transformer_engine": ("megatron_core", "transformer_engine")}
 """Matrix engine name -> (model.engine, model.transformer_impl): the native model, megatron-core's GPTModel with the
 local layer spec, and with transformer-engine's spec."""
-ENGINE_PRESET = {"local": "bf16_mixed", "megatron_core": "fp32", "transformer_engine": "fp32"}
-"""Preset of each engine's case: the megatron-core engine trains fp32 in this version (docs/training/engines.md)."""
+ENGINE_PRESET = {"local": "bf16_mixed", "megatron_core": "bf16_mixed", "transformer_engine": "bf16_mixed"}
+"""Preset of each engine's case: bf16_mixed everywhere (on megatron-core: bf16 weights, fp32 main parameters)."""
 BACKENDS = ("ddp", "fsdp2", "megatron_fsdp")
 MFU_SHAPE = {"num_layers": 32, "seq_length": 8192}
 FP8_SHAPE = {"num_layers": 2, "seq_length": 4096, "steps": 12}
 """The FP8 step: two Llama-3-8B blocks (hidden 4096, SwiGLU 14336: every Linear converts), 12 steps of 2 x 4096."""
 FP8_LOSS_RTOL = 0.02
-"""FP8 (torchao tensorwise, every layer) vs bf16: final losses within 2 % after the short run."""
+"""FP8 (torchao tensorwise, or transformer-engine current scaling on megatron-core; every layer) vs bf16: final losses
+within 2 % after the short run."""
+MCORE_FP8_SETTINGS = ("model.engine=megatron_core", "model.transformer_impl=transformer_engine")
+"""The ``mcore_fp8`` step's engine: megatron-core's GPTModel with the transformer-engine layer spec (DDP)."""
 MFU_GOAL = 0.55
 """The issue's goal for our engine on H100/H200-class GPUs (recorded beside the measurement, not enforced)."""
 KERNEL_CLASSES = (("attention", r"flash|fmha|attention|sdpa"), ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|sm90|sm100"),
@@ -348,29 +357,42 @@ def cp_parity(r: Runner, out_dir: Path, timeout: float) -> dict[str, Any]:
     return {"status": "ok" if ok else "failed: losses differ", "losses": losses, "max_rel_diff": diff}
 
 
-def fp8_commands(out_dir: Path) -> dict[str, list[str]]:
-    """The bf16 and FP8 launch.py runs of the FP8 step (same model, data, steps and backend)."""
+def fp8_commands(out_dir: Path, engine: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """The bf16 and FP8 launch.py runs of the FP8 step (same model, data, steps and backend): FSDP2 with
+    per-block compile on the native engine; with ``engine`` overrides (:data:`MCORE_FP8_SETTINGS`) megatron-core DDP."""
+    name = "mcore_fp8" if engine else "fp8"
+    backend = [] if engine else ["--use_torch_fsdp2", "true"]
     cmds = {}
     for dtype in ("bf16", "fp8_cs"):
         cmds[dtype] = [sys.executable, "scripts/performance/launch.py", "--recipe", "llama3_8b", "-ng", "1", "-c",
                        dtype, "-ms", str(FP8_SHAPE["steps"]), "-gb", "2", "-mb", "1", "-sl",
-                       str(FP8_SHAPE["seq_length"]), "-tp", "1", "-pp", "1", "-cp", "1", "--use_torch_fsdp2", "true",
-                       "--output_dir", str(out_dir / f"fp8_{dtype}"), f"model.num_layers={FP8_SHAPE['num_layers']}",
-                       "fsdp2.enable_compile=true"]
+                       str(FP8_SHAPE["seq_length"]), "-tp", "1", "-pp", "1", "-cp", "1", *backend,
+                       "--output_dir", str(out_dir / f"{name}_{dtype}"), f"model.num_layers={FP8_SHAPE['num_layers']}",
+                       *(engine or ["fsdp2.enable_compile=true"])]
     return cmds
 
 
-def fp8(r: Runner, out_dir: Path, timeout: float) -> dict[str, Any]:
-    """bf16 vs FP8 (torchao) on one GPU: losses within FP8_LOSS_RTOL, step-time ratio recorded."""
-    cmds = fp8_commands(out_dir)
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit {proc.returncode}"
+
+
+def fp8(r: Runner, out_dir: Path, timeout: float, engine: tuple[str, ...] = ()) -> dict[str, Any]:
+    """bf16 vs FP8 on one GPU (torchao on the native engine; transformer-engine through megatron-core's TE spec with
+    ``engine``): losses within FP8_LOSS_RTOL, step-time ratio recorded. On megatron-core a config validate() refuses
+    on this machine (no transformer-engine) is skipped with its error; the dry run accepts that refusal on a CPU."""
+    cmds = fp8_commands(out_dir, engine)
+    refusals = ("[rule fp8_requirements]", "[rule transformer_impl_available]") if engine else \
+        ("[rule fp8_requirements]",)
     if r.dry_run:
         record: dict[str, Any] = {"commands": {k: " ".join(v[1:]) for k, v in cmds.items()}}
-        for dtype, cmd in cmds.items():  # the configs build; on a CPU the FP8 one names what it lacks
+        for dtype, cmd in cmds.items():  # the configs build; on a CPU the FP8 (and TE) ones name what they lack
             proc = r.run([*cmd, "--dryrun"], timeout / 2)
-            if proc.returncode != 0 and not (dtype == "fp8_cs" and "[rule fp8_requirements]" in proc.stderr):
-                return {"status": f"failed: {dtype}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"}
+            may_refuse = engine or dtype == "fp8_cs"
+            if proc.returncode != 0 and not (may_refuse and any(x in proc.stderr for x in refusals)):
+                return {"status": f"failed: {dtype}: {_last_line(proc)}"}
             if proc.returncode != 0:
-                record["fp8_on_this_machine"] = proc.stderr.strip().splitlines()[-1]
+                record.setdefault("refused_on_this_machine", {})[dtype] = _last_line(proc)
         return {"status": "planned", **record}
     import torch
 
@@ -380,9 +402,11 @@ def fp8(r: Runner, out_dir: Path, timeout: float) -> dict[str, Any]:
     results = {}
     for dtype, cmd in cmds.items():
         proc = r.run(cmd, timeout / 2)
-        path = out_dir / f"fp8_{dtype}" / "results.json"
+        path = Path(cmd[cmd.index("--output_dir") + 1]) / "results.json"
+        if proc.returncode != 0 and engine and any(x in proc.stderr for x in refusals):
+            return {"status": f"skipped: {dtype}: {_last_line(proc)[:300]}"}
         if proc.returncode != 0 or not path.exists():
-            return {"status": f"failed: {dtype}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"}
+            return {"status": f"failed: {dtype}: {_last_line(proc)}"}
         results[dtype] = json.loads(path.read_text())
     bf16, fp8_run = results["bf16"], results["fp8_cs"]
     loss_diff = abs(fp8_run["final_loss"] - bf16["final_loss"]) / abs(bf16["final_loss"])
@@ -452,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     r.step("matrix", lambda t: matrix(r, out_dir, t))
     r.step("mfu", lambda t: mfu(r, out_dir, args.gpu, t))
     r.step("fp8", lambda t: fp8(r, out_dir, t))
+    r.step("mcore_fp8", lambda t: fp8(r, out_dir, t, MCORE_FP8_SETTINGS))
     r.step("cp_parity", lambda t: cp_parity(r, out_dir, t))
     ok = all(s["status"] in ("ok", "planned") or s["status"].startswith("skipped") for s in r.steps.values())
     summary = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dry_run": args.dry_run, "ok": ok,

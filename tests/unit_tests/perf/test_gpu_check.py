@@ -28,24 +28,37 @@ def test_dry_run_plans_every_check(tmp_path: Path) -> None:
     plan = json.loads(out.read_text())
     assert plan["dry_run"] is True and plan["ok"] is True
     steps = plan["steps"]
-    assert list(steps) == ["install", "gpu_tests", "matrix", "mfu", "fp8", "cp_parity"]
-    fp8 = steps["fp8"]
-    assert fp8["status"] == "planned" and "-c fp8_cs" in fp8["commands"]["fp8_cs"]
-    assert "-c bf16" in fp8["commands"]["bf16"]
-    assert fp8["commands"]["bf16"].replace("-c bf16", "") == fp8["commands"]["fp8_cs"].replace("-c fp8_cs", "") \
-        .replace("fp8_fp8_cs", "fp8_bf16")  # the same run but for the dtype (and its output folder)
-    assert "fp8_on_this_machine" not in fp8 or "[rule fp8_requirements]" in fp8["fp8_on_this_machine"]
+    assert list(steps) == ["install", "gpu_tests", "matrix", "mfu", "fp8", "mcore_fp8", "cp_parity"]
+    for name in ("fp8", "mcore_fp8"):
+        fp8 = steps[name]
+        assert fp8["status"] == "planned" and "-c fp8_cs" in fp8["commands"]["fp8_cs"]
+        assert "-c bf16" in fp8["commands"]["bf16"]
+        assert fp8["commands"]["bf16"].replace("-c bf16", "") == fp8["commands"]["fp8_cs"].replace("-c fp8_cs", "") \
+            .replace(f"{name}_fp8_cs", f"{name}_bf16")  # the same run but for the dtype (and its output folder)
+        refused = fp8.get("refused_on_this_machine", {})
+        assert "bf16" not in refused or name == "mcore_fp8", refused  # bf16 on the native engine runs anywhere
+        assert all("[rule fp8_requirements]" in v or "[rule transformer_impl_available]" in v
+                   for v in refused.values()), refused
+    mcore = steps["mcore_fp8"]["commands"]["fp8_cs"]
+    assert "model.engine=megatron_core model.transformer_impl=transformer_engine" in mcore
+    assert "--use_torch_fsdp2" not in mcore  # megatron-core DDP
     assert "-m gpu tests" in steps["gpu_tests"]["command"]
     cases = steps["matrix"]["cases"]
     presets = {n for n in MIXED_PRECISION_PRESETS if "-" not in n}
     assert {c["preset"] for c in cases if c["backend"] == "ddp" and c["engine"] == "local"} == presets
     assert {c["backend"] for c in cases} == {"ddp", "fsdp2", "megatron_fsdp"}
     assert {c["engine"] for c in cases} == {"local", "megatron_core", "transformer_engine"}
+    assert {c["preset"] for c in cases if c["engine"] != "local"} == {"bf16_mixed"}  # megatron-core local/TE in bf16
     assert all(c["status"] == "planned" or c["status"].startswith("skipped: ") for c in cases)
     mfu = steps["mfu"]
     assert mfu["device"] == "H100" and 1 <= mfu["num_layers"] <= 32
     assert mfu["estimated_peak_gib"] <= 0.85 * 79.6
     assert "--recipe llama3_8b" in mfu["command"] and "-c bf16" in mfu["command"]
+
+
+def test_step_budgets_fit_the_deadline() -> None:
+    gc = _module()
+    assert sum(gc.BUDGETS.values()) <= gc.DEADLINE_S, gc.BUDGETS
 
 
 def test_helpers_parse_junit_traces_and_pins(tmp_path: Path) -> None:
