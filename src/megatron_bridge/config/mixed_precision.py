@@ -29,14 +29,18 @@ class MixedPrecisionConfig:
     """Compute in float16 with loss scaling."""
     params_dtype: DType = "float32"
     """Storage dtype of the master weights (copied to model.params_dtype). Differs from Megatron-Bridge, whose
-    bf16_mixed/fp16_mixed store the model in bf16/fp16 with fp32 main weights in the optimizer: here the weights
-    stay fp32 and the forward computes in bf16/fp16 (autocast, or FSDP2's MixedPrecisionPolicy)."""
+    bf16_mixed/fp16_mixed store the model in bf16/fp16 with fp32 main weights in the optimizer: on the native engine
+    the weights stay fp32 and the forward computes in bf16/fp16 (autocast, or FSDP2's MixedPrecisionPolicy). With
+    model.engine='megatron_core' Megatron-Bridge's meaning holds: model.params_dtype becomes the compute dtype and
+    megatron-core's optimizer keeps fp32 main weights (this field is then not used)."""
     grad_reduce_in_fp32: bool = True
-    """Reduce gradients in fp32 (copied to ddp.grad_reduce_in_fp32)."""
+    """Reduce gradients in fp32 (copied to ddp.grad_reduce_in_fp32). Differs from Megatron-Bridge in fp16_mixed, which
+    sets False there; True in every preset here."""
     loss_scale: float | None = None
     """fp16 static loss scale; None means dynamic (copied to optimizer.loss_scale)."""
     initial_loss_scale: float = 2.0**16
-    """fp16 initial dynamic loss scale (copied to optimizer.initial_loss_scale)."""
+    """fp16 initial dynamic loss scale (copied to optimizer.initial_loss_scale). Differs from Megatron-Bridge, whose
+    default is 2**32."""
     fp8: str | None = None
     """FP8 GEMMs: "hybrid" (E4M3 forward, E5M2 gradients) or "e4m3"; None is off. Needs CUDA (compute capability
     >= 8.9) and, on the local engine, torchao (docs/training/low-precision.md); on the others transformer-engine."""
