@@ -69,8 +69,13 @@ class MegatronCoreDDPBackend(DataParallelBackend):
         return self.chunks
 
     def prepare_optimizer(self, optimizer: Any) -> Any:
-        """Keep megatron-core's optimizer (built by :func:`~megatron_bridge.training.optim.build_optimizer`)."""
+        """Keep megatron-core's optimizer (built by :func:`~megatron_bridge.training.optim.build_optimizer`) and let
+        megatron-core's pipeline schedules scale the loss by its loss scale (``config.grad_scale_func``, as
+        Megatron-Bridge sets it; 1 except with fp16). Without pipeline parallelism the loop scales the loss itself
+        (:class:`~megatron_bridge.models.mcore.precision.MegatronCoreLossScaler`)."""
         self.optimizer = optimizer
+        for chunk in self.chunks:
+            chunk.config.grad_scale_func = optimizer.scale_loss
         return optimizer
 
     def grad_sync_context(self, *, is_last_microbatch: bool) -> AbstractContextManager:

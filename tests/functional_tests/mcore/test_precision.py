@@ -6,11 +6,14 @@ the test-only harness (tests/functional_tests/mcore_cpu_harness.py).
   its per-step losses stay within :data:`BF16_VS_FP32_RTOL` of the fp32 run's (same initial weights: megatron-core
   initialises in fp32, then casts), and so do ``fp16_mixed``'s (megatron-core's dynamic loss scaler).
 * Two processes: TP=2, and DP=2 with the distributed optimizer (fp32 main-parameter shards), match the one-process
-  bf16 run within :data:`BF16_PARITY_RTOL` per step.
+  bf16 run within :data:`BF16_PARITY_RTOL` per step; PP=2 (bf16 activations between the stages, megatron-core's
+  schedule scaling the loss through ``grad_scale_func``) stays within :data:`BF16_VS_FP32_RTOL` of fp32 at PP=2
+  (PP=2 initialises its stages differently from one process, so its reference is the fp32 PP=2 run).
 
 Tolerances: bf16 has an 8-bit mantissa (relative rounding 2^-8 ≈ 4e-3 per operation); losses are averages over 512
 tokens and the weights are updated in fp32, so per-step losses move far less. Measured (2026-12-01, 2-core CPU VM):
-bf16 vs fp32 at most 1.1e-4 relative over 8 steps, fp16 vs fp32 9.5e-6, TP=2 5.3e-5 and DP=2 1.9e-5 vs one process.
+bf16 vs fp32 at most 1.1e-4 relative over 8 steps, fp16 vs fp32 9.5e-6, TP=2 5.3e-5 and DP=2 1.9e-5 vs one process,
+bf16 vs fp32 at PP=2 1.4e-4.
 
 The tests of one process count share one torchrun launch (launcher.py's ``LaunchGroups``); the one-process group
 writes the bf16 reference the two-process group reads. Skipped with CUDA (the harness replaces CUDA calls) and
@@ -39,7 +42,8 @@ BF16_PARITY_RTOL = 1e-3
 HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
 GROUPS: dict[int, list[str]] = {
     1: ["test_bf16_one_process", "test_bf16_close_to_fp32", "test_fp16_close_to_fp32"],
-    2: ["test_bf16_tp2_matches_one_process", "test_bf16_dp2_distributed_optimizer_matches_one_process"],
+    2: ["test_bf16_tp2_matches_one_process", "test_bf16_dp2_distributed_optimizer_matches_one_process",
+        "test_bf16_pp2_close_to_fp32_pp2"],
 }
 """Tests launched together, by process count (one launch each); the 1-process group runs first."""
 LAUNCH_TIMEOUT_S = {1: 420, 2: 420}
@@ -196,3 +200,16 @@ def test_bf16_dp2_distributed_optimizer_matches_one_process(launches: LaunchGrou
                                           "ddp.use_distributed_optimizer": True})
     assert_bf16_mixed(record, "DistributedOptimizer")
     assert_close(losses, _reference(), BF16_PARITY_RTOL, "bf16_mixed DP=2 distributed optimizer vs one process")
+
+
+def test_bf16_pp2_close_to_fp32_pp2(launches: LaunchGroups | None) -> None:
+    """bf16_mixed at PP=2 (megatron-core's 1F1B schedule, Float16Module per stage) vs fp32 at PP=2."""
+    if launches is not None:
+        launches.check("test_bf16_pp2_close_to_fp32_pp2")
+        return
+    pp2 = {"model.pipeline_model_parallel_size": 2}
+    bf16, record = run("bf16_mixed", **pp2)
+    assert_bf16_mixed(record, "Float16OptimizerWithFloat16Params")
+    fp32, _ = run("fp32", **pp2)
+    assert fp32[-1] < fp32[0] - 0.05, fp32
+    assert_close(bf16, fp32, BF16_VS_FP32_RTOL, "bf16_mixed PP=2 vs fp32 PP=2")
