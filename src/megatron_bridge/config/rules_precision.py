@@ -177,8 +177,7 @@ def _mcore_precision(cfg: "ConfigContainer", world_size: int) -> None:
         return
     o, dtype = cfg.optimizer, cfg.model.params_dtype
     if o.bf16 and o.fp16:
-        fail("optimizer.bf16=True and optimizer.fp16=True cannot be used together: choose one (or a "
-             "mixed_precision preset)", "optimizer.bf16", "optimizer.fp16")
+        return  # rule precision_exclusive
     want = _COMPUTE_DTYPE[(o.bf16, o.fp16)]
     if dtype != want:
         flags = f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16}"
