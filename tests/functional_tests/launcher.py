@@ -131,6 +131,13 @@ def launch_cases(file: str, names: list[str], *, nproc: int, timeout: float,
     return {name: _outcome(name, reports, ended) for name in names}
 
 
+def selected_groups(request: pytest.FixtureRequest, groups: dict[int, list[str]]) -> dict[int, list[str]]:
+    """``groups`` (process count -> test names) keeping only the tests this pytest session selected (``-k``, node ids),
+    so a launch runs no test the session deselected."""
+    selected = {item.name for item in request.session.items}
+    return {n: [t for t in names if t in selected] for n, names in groups.items()}
+
+
 class LaunchGroups:
     """Tests of one file grouped by process count, one launch per group, run when the group's first test asks.
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from megatron_bridge.training.callbacks import Callback
-from tests.functional_tests.launcher import LaunchGroups, is_worker
+from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
@@ -53,8 +53,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     """The 2-rank launch (launching process only), running the tests of the group this session selected."""
     if is_worker():
         return None
-    selected = {item.name for item in request.session.items}
-    groups = {n: [t for t in names if t in selected] for n, names in GROUPS.items()}
+    groups = selected_groups(request, GROUPS)
     work = tmp_path_factory.mktemp("mcore_ckpt")
     return LaunchGroups(__file__, groups, {2: 840}, env={**HARNESS_ENV, "MB_MCORE_CKPT_DIR": str(work)})
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.training.callbacks import Callback
-from tests.functional_tests.launcher import REPO_ROOT, LaunchGroups, is_worker, launch
+from tests.functional_tests.launcher import REPO_ROOT, LaunchGroups, is_worker, launch, selected_groups
 from tests.functional_tests.training._common import assert_finite_decreasing, small_config
 
 
@@ -168,8 +168,7 @@ def launches(reference: Path | None, request: pytest.FixtureRequest) -> LaunchGr
     """The module's launches (launching process only), running the tests this session selected."""
     if is_worker():
         return None
-    selected = {item.name for item in request.session.items}
-    groups = {n: [t for t in names if t in selected] for n, names in GROUPS.items()}
+    groups = selected_groups(request, GROUPS)
     return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={**HARNESS_ENV, "MB_REFERENCE": str(reference)})
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_bridge.training.callbacks import Callback
-from tests.functional_tests.launcher import LaunchGroups, is_worker
+from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
@@ -125,8 +125,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     """The module's launches (launching process only), running the tests of each group this session selected."""
     if is_worker():
         return None
-    selected = {item.name for item in request.session.items}
-    groups = {n: [t for t in names if t in selected] for n, names in GROUPS.items()}
+    groups = selected_groups(request, GROUPS)
     if any(groups[2]) and "test_bf16_one_process" not in groups[1]:
         groups[1] = ["test_bf16_one_process", *groups[1]]  # the two-process tests compare with its losses
     work = tmp_path_factory.mktemp("mcore_precision")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.functional_tests.launcher import LaunchGroups, is_worker
+from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
@@ -76,8 +76,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     """The module's launches (launching process only); the workers write their losses to ``$MB_WRAPPERS_DIR``."""
     if is_worker():
         return None
-    selected = {item.name for item in request.session.items}
-    groups = {n: [t for t in names if t in selected or n == 1] for n, names in GROUPS.items()}
+    groups = {**selected_groups(request, GROUPS), 1: GROUPS[1]}  # the reference run always runs
     work = tmp_path_factory.mktemp("mcore_wrappers")
     return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={"MB_WRAPPERS_DIR": str(work)})
 

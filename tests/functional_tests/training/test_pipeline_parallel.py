@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.training.callbacks import Callback
-from tests.functional_tests.launcher import LaunchGroups, is_worker
+from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 from tests.functional_tests.training._common import FullWeights, max_weight_diff, small_config
 
 
@@ -95,8 +95,7 @@ def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory,
     of that group this session selected."""
     if is_worker():
         return None
-    selected = {item.name for item in request.session.items}
-    groups = {n: [t for t in names if t in selected] for n, names in GROUPS.items()}
+    groups = selected_groups(request, GROUPS)
     work = tmp_path_factory.mktemp("pp_runs")
     return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={"MB_REFERENCE": str(reference),
                                                                 "MB_PP_DIR": str(work)})
