@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from megatron_bridge.checkpoint import convert, layout, mcore_reader
+from megatron_bridge.checkpoint import convert, layout, mcore_fsdp_dtensor, mcore_reader
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
     SafeFileSystemReader,
@@ -40,6 +40,9 @@ from megatron_bridge.utils.logging import get_logger
 logger = get_logger(__name__)
 
 _MAX_NAMED = 8
+MCORE_FSDP_DTENSOR = "mcore_fsdp_dtensor"
+MCORE_KINDS = ("mcore_dist", MCORE_FSDP_DTENSOR)
+"""The source kinds of the megatron-core engine (torch_dist; fsdp_dtensor under Megatron FSDP)."""
 
 
 @dataclass
@@ -50,7 +53,8 @@ class LoadSource:
     """An ``iter_*`` folder, a weights file or a HF folder."""
     kind: str
     """"dcp", "torch" (a checkpoint folder with model_optim.pt), "mcore_dist" (megatron-core torch_dist, the
-    megatron-core engine's), "weights" (a weights file) or "hf"."""
+    megatron-core engine's), "mcore_fsdp_dtensor" (the megatron-core engine's under Megatron FSDP), "weights" (a
+    weights file) or "hf"."""
     step: int
     """Step of the checkpoint (0 for weights files and HF folders)."""
     weights_only: bool
@@ -116,11 +120,18 @@ def inspect_folder(folder: Path, weights_only: bool) -> LoadSource:
 
         return LoadSource(str(folder), "mcore_dist", layout.step_of(folder) or 0, weights_only,
                           has_optimizer_state(metadata))
+    if not (folder / layout.MANIFEST_FILENAME).is_file() and mcore_fsdp_dtensor.is_fsdp_dtensor_folder(folder):
+        check_dcp_storage(folder, read_dcp_metadata(folder))  # Megatron-Bridge's / Megatron-LM's fsdp_dtensor
+        return LoadSource(str(folder), MCORE_FSDP_DTENSOR, layout.step_of(folder) or 0, weights_only,
+                          mcore_fsdp_dtensor.has_optimizer_state(folder))
     manifest = layout.verify_manifest(folder)
     fmt = manifest.get("format")
     if fmt == "torch_dist" and manifest.get("layout") == mcore_reader.MCORE_LAYOUT:
         mcore_reader.check_mcore_folder(folder)
         kind = "mcore_dist"
+    elif fmt == "fsdp_dtensor" and manifest.get("layout") == mcore_reader.MCORE_LAYOUT:
+        check_dcp_storage(folder, read_dcp_metadata(folder))
+        kind = MCORE_FSDP_DTENSOR
     elif fmt in ("torch_dist", "fsdp_dtensor"):
         check_dcp_storage(folder, read_dcp_metadata(folder))
         kind = "dcp"

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from megatron_bridge.checkpoint import comm, layout, mcore_checkpoint, mcore_reader, mcore_state, run_folder
+from megatron_bridge.checkpoint import (
+    comm,
+    layout,
+    mcore_checkpoint,
+    mcore_fsdp_dtensor,
+    mcore_reader,
+    mcore_state,
+    run_folder,
+)
 from megatron_bridge.checkpoint import load as loading
 from megatron_bridge.checkpoint import save as saving
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
@@ -121,7 +129,10 @@ class CheckpointManager:
 
     def _check_engine(self, source: loading.LoadSource) -> None:
         """The two engines' checkpoints differ (parameter names, sharding): a named error points at the converter."""
-        if self.mcore == (source.kind == "mcore_dist"):
+        if self.mcore and source.kind in loading.MCORE_KINDS:
+            self._check_mcore_format(source)
+            return
+        if self.mcore == (source.kind in loading.MCORE_KINDS):
             return
         if self.mcore:
             raise CheckpointError(
@@ -132,6 +143,22 @@ class CheckpointManager:
             f"{source.path!r} is a megatron-core torch_dist checkpoint (model.engine='megatron_core'): set "
             "model.engine='megatron_core' to resume it, or convert its weights with scripts/checkpoint/convert.py "
             "--to megatron (megatron_bridge.checkpoint.mcore_convert)")
+
+    def _check_mcore_format(self, source: loading.LoadSource) -> None:
+        """Megatron FSDP reads fsdp_dtensor folders only, megatron-core DDP torch_dist ones only (megatron-core's
+        distributed optimizer has no other sharding type under Megatron FSDP; Megatron-Bridge refuses the same)."""
+        fsdp = self.cfg.dist.use_megatron_fsdp
+        if fsdp == (source.kind == loading.MCORE_FSDP_DTENSOR):
+            return
+        if fsdp:
+            raise CheckpointError(
+                f"{source.path!r} is a megatron-core torch_dist checkpoint, which Megatron FSDP "
+                "(dist.use_megatron_fsdp=True) cannot load (megatron-core's optimizer supports only the fsdp_dtensor "
+                "sharding type under Megatron FSDP): resume it with megatron-core DDP (dist.use_megatron_fsdp=False) "
+                "and checkpoint.ckpt_format='torch_dist'")
+        raise CheckpointError(
+            f"{source.path!r} is an fsdp_dtensor checkpoint of Megatron FSDP: resume it with "
+            "dist.use_megatron_fsdp=True and checkpoint.ckpt_format='fsdp_dtensor'")
 
     def _load_native(self, source: loading.LoadSource, load_optim: bool) -> None:
         state = self._state_to_load(load_optim)
@@ -149,11 +176,16 @@ class CheckpointManager:
     def _load_mcore(self, source: loading.LoadSource, load_optim: bool) -> None:
         parts = mcore_checkpoint.parts_of(self.cfg, self.backend, self.optimizer, self.scheduler, self.train_state)
         load_rng = self.ckpt.load_rng and not source.weights_only
-        restored = mcore_checkpoint.load(parts, source.path, load_optim=load_optim, load_rng=load_rng)
+        reader = mcore_fsdp_dtensor if source.kind == loading.MCORE_FSDP_DTENSOR else mcore_checkpoint
+        restored = reader.load(parts, source.path, load_optim=load_optim, load_rng=load_rng)
         if source.weights_only:
             return
         if (Path(source.path) / layout.TRAIN_STATE_FILENAME).is_file():
             self.train_state.load_state_dict(loading.read_train_state(source.path))
+        elif source.kind == loading.MCORE_FSDP_DTENSOR:  # Megatron-LM writes no train_state.pt
+            log_rank_0(logger, "%s has no train_state.pt: step %d from its folder name, sample counters start at 0",
+                       source.path, source.step)
+            self.train_state.load_state_dict({"step": source.step})
         else:
             self.train_state.load_state_dict(mcore_checkpoint.train_state_from_common(source.path))
         if load_rng and not comm.all_ok(restored, self.group):
@@ -219,10 +251,12 @@ class CheckpointManager:
             layout.fault_point("rank_files_written")
             parts = mcore_checkpoint.parts_of(self.cfg, self.backend, self.optimizer, self.scheduler,
                                               self.train_state)
-            mcore_checkpoint.save(parts, job.tmp)
+            writer = mcore_fsdp_dtensor if self.ckpt.ckpt_format == "fsdp_dtensor" else mcore_checkpoint
+            writer.save(parts, job.tmp)
             comm.barrier(self.group)
             comm.run_on_rank0(lambda: self._finalize_rank0(job), self.group)
-            log_rank_0(logger, "saved megatron-core checkpoint of step %d to %s in %.2fs", step, job.final,
+            log_rank_0(logger, "saved megatron-core %s checkpoint of step %d to %s in %.2fs", self.ckpt.ckpt_format,
+                       step, job.final,
                        time.perf_counter() - start)
             return
         saving.write_rank_files(job.tmp, self.rank, self.world_size, self.ckpt.save_rng)

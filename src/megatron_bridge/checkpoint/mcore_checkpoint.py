@@ -42,13 +42,16 @@ class McoreParts:
     optimizer: Any
     scheduler: Any
     train_state: "TrainState"
+    wrapped: list[torch.nn.Module] | None = None
+    """The wrapped chunks (Megatron FSDP's fsdp_dtensor checkpoints read megatron-fsdp's module inside them)."""
 
 
 def parts_of(cfg: "ConfigContainer", backend: Any, optimizer: Any, scheduler: Any,
              train_state: "TrainState") -> McoreParts:
     """:class:`McoreParts` of a training run (the backend's chunks unwrapped, as Megatron-Bridge's
     ``unwrap_model``)."""
-    return McoreParts(cfg, [backend.unwrap(c) for c in backend.chunks], optimizer, scheduler, train_state)
+    return McoreParts(cfg, [backend.unwrap(c) for c in backend.chunks], optimizer, scheduler, train_state,
+                      list(backend.chunks))
 
 
 def _save_strategy(cfg: "ConfigContainer") -> Any:

@@ -29,7 +29,10 @@ def _mfsdp_format(cfg: "ConfigContainer", world_size: int) -> None:
     c = cfg.checkpoint
     if cfg.dist.use_megatron_fsdp and (c.save or c.load) and c.ckpt_format != "fsdp_dtensor":
         fail(f"dist.use_megatron_fsdp=True requires checkpoint.ckpt_format='fsdp_dtensor' (got {c.ckpt_format!r}) "
-             "when checkpoint.save or checkpoint.load is set", "dist.use_megatron_fsdp", "checkpoint.ckpt_format")
+             "when checkpoint.save or checkpoint.load is set (megatron-core's distributed optimizer has no other "
+             "sharding type under Megatron FSDP; Megatron-Bridge refuses the same: 'Megatron-FSDP requires the "
+             "fsdp_dtensor checkpointing format!'): set checkpoint.ckpt_format='fsdp_dtensor'",
+             "dist.use_megatron_fsdp", "checkpoint.ckpt_format")
 
 
 @rule("megatron_fsdp_device_connections", ("dist.use_megatron_fsdp",),

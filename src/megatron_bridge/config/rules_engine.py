@@ -69,6 +69,12 @@ def _mcore_cp(cfg: "ConfigContainer", world_size: int) -> None:
          "parallelism runs everywhere)", "model.context_parallel_size", "model.transformer_impl")
 
 
+def _engine_ckpt_format(cfg: "ConfigContainer") -> str:
+    """The checkpoint format of the megatron-core engine: ``fsdp_dtensor`` under Megatron FSDP (megatron-core's
+    optimizer has no other sharding type there), else megatron-core's ``torch_dist``."""
+    return "fsdp_dtensor" if cfg.dist.use_megatron_fsdp else "torch_dist"
+
+
 def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of every setting the megatron-core engine does not build in this version. megatron-core's
     Llama 3.1 RoPE scaling takes only the factor (low/high frequency factors 1 and 4, original context 8192 fixed);
@@ -91,7 +97,8 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (m.init_model_with_meta_device, "model.init_model_with_meta_device", m.init_model_with_meta_device, "False"),
         (cfg.quantization.quant_cfg is not None, "quantization.quant_cfg", cfg.quantization.quant_cfg, "None"),
         (cfg.distillation.enabled, "distillation.teacher_checkpoint", cfg.distillation.teacher_checkpoint, "None"),
-        (c.ckpt_format != "torch_dist" and ckpt_io, "checkpoint.ckpt_format", c.ckpt_format, "'torch_dist'"),
+        (c.ckpt_format != _engine_ckpt_format(cfg) and ckpt_io, "checkpoint.ckpt_format", c.ckpt_format,
+         repr(_engine_ckpt_format(cfg))),
         (c.async_save, "checkpoint.async_save", c.async_save, "False"),
     ]
     return [(path, value, fix) for bad, path, value, fix in checks if bad]
@@ -192,10 +199,13 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
          m.virtual_pipeline_model_parallel_size, "None"),
         (mp is not None and (mp.bf16 or mp.fp16), "mixed_precision", cfg.mixed_precision, "'fp32'"),
-        (c.save is not None, "checkpoint.save", c.save, "None"),
-        (c.load is not None, "checkpoint.load", c.load, "None"),
         (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
     ]
+    if not cfg.dist.use_megatron_fsdp:  # Megatron FSDP: fsdp_dtensor checkpoints (checkpoint/mcore_fsdp_dtensor.py)
+        checks += [
+            (c.save is not None, "checkpoint.save", c.save, "None"),
+            (c.load is not None, "checkpoint.load", c.load, "None"),
+        ]
     if cfg.dist.use_megatron_fsdp:
         checks += [
             (d.report_nan_in_param_grad, "ddp.report_nan_in_param_grad", d.report_nan_in_param_grad,
@@ -203,6 +213,11 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
             (d.calculate_per_token_loss, "ddp.calculate_per_token_loss", d.calculate_per_token_loss, "False"),
             (d.megatron_fsdp_mlp_activation_checkpointing, "ddp.megatron_fsdp_mlp_activation_checkpointing",
              d.megatron_fsdp_mlp_activation_checkpointing, "False"),
+            (bool(c.save or c.load) and d.data_parallel_sharding_strategy == "no_shard",
+             "ddp.data_parallel_sharding_strategy", d.data_parallel_sharding_strategy,
+             "'optim', 'optim_grads' or 'optim_grads_params' to save or load checkpoints (megatron-core 0.19's "
+             "fsdp_dtensor SwiGLU split, handle_swiglu_in_state_dict, builds sharded DTensors that no_shard's "
+             "replicated weights do not have)"),
         ]
     if cfg.dist.use_torch_fsdp2:
         checks += [
@@ -230,7 +245,8 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 @rule("megatron_core_fsdp", ("model.engine", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2"),
       "With engine='megatron_core', Megatron FSDP and FSDP2 (megatron-core's wrappers) run without pipeline "
-      "parallelism, checkpoints or bf16/fp16; FSDP2 without the distributed optimizer, tied embeddings or the native "
+      "parallelism or bf16/fp16; Megatron FSDP checkpoints in fsdp_dtensor (not with no_shard, no "
+      "pretrained_checkpoint), FSDP2 without checkpoints, the distributed optimizer, tied embeddings or the native "
       "engine's FSDP2-only options.")
 def _mcore_fsdp(cfg: "ConfigContainer", world_size: int) -> None:
     d = cfg.dist

@@ -43,12 +43,20 @@ CASES: dict[str, dict[str, Any]] = {
     "test_megatron_fsdp_optim_grads_params": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
     "test_megatron_fsdp_optim_grads_params_tp2": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads_params",
                                                   "model.tensor_model_parallel_size": 2},
+    "test_megatron_fsdp_optim_grads_params_resume": {**MFSDP,
+                                                     "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
+    "test_megatron_fsdp_optim_resume": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim"},
     "test_fsdp2": FSDP2,
     "test_fsdp2_tp2": {**FSDP2, "model.tensor_model_parallel_size": 2},
     "test_fsdp2_sync_every_microbatch_no_reshard": {**FSDP2, "fsdp2.defer_fsdp_grad_sync": False,
                                                     "fsdp2.reshard_after_forward": False},
 }
 """2-rank case → config overrides (dotted paths)."""
+SAVE_AT = 4
+CHECKPOINTED = {"test_megatron_fsdp_optim": "test_megatron_fsdp_optim_resume",
+                "test_megatron_fsdp_optim_grads_params": "test_megatron_fsdp_optim_grads_params_resume"}
+"""Megatron FSDP case that saves an fsdp_dtensor checkpoint at step ``SAVE_AT`` → the case resuming it (same launch,
+after it), whose losses must equal the saving run's from that step on, bit for bit."""
 GROUPS: dict[int, list[str]] = {1: ["test_one_process_reference"], 2: list(CASES)}
 LAUNCH_TIMEOUT_S = {1: 300, 2: 900}
 
@@ -92,11 +100,24 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
     install_fsdp()
     if not dist.is_initialized():
         dist.init_process_group("gloo")  # kept for the launch's next test; pretrain() reuses it
+    cfg = wrapper_config(**overrides)
+    work = Path(os.environ["MB_WRAPPERS_DIR"])
+    saver = next((case for case, resumer in CHECKPOINTED.items() if resumer == name), None)
+    c = cfg.checkpoint
+    if name in CHECKPOINTED:
+        c.ckpt_format, c.save_interval, c.most_recent_k = "fsdp_dtensor", SAVE_AT, -1
+        c.save = str(work / f"{name}_ckpt")
+    if saver is not None:
+        c.ckpt_format, c.load, c.ckpt_step = "fsdp_dtensor", str(work / f"{saver}_ckpt"), SAVE_AT
     try:
-        result = pretrain(wrapper_config(**overrides))
+        result = pretrain(cfg)
     finally:
         parallel_state.destroy()  # megatron-core's groups: the next test may use another TP size
     assert result.final_step == STEPS, result
+    if saver is not None:  # resumed at SAVE_AT: the saving run's losses from there on, bit for bit
+        saved = json.loads((work / f"{saver}.json").read_text())["losses"]
+        assert result.losses == saved[SAVE_AT:], (result.losses, saved)
+        assert (work / f"{saver}_ckpt" / f"iter_{SAVE_AT:07d}" / ".metadata").is_file()
     if dist.get_rank() == 0:
         record = {"backend": result.backend, "losses": result.losses}
         (Path(os.environ["MB_WRAPPERS_DIR"]) / f"{name}.json").write_text(json.dumps(record))
@@ -166,6 +187,37 @@ def test_megatron_fsdp_optim_grads_params(launches: LaunchGroups | None) -> None
 def test_megatron_fsdp_optim_grads_params_tp2(launches: LaunchGroups | None) -> None:
     """ZeRO-3 over megatron-core's tensor parallelism: TP=2 (DP=1)."""
     _case("test_megatron_fsdp_optim_grads_params_tp2", "mcore_megatron_fsdp", launches)
+
+
+def test_megatron_fsdp_optim_grads_params_resume(launches: LaunchGroups | None) -> None:
+    """ZeRO-3: the fsdp_dtensor checkpoint test_megatron_fsdp_optim_grads_params saved at step 4 resumes bit-exact
+    (Megatron-Bridge's folder layout: tracker file, iter_0000004 with DCP shards and train_state.pt)."""
+    _resume_case("test_megatron_fsdp_optim_grads_params_resume", launches)
+
+
+def test_megatron_fsdp_optim_resume(launches: LaunchGroups | None) -> None:
+    """ZeRO-1 (unsharded model weights; the SwiGLU split cut by the optimizer's shard): the fsdp_dtensor checkpoint
+    of test_megatron_fsdp_optim resumes bit-exact."""
+    _resume_case("test_megatron_fsdp_optim_resume", launches)
+
+
+def _resume_case(name: str, launches: LaunchGroups | None) -> None:
+    if is_worker():
+        train_and_record(name, CASES[name])  # asserts the bit-exact losses on every rank
+        return
+    saver = next(case for case, resumer in CHECKPOINTED.items() if resumer == name)
+    launches.check(saver)  # type: ignore[union-attr]
+    launches.check(name)  # type: ignore[union-attr]
+    folder = Path(launches.env["MB_WRAPPERS_DIR"])  # type: ignore[union-attr]
+    root = folder / f"{saver}_ckpt"
+    assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+    step = root / f"iter_{SAVE_AT:07d}"
+    assert {".metadata", "train_state.pt", "run_config.yaml"} <= {p.name for p in step.iterdir()}
+    assert not (step / "metadata.json").exists()  # plain DCP (fsdp_dtensor), not megatron-core's torch_dist
+    got = json.loads((folder / f"{name}.json").read_text())["losses"]
+    want = json.loads((folder / f"{saver}.json").read_text())["losses"]
+    assert got == want[SAVE_AT:], (got, want)
+    print(f"[resume] {name}: losses of steps {SAVE_AT + 1}..{STEPS} equal the uninterrupted run's bit for bit")
 
 
 def test_fsdp2(launches: LaunchGroups | None) -> None:

@@ -1,0 +1,136 @@
+"""Megatron FSDP checkpoints of the megatron-core engine (``fsdp_dtensor``) without a process group: the config rules
+(which format, which sharding strategy), the safe reader of their DCP values, recognition of a Megatron-Bridge
+fsdp_dtensor folder (no manifest, no megatron-core metadata.json), and the named error for a checkpoint of the other
+wrapper. Saving and bit-exact resume run in tests/functional_tests/mcore/test_wrappers.py."""
+
+import io
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from megatron_bridge.errors import CheckpointError, ConfigValidationError
+from megatron_bridge.recipes import tiny_llama_pretrain_config
+
+
+pytest.importorskip("megatron.core", reason="megatron-core engine (Python 3.12 environment)")
+
+from megatron_bridge.checkpoint import load as loading  # noqa: E402
+from megatron_bridge.checkpoint import mcore_fsdp_dtensor  # noqa: E402
+from megatron_bridge.checkpoint.manager import CheckpointManager  # noqa: E402
+
+
+def _mfsdp_cfg(strategy: str = "optim_grads_params"):  # noqa: ANN202
+    cfg = tiny_llama_pretrain_config(train_iters=10, global_batch_size=8, micro_batch_size=2)
+    cfg.model.engine = "megatron_core"
+    cfg.dist.use_megatron_fsdp = True
+    cfg.ddp.data_parallel_sharding_strategy = strategy
+    cfg.checkpoint.ckpt_format = "fsdp_dtensor"
+    cfg.checkpoint.save = cfg.checkpoint.load = "/tmp/mb-never-written"
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------------------ config
+@pytest.mark.parametrize("strategy", ["optim", "optim_grads", "optim_grads_params"])
+def test_fsdp_dtensor_save_and_load_pass_validation(strategy: str) -> None:
+    _mfsdp_cfg(strategy).validate(world_size=2)
+
+
+def test_torch_dist_with_megatron_fsdp_is_refused_with_the_reason() -> None:
+    cfg = _mfsdp_cfg()
+    cfg.checkpoint.ckpt_format = "torch_dist"
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_fsdp_ckpt_format\]") as info:
+        cfg.validate(world_size=2)
+    message = str(info.value)
+    assert "checkpoint.ckpt_format='fsdp_dtensor'" in message and "Megatron-Bridge refuses the same" in message
+    assert "checkpoint.ckpt_format" in info.value.paths
+
+
+def test_no_shard_checkpoints_are_refused_naming_the_strategy() -> None:
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_fsdp\]") as info:
+        _mfsdp_cfg("no_shard").validate(world_size=2)
+    assert "ddp.data_parallel_sharding_strategy" in info.value.paths
+    assert "ddp.data_parallel_sharding_strategy='optim'" in str(info.value)
+    cfg = _mfsdp_cfg("no_shard")
+    cfg.checkpoint.save = cfg.checkpoint.load = None
+    cfg.validate(world_size=2)  # no_shard trains; only its checkpoints are refused
+
+
+def test_pretrained_checkpoint_stays_refused_with_megatron_fsdp() -> None:
+    cfg = _mfsdp_cfg()
+    cfg.checkpoint.pretrained_checkpoint = "/tmp/mb-pretrained"
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_fsdp\]") as info:
+        cfg.validate(world_size=2)
+    assert "checkpoint.pretrained_checkpoint" in info.value.paths
+
+
+def test_fsdp_dtensor_without_megatron_fsdp_names_torch_dist() -> None:
+    cfg = _mfsdp_cfg()
+    cfg.dist.use_megatron_fsdp = cfg.ddp.use_megatron_fsdp = False
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=2)
+    assert "checkpoint.ckpt_format" in info.value.paths
+
+
+# ----------------------------------------------------------------------------------------------- safe reader
+def _planner_read(obj: object) -> object:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    planner = mcore_fsdp_dtensor._SafeMegatronLoadPlanner()
+    planner.flatten_state_dict = False
+    planner.state_dict = {}
+    item = SimpleNamespace(dest_index=SimpleNamespace(fqn="rng_state.(0, 0).0.np_rng_state"))
+    planner.load_bytes(item, buffer)
+    return planner.state_dict["rng_state.(0, 0).0.np_rng_state"]
+
+
+def test_planner_reads_megatron_rng_state() -> None:
+    state = (random.getstate(), np.random.get_state())
+    loaded = _planner_read(state)
+    assert loaded[0] == state[0] and np.array_equal(loaded[1][1], state[1][1])
+
+
+def test_planner_refuses_code() -> None:
+    import os
+
+    with pytest.raises(CheckpointError, match="not allowed or is corrupt"):
+        _planner_read({"payload": os.system})
+
+
+# ------------------------------------------------------------------------------------------- folder detection
+def _write_megatron_bridge_like(folder: Path) -> None:
+    """A DCP folder with the top-level keys Megatron-Bridge's fsdp_dtensor save writes (no manifest)."""
+    state = {"checkpoint_version": 3.0, "iteration": 2,
+             "model": {"decoder.final_layernorm.weight": torch.ones(4)},
+             "optimizer": {"state": {"module.module.decoder.final_layernorm.weight": {"exp_avg": torch.zeros(4)}}}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)), no_dist=True)
+
+
+def test_megatron_bridge_fsdp_dtensor_folder_is_recognized(tmp_path: Path) -> None:
+    folder = tmp_path / "iter_0000002"
+    _write_megatron_bridge_like(folder)
+    assert mcore_fsdp_dtensor.is_fsdp_dtensor_folder(folder)
+    source = loading.inspect_folder(folder, weights_only=False)
+    assert (source.kind, source.step, source.has_optimizer) == (loading.MCORE_FSDP_DTENSOR, 2, True)
+    assert source.kind in loading.MCORE_KINDS
+
+
+def test_plain_dcp_folder_is_not_fsdp_dtensor(tmp_path: Path) -> None:
+    dcp.save({"weights": torch.ones(2)}, storage_writer=dcp.FileSystemWriter(str(tmp_path)), no_dist=True)
+    assert not mcore_fsdp_dtensor.is_fsdp_dtensor_folder(tmp_path)
+
+
+@pytest.mark.parametrize(("use_megatron_fsdp", "kind", "expected"), [
+    (True, "mcore_dist", "cannot load"), (False, loading.MCORE_FSDP_DTENSOR, "dist.use_megatron_fsdp=True")])
+def test_checkpoint_of_the_other_wrapper_is_a_named_error(use_megatron_fsdp: bool, kind: str, expected: str) -> None:
+    manager = SimpleNamespace(cfg=SimpleNamespace(dist=SimpleNamespace(use_megatron_fsdp=use_megatron_fsdp)))
+    source = loading.LoadSource("/ckpt/iter_0000002", kind, 2, False)
+    with pytest.raises(CheckpointError, match=expected):
+        CheckpointManager._check_mcore_format(manager, source)  # type: ignore[arg-type]
+    same = "mcore_dist" if not use_megatron_fsdp else loading.MCORE_FSDP_DTENSOR
+    CheckpointManager._check_mcore_format(manager, loading.LoadSource("/c", same, 2, False))  # type: ignore[arg-type]
