@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import yaml
 
-from megatron_bridge.checkpoint import mcore_reader, mcore_state
+from megatron_bridge.checkpoint import mcore_fsdp2_state, mcore_reader, mcore_state
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
@@ -71,6 +71,8 @@ def save(parts: McoreParts, folder: Path) -> None:
     from megatron.core import dist_checkpointing
 
     ckpt = parts.cfg.checkpoint
+    if any(mcore_fsdp2_state.is_fsdp2_chunk(chunk) for chunk in parts.chunks):
+        mcore_fsdp2_state.check_even_shards(parts.chunks)
     metadata = mcore_state.content_metadata(parts.cfg)
     state = mcore_state.build_state_dict(
         parts.cfg, parts.chunks, parts.optimizer, parts.scheduler, parts.train_state,
@@ -152,8 +154,11 @@ def load(parts: McoreParts, folder: str | Path, *, load_optim: bool, load_rng: b
 def _load_model(chunk: torch.nn.Module, loaded: dict[str, Any], key: str, folder: str | Path) -> None:
     if key not in loaded:
         raise CheckpointError(f"checkpoint {str(folder)!r} holds no {key!r} state (model chunks differ)")
+    state = loaded[key]
+    if mcore_fsdp2_state.is_fsdp2_chunk(chunk):  # local shards → DTensors of the live layout
+        state = mcore_fsdp2_state.as_live_dtensors(state, chunk.state_dict(keep_vars=True))
     try:
-        chunk.load_state_dict(loaded[key], strict=True)
+        chunk.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise CheckpointError(f"checkpoint {str(folder)!r} does not fit the model: {exc}") from exc
 
@@ -162,8 +167,11 @@ def _load_optimizer(parts: McoreParts, loaded: dict[str, Any], folder: str | Pat
     if "optimizer" not in loaded or "opt_param_scheduler" not in loaded:
         raise CheckpointError(f"checkpoint {str(folder)!r} holds no optimizer or opt_param_scheduler state: set "
                               "checkpoint.load_optim=False")
+    state = loaded["optimizer"]
+    if any(mcore_fsdp2_state.is_fsdp2_chunk(chunk) for chunk in parts.chunks):
+        state = mcore_fsdp2_state.as_live_dtensors(state, parts.optimizer.state_dict())
     with torch.no_grad():
-        parts.optimizer.load_state_dict(loaded["optimizer"])
+        parts.optimizer.load_state_dict(state)
     mcore_state.untie_optimizer_steps(parts.optimizer)
     parts.scheduler.load_state_dict(mcore_state.scheduler_from_megatron(loaded["opt_param_scheduler"], parts.cfg))
 

@@ -11,7 +11,8 @@ key                                            content
 virtual stage)
 ``optimizer``                                  megatron-core's ``optimizer.sharded_state_dict(model_sd, metadata=...)``
                                                (the distributed optimizer's ``dp_reshardable`` or
-                                               ``fully_reshardable`` parameter state)
+                                               ``fully_reshardable`` parameter state; under FSDP2
+                                               :mod:`.mcore_fsdp2_state` builds the same)
 ``opt_param_scheduler``                        Megatron's ``OptimizerParamScheduler`` fields, counted in samples
 ``rng_state``                                  ``ShardedObject("rng_state", [states], (PP, TP), (pp_rank, tp_rank),
                                                replica_id=dp_rank)``; states: ``random_rng_state``,
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from megatron_bridge.checkpoint import mcore_fsdp2_state
 from megatron_bridge.errors import CheckpointError
 
 
@@ -216,7 +218,11 @@ def build_state_dict(cfg: "ConfigContainer", chunks: list[torch.nn.Module], opti
     if with_optim:
         if is_loading:
             ensure_optimizer_state(optimizer)
-        state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata, is_loading=is_loading)
+        if any(mcore_fsdp2_state.is_fsdp2_chunk(chunk) for chunk in chunks):
+            state["optimizer"] = mcore_fsdp2_state.optimizer_sharded_state_dict(optimizer, state, metadata,
+                                                                                is_loading=is_loading)
+        else:
+            state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata, is_loading=is_loading)
         state["opt_param_scheduler"] = scheduler_to_megatron(scheduler.state_dict(), cfg)
     if with_rng:
         state[RNG_KEY] = rng_sharded_object()

@@ -106,8 +106,9 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 @rule("megatron_core_features", ("model.engine",),
       "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
-      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (synchronous, DDP); no "
-      "MoE, recompute, offloading, "
+      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (synchronous; DDP and FSDP2; "
+      "fsdp_dtensor with Megatron FSDP); "
+      "no MoE, recompute, offloading, "
       "quantization or distillation.")
 def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine != "megatron_core":
@@ -189,25 +190,26 @@ def _mcore_pipeline(cfg: "ConfigContainer", world_size: int) -> None:
              "train.global_batch_size", "model.pipeline_model_parallel_size")
 
 
+_FSDP2_NO_PP = ("Megatron-LM refuses --use-torch-fsdp2 with pipeline parallelism (megatron/training/arguments.py): "
+                "no upstream path runs megatron-core's pipeline schedules over its FSDP2 wrapper")
+"""Why FSDP2 on the megatron-core engine runs without pipeline stages."""
+
+
 def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of what megatron-core's FSDP wrappers (:mod:`megatron_bridge.distributed.mcore_fsdp`,
     :mod:`megatron_bridge.distributed.mcore_fsdp2`) cannot do in this version."""
     m, d, f, c, o = cfg.model, cfg.ddp, cfg.fsdp2, cfg.checkpoint, cfg.optimizer
     mp = cfg.mixed_precision_config
     checks: list[tuple[bool, str, object, str]] = [
-        (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size, "1"),
-        (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
-         m.virtual_pipeline_model_parallel_size, "None"),
-        (mp is not None and (mp.bf16 or mp.fp16), "mixed_precision", cfg.mixed_precision, "'fp32'"),
         (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
     ]
-    if not cfg.dist.use_megatron_fsdp:  # Megatron FSDP: fsdp_dtensor checkpoints (checkpoint/mcore_fsdp_dtensor.py)
-        checks += [
-            (c.save is not None, "checkpoint.save", c.save, "None"),
-            (c.load is not None, "checkpoint.load", c.load, "None"),
-        ]
     if cfg.dist.use_megatron_fsdp:
         checks += [
+            (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
+             "1"),
+            (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
+             m.virtual_pipeline_model_parallel_size, "None"),
+            (mp is not None and (mp.bf16 or mp.fp16), "mixed_precision", cfg.mixed_precision, "'fp32'"),
             (d.report_nan_in_param_grad, "ddp.report_nan_in_param_grad", d.report_nan_in_param_grad,
              "False (megatron-core's adapter checks with ddp.check_for_nan_in_grad=True)"),
             (d.calculate_per_token_loss, "ddp.calculate_per_token_loss", d.calculate_per_token_loss, "False"),
@@ -221,6 +223,13 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         ]
     if cfg.dist.use_torch_fsdp2:
         checks += [
+            (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
+             f"1 ({_FSDP2_NO_PP})"),
+            (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
+             m.virtual_pipeline_model_parallel_size, f"None ({_FSDP2_NO_PP})"),
+            (mp is not None and mp.fp16, "mixed_precision", cfg.mixed_precision,
+             "'bf16_mixed' or 'fp32' (Megatron-LM refuses --use-torch-fsdp2 with fp16: megatron-core's FSDP2 "
+             "wrapper has no loss-scaled gradient path)"),
             (o.use_distributed_optimizer or d.use_distributed_optimizer, "optimizer.use_distributed_optimizer",
              o.use_distributed_optimizer or d.use_distributed_optimizer,
              "False (FSDP2 shards the optimizer state itself; Megatron-LM refuses it too)"),
@@ -244,10 +253,11 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 
 @rule("megatron_core_fsdp", ("model.engine", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2"),
-      "With engine='megatron_core', Megatron FSDP and FSDP2 (megatron-core's wrappers) run without pipeline "
-      "parallelism or bf16/fp16; Megatron FSDP checkpoints in fsdp_dtensor (not with no_shard, no "
-      "pretrained_checkpoint), FSDP2 without checkpoints, the distributed optimizer, tied embeddings or the native "
-      "engine's FSDP2-only options.")
+      "With engine='megatron_core', Megatron FSDP (megatron-core's adapter) runs without pipeline parallelism or "
+      "bf16/fp16 and checkpoints in fsdp_dtensor (not with no_shard); FSDP2 (megatron-core's "
+      "TorchFullyShardedDataParallel) with torch_dist checkpoints and bf16, without pipeline parallelism, fp16, the "
+      "distributed optimizer, tied embeddings or the native engine's FSDP2-only options; neither loads a "
+      "pretrained_checkpoint.")
 def _mcore_fsdp(cfg: "ConfigContainer", world_size: int) -> None:
     d = cfg.dist
     if cfg.model.engine != "megatron_core" or not (d.use_megatron_fsdp or d.use_torch_fsdp2):

@@ -23,9 +23,19 @@ optimizer.*                            megatron-core's optimizer (``use_distribu
 
 The other ``fsdp2`` options belong to the native engine's FSDP2 backend; ``validate()`` refuses the ones that would
 change something here (rule ``megatron_core_fsdp``), as it refuses tied embeddings (the embedding and the output layer
-are sharded apart; Megatron-LM requires untied ones too), the distributed optimizer and pipeline parallelism.
+are sharded apart; Megatron-LM requires untied ones too), the distributed optimizer, fp16 and pipeline parallelism
+(Megatron-LM refuses all three with ``--use-torch-fsdp2``).
+
+**bf16** (``mixed_precision="bf16_mixed"``), as Megatron-LM runs it: megatron-core's ``Float16Module`` casts the
+weights to bf16 before sharding, so FSDP2 all-gathers and reduce-scatters bf16 (megatron-core's wrapper passes no
+``MixedPrecisionPolicy``: ``ddp.grad_reduce_in_fp32`` has no effect here, logged), and megatron-core's
+``Float16OptimizerWithFloat16Params`` keeps fp32 main parameters as DTensor shards and steps on them.
+
+**Checkpoints**: megatron-core ``torch_dist`` folders in Megatron-Bridge's layout, the same global tensors as
+megatron-core DDP writes (:mod:`megatron_bridge.checkpoint.mcore_fsdp2_state`), so they resume under either wrapper.
 """
 
+import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -93,8 +103,13 @@ class MegatronCoreFSDP2Backend(MegatronCoreDDPBackend):
                 layers = [m for m in chunk.module.modules() if isinstance(m, TransformerLayer)]
                 set_prefetch_chains(layers, f.fsdp2_forward_prefetch_depth, f.fsdp2_backward_prefetch_depth)
         log_rank_0(logger, "megatron-core FSDP2: %d unit(s) per chunk (%s), reshard_after_forward=%s",
-                   sum(1 for m in self.chunks[0].module.modules() if type(m) in units),
+                   sum(1 for m in self.chunks[0].module.modules() if isinstance(m, tuple(units))),
                    sorted(c.__name__ for c in units), config.reshard_after_forward)
+        if self.cfg.ddp.grad_reduce_in_fp32 and (self.cfg.optimizer.bf16 or self.cfg.optimizer.fp16):
+            log_rank_0(logger, "ddp.grad_reduce_in_fp32=True has no effect with dist.use_torch_fsdp2 on "
+                       "model.engine='megatron_core': megatron-core's FSDP2 wrapper takes no mixed-precision policy, "
+                       "so gradients are reduce-scattered in the bf16 weights' dtype (as in Megatron-LM); "
+                       "megatron-core's optimizer still steps fp32 main weights", level=logging.WARNING)
         return self.chunks
 
     def grad_sync_context(self, *, is_last_microbatch: bool) -> AbstractContextManager:

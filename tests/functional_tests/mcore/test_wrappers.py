@@ -4,7 +4,14 @@ process: megatron-core DDP, megatron-core's Megatron FSDP adapter (per sharding 
 
 Each case trains the tiny Llama (4 layers, hidden 128, vocabulary padded to 512 under every TP size) for 8 steps of 8
 samples in fp32 and must give the per-step losses of a one-process megatron-core DDP run within ``LOSS_RTOL``
-(relative). Runs differ only in float summation order (measured 2026-12-01: within 8e-8 relative).
+(relative). Runs differ only in float summation order (measured 2026-12-01: within 8e-8 relative). FSDP2 with
+``mixed_precision="bf16_mixed"`` must match a one-process bf16 megatron-core DDP run within ``BF16_RTOL`` (measured
+2026-12-01: 3.0e-5; FSDP2 reduce-scatters bf16 gradients, DDP accumulates fp32 ones).
+
+FSDP2 checkpoints (megatron-core ``torch_dist``): ``test_fsdp2`` (DP=2), ``test_fsdp2_tp2`` and
+``test_megatron_core_ddp`` save at step ``SAVE_AT``; resuming FSDP2 from FSDP2 is bit-exact at DP=2 and at TP=2;
+megatron-core DDP resumes the FSDP2 checkpoint and FSDP2 resumes the DDP one within ``LOSS_RTOL`` (measured
+2026-12-01: 6e-8 and 4e-8), and both folders hold the same tensors (keys and global shapes).
 
 CPU: megatron-core and megatron-fsdp run on gloo through the test-only harness
 (tests/functional_tests/mcore_cpu_harness.py, ``install_fsdp``), which makes megatron-fsdp's collectives synchronous.
@@ -23,17 +30,37 @@ import pytest
 import torch
 
 from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
+from tests.functional_tests.mcore.test_checkpoint import (  # noqa: F401 (autouse: the checkpoint cases save)
+    _stop_megatron_core_writer_process,
+)
 
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
 
 LOSS_RTOL = 1e-5
+BF16_RTOL = 2e-4
 STEPS = 8
+SAVE_AT = 4
 PADDED_VOCAB = 512
 MFSDP = {"dist.use_megatron_fsdp": True}
 FSDP2 = {"dist.use_torch_fsdp2": True}
+TP2 = {"model.tensor_model_parallel_size": 2}
+BF16 = {"mixed_precision": "bf16_mixed"}
+
+
+def _save(name: str) -> dict[str, Any]:
+    """Overrides that save the run at step ``SAVE_AT`` into ``<launch folder>/<name>``."""
+    return {"checkpoint.save": f"{{work}}/{name}", "checkpoint.save_interval": SAVE_AT,
+            "checkpoint.most_recent_k": -1}
+
+
+def _resume(name: str) -> dict[str, Any]:
+    """Overrides that resume from step ``SAVE_AT`` of ``<launch folder>/<name>``."""
+    return {"checkpoint.load": f"{{work}}/{name}", "checkpoint.ckpt_step": SAVE_AT}
+
+
 CASES: dict[str, dict[str, Any]] = {
-    "test_megatron_core_ddp": {},
+    "test_megatron_core_ddp": _save("ddp"),
     "test_megatron_fsdp_no_shard": {**MFSDP, "ddp.data_parallel_sharding_strategy": "no_shard"},
     "test_megatron_fsdp_optim": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim"},
     "test_megatron_fsdp_optim_overlap": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim",
@@ -46,18 +73,32 @@ CASES: dict[str, dict[str, Any]] = {
     "test_megatron_fsdp_optim_grads_params_resume": {**MFSDP,
                                                      "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
     "test_megatron_fsdp_optim_resume": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim"},
-    "test_fsdp2": FSDP2,
-    "test_fsdp2_tp2": {**FSDP2, "model.tensor_model_parallel_size": 2},
+    "test_fsdp2": {**FSDP2, **_save("fsdp2")},
+    "test_fsdp2_tp2": {**FSDP2, **TP2, **_save("fsdp2_tp2")},
     "test_fsdp2_sync_every_microbatch_no_reshard": {**FSDP2, "fsdp2.defer_fsdp_grad_sync": False,
                                                     "fsdp2.reshard_after_forward": False},
+    "test_fsdp2_bf16": {**FSDP2, **BF16},
+    "test_fsdp2_resume_is_bit_exact": {**FSDP2, **_resume("fsdp2")},
+    "test_fsdp2_tp2_resume_is_bit_exact": {**FSDP2, **TP2, **_resume("fsdp2_tp2")},
+    "test_fsdp2_checkpoint_resumes_under_megatron_core_ddp": _resume("fsdp2"),
+    "test_megatron_core_ddp_checkpoint_resumes_under_fsdp2": {**FSDP2, **_resume("ddp")},
 }
-"""2-rank case → config overrides (dotted paths)."""
-SAVE_AT = 4
+"""2-rank case → config overrides (dotted paths; ``{work}`` is the launch's folder)."""
+REFERENCES = {"test_one_process_reference": {}, "test_one_process_reference_bf16": BF16}
+"""One-process megatron-core DDP runs → overrides."""
+REFERENCE_OF = {"test_fsdp2_bf16": "test_one_process_reference_bf16"}
+"""2-rank case → its one-process reference (default ``test_one_process_reference``)."""
+RESUMES = {"test_fsdp2_resume_is_bit_exact": ("test_fsdp2", 0.0),
+           "test_fsdp2_tp2_resume_is_bit_exact": ("test_fsdp2_tp2", 0.0),
+           "test_fsdp2_checkpoint_resumes_under_megatron_core_ddp": ("test_fsdp2", LOSS_RTOL),
+           "test_megatron_core_ddp_checkpoint_resumes_under_fsdp2": ("test_megatron_core_ddp", LOSS_RTOL)}
+"""Resumed case → (the case that saved its checkpoint, whose losses after step ``SAVE_AT`` it must give; relative
+tolerance)."""
 CHECKPOINTED = {"test_megatron_fsdp_optim": "test_megatron_fsdp_optim_resume",
                 "test_megatron_fsdp_optim_grads_params": "test_megatron_fsdp_optim_grads_params_resume"}
 """Megatron FSDP case that saves an fsdp_dtensor checkpoint at step ``SAVE_AT`` → the case resuming it (same launch,
 after it), whose losses must equal the saving run's from that step on, bit for bit."""
-GROUPS: dict[int, list[str]] = {1: ["test_one_process_reference"], 2: list(CASES)}
+GROUPS: dict[int, list[str]] = {1: list(REFERENCES), 2: list(CASES)}
 LAUNCH_TIMEOUT_S = {1: 300, 2: 900}
 
 pytestmark = [
@@ -84,7 +125,11 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     """The module's launches (launching process only); the workers write their losses to ``$MB_WRAPPERS_DIR``."""
     if is_worker():
         return None
-    groups = {**selected_groups(request, GROUPS), 1: GROUPS[1]}  # the reference run always runs
+    wanted = set(selected_groups(request, GROUPS)[2])
+    wanted |= {RESUMES[name][0] for name in wanted if name in RESUMES}  # a resumed case needs its saving run
+    wanted |= {saver for saver, resumer in CHECKPOINTED.items() if resumer in wanted}
+    references = {"test_one_process_reference"} | {REFERENCE_OF[n] for n in wanted if n in REFERENCE_OF}
+    groups = {1: [n for n in GROUPS[1] if n in references], 2: [n for n in GROUPS[2] if n in wanted]}
     work = tmp_path_factory.mktemp("mcore_wrappers")
     return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={"MB_WRAPPERS_DIR": str(work)})
 
@@ -100,8 +145,8 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
     install_fsdp()
     if not dist.is_initialized():
         dist.init_process_group("gloo")  # kept for the launch's next test; pretrain() reuses it
-    cfg = wrapper_config(**overrides)
     work = Path(os.environ["MB_WRAPPERS_DIR"])
+    cfg = wrapper_config(**{k: v.format(work=work) if isinstance(v, str) else v for k, v in overrides.items()})
     saver = next((case for case, resumer in CHECKPOINTED.items() if resumer == name), None)
     c = cfg.checkpoint
     if name in CHECKPOINTED:
@@ -124,18 +169,27 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
 
 
 def compare(launches: LaunchGroups, name: str, backend: str) -> None:
-    """Launching process: run the reference and ``name`` (their launches), then compare the recorded losses."""
-    launches.check("test_one_process_reference")
+    """Launching process: run the reference and ``name`` (their launches), then compare the recorded losses: with
+    the one-process reference within ``LOSS_RTOL`` (bf16: ``BF16_RTOL``), or, for a resumed case, with the saving
+    run's losses after step ``SAVE_AT`` (``RESUMES``)."""
+    if name in RESUMES:
+        reference, rtol = RESUMES[name]
+        first, steps = SAVE_AT, STEPS - SAVE_AT
+    else:
+        reference = REFERENCE_OF.get(name, "test_one_process_reference")
+        rtol, first, steps = (BF16_RTOL if reference.endswith("bf16") else LOSS_RTOL), 0, STEPS
+    launches.check(reference)
     launches.check(name)
     folder = Path(launches.env["MB_WRAPPERS_DIR"])
     got = json.loads((folder / f"{name}.json").read_text())
-    want = json.loads((folder / "test_one_process_reference.json").read_text())
+    want = json.loads((folder / f"{reference}.json").read_text())
+    want_losses = want["losses"][first:]
     assert got["backend"] == backend, got
-    assert len(got["losses"]) == STEPS and want["losses"][-1] < want["losses"][0] - 0.05, want
-    for a, b in zip(got["losses"], want["losses"], strict=True):
-        assert abs(a - b) <= LOSS_RTOL * abs(b), (name, got["losses"], want["losses"])
-    worst = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"]))
-    print(f"[parity] {name} ({backend}): max relative loss difference {worst:.1e} over {STEPS} steps")
+    assert len(got["losses"]) == steps and want["losses"][-1] < want["losses"][0] - 0.05, want
+    for a, b in zip(got["losses"], want_losses, strict=True):
+        assert abs(a - b) <= rtol * abs(b), (name, got["losses"], want_losses)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want_losses))
+    print(f"[parity] {name} ({backend}) vs {reference}: max relative loss difference {worst:.1e} over {steps} steps")
 
 
 def _case(name: str, backend: str, launches: LaunchGroups | None) -> None:
@@ -145,12 +199,21 @@ def _case(name: str, backend: str, launches: LaunchGroups | None) -> None:
         compare(launches, name, backend)  # type: ignore[arg-type]
 
 
-def test_one_process_reference(launches: LaunchGroups | None) -> None:
-    """One process, megatron-core DDP: the losses every 2-rank case must match."""
+def _reference(name: str, launches: LaunchGroups | None) -> None:
     if is_worker():
-        train_and_record("test_one_process_reference", {})
+        train_and_record(name, REFERENCES[name])
     else:
-        launches.check("test_one_process_reference")  # type: ignore[union-attr]
+        launches.check(name)  # type: ignore[union-attr]
+
+
+def test_one_process_reference(launches: LaunchGroups | None) -> None:
+    """One process, megatron-core DDP: the losses every fp32 2-rank case must match."""
+    _reference("test_one_process_reference", launches)
+
+
+def test_one_process_reference_bf16(launches: LaunchGroups | None) -> None:
+    """One process, megatron-core DDP with ``mixed_precision="bf16_mixed"`` (Float16Module, fp32 main weights)."""
+    _reference("test_one_process_reference_bf16", launches)
 
 
 def test_megatron_core_ddp(launches: LaunchGroups | None) -> None:
@@ -234,3 +297,42 @@ def test_fsdp2_sync_every_microbatch_no_reshard(launches: LaunchGroups | None) -
     """FSDP2 with ``fsdp2.defer_fsdp_grad_sync=False`` (reduce-scatter after every micro-batch) and
     ``fsdp2.reshard_after_forward=False`` (no prefetch chains)."""
     _case("test_fsdp2_sync_every_microbatch_no_reshard", "mcore_fsdp2", launches)
+
+
+def test_fsdp2_bf16(launches: LaunchGroups | None) -> None:
+    """FSDP2 with ``mixed_precision="bf16_mixed"``: bf16 weights sharded by FSDP2, fp32 main weights (DTensor
+    shards) in megatron-core's Float16OptimizerWithFloat16Params; matches one-process bf16 within ``BF16_RTOL``."""
+    _case("test_fsdp2_bf16", "mcore_fsdp2", launches)
+
+
+def test_fsdp2_resume_is_bit_exact(launches: LaunchGroups | None) -> None:
+    """FSDP2, DP=2: resuming the step-4 torch_dist checkpoint of ``test_fsdp2`` gives its losses bit for bit."""
+    _case("test_fsdp2_resume_is_bit_exact", "mcore_fsdp2", launches)
+
+
+def test_fsdp2_tp2_resume_is_bit_exact(launches: LaunchGroups | None) -> None:
+    """FSDP2 over TP=2: resuming the step-4 checkpoint of ``test_fsdp2_tp2`` gives its losses bit for bit."""
+    _case("test_fsdp2_tp2_resume_is_bit_exact", "mcore_fsdp2", launches)
+
+
+def test_fsdp2_checkpoint_resumes_under_megatron_core_ddp(launches: LaunchGroups | None) -> None:
+    """megatron-core DDP resumes the FSDP2 checkpoint (model and Adam state); its folder holds the same tensors
+    (keys, global shapes) as the one megatron-core DDP wrote."""
+    _case("test_fsdp2_checkpoint_resumes_under_megatron_core_ddp", "mcore_ddp", launches)
+    if is_worker():
+        return
+    from megatron_bridge.checkpoint.mcore_reader import check_mcore_folder
+
+    def tensors(name: str) -> dict[str, tuple[int, ...] | None]:
+        folder = Path(launches.env["MB_WRAPPERS_DIR"]) / name / f"iter_{SAVE_AT:07d}"  # type: ignore[union-attr]
+        metadata = check_mcore_folder(folder).state_dict_metadata
+        return {k: tuple(v.size) if hasattr(v, "size") else None for k, v in metadata.items()}
+
+    fsdp2, ddp = tensors("fsdp2"), tensors("ddp")
+    assert "optimizer.state.exp_avg.decoder.layers.mlp.linear_fc1.weight" in fsdp2
+    assert fsdp2 == ddp, sorted(set(fsdp2.items()) ^ set(ddp.items()))
+
+
+def test_megatron_core_ddp_checkpoint_resumes_under_fsdp2(launches: LaunchGroups | None) -> None:
+    """FSDP2 resumes the step-4 checkpoint megatron-core DDP wrote."""
+    _case("test_megatron_core_ddp_checkpoint_resumes_under_fsdp2", "mcore_fsdp2", launches)

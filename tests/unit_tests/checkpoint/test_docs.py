@@ -20,9 +20,9 @@ def test_config_table_lists_every_checkpoint_field():
 
 def test_named_tests_exist():
     tests = REPO / "tests"
-    for name in set(re.findall(r"`(?:[a-z_]+/)*(test_[a-z_]+\.py)(?:::|`)", DOC)):
+    for name in set(re.findall(r"`(?:[a-z_]+/)*(test_[a-z0-9_]+\.py)(?:::|`)", DOC)):
         assert list(tests.rglob(name)), name
-    for func in set(re.findall(r"::(test_[a-z_]+)", DOC)) | set(re.findall(r"`(test_[a-z_]+)`", DOC)):
+    for func in set(re.findall(r"::(test_[a-z0-9_]+)", DOC)) | set(re.findall(r"`(test_[a-z0-9_]+)`", DOC)):
         assert any(f"def {func}(" in p.read_text() for p in tests.rglob("test_*.py")), func
 
 

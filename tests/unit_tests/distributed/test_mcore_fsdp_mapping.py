@@ -30,8 +30,8 @@ def _mcore(**dotted: object):  # noqa: ANN202
     cfg = tiny_llama_pretrain_config()
     cfg.model.engine = "megatron_core"
     for path, value in dotted.items():
-        section, field = path.split("__")
-        setattr(getattr(cfg, section), field, value)
+        *section, field = path.split("__")
+        setattr(getattr(cfg, section[0]) if section else cfg, field, value)
     return cfg
 
 
@@ -124,6 +124,7 @@ def test_fsdp2_units_follow_the_layer_spec() -> None:
                                  "ddp__data_parallel_sharding_strategy": "no_shard"},
      "ddp.data_parallel_sharding_strategy"),
     ("dist__use_torch_fsdp2", {"model__pipeline_model_parallel_size": 2}, "model.pipeline_model_parallel_size"),
+    ("dist__use_torch_fsdp2", {"mixed_precision": "fp16_mixed"}, "mixed_precision"),
 ])
 def test_fsdp_refusals_name_field_value_and_fix(flag: str, setting: dict, path: str) -> None:
     cfg = _mcore(**{flag: True}, **setting)
@@ -138,3 +139,26 @@ def test_fsdp_refusals_name_field_value_and_fix(flag: str, setting: dict, path: 
 def test_megatron_fsdp_and_fsdp2_pass_validation_with_tensor_parallelism() -> None:
     for flag in ("dist__use_megatron_fsdp", "dist__use_torch_fsdp2"):
         _mcore(**{flag: True}, model__tensor_model_parallel_size=2).validate(world_size=4)
+
+
+def test_fsdp2_refusals_say_why() -> None:
+    """Pipeline parallelism and fp16 stay refused with FSDP2 because Megatron-LM refuses them; the message says so."""
+    for setting, reason in (({"model__pipeline_model_parallel_size": 2}, "refuses --use-torch-fsdp2 with pipeline"),
+                            ({"mixed_precision": "fp16_mixed"}, "refuses --use-torch-fsdp2 with fp16")):
+        cfg = _mcore(dist__use_torch_fsdp2=True, **setting)
+        with pytest.raises(ConfigValidationError, match=reason):
+            cfg.validate(world_size=cfg.model.pipeline_model_parallel_size)
+
+
+@pytest.mark.parametrize("setting", [
+    {"checkpoint__save": "/tmp/mb-never-written", "checkpoint__save_interval": 2},
+    {"checkpoint__load": "/tmp/mb-never-written"},
+    {"mixed_precision": "bf16_mixed"},
+])
+def test_fsdp2_passes_validation_with_checkpoints_and_bf16(setting: dict) -> None:
+    """FSDP2 on megatron-core: torch_dist checkpoints (fp32) and bf16_mixed (without checkpoints: rule
+    megatron_core_precision) are supported; a pretrained_checkpoint is not (untested)."""
+    _mcore(dist__use_torch_fsdp2=True, **setting).validate(world_size=2)
+    cfg = _mcore(dist__use_torch_fsdp2=True, checkpoint__pretrained_checkpoint="/tmp/mb-never-written")
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_fsdp\]"):
+        cfg.validate(world_size=2)
