@@ -10,16 +10,20 @@ from tests.functional_tests.launcher import REPORT_ENV, is_worker
 
 
 _EXIT_STATUS: list[int] = []
+_FAILED: set[str] = set()
+"""Node ids of the tests that failed on this rank (a phase's report said so)."""
 
 
 @pytest.fixture(autouse=True)
-def _teardown_process_group():
+def _teardown_process_group(request: pytest.FixtureRequest):
     """After each test on a torchrun worker: barrier, then destroy the process group if the test left one.
 
     In a shared launch (``$MB_CASE_REPORT`` set, launcher.py's ``launch_cases``) the tests share one process group,
     which they join with ``init_process_group`` and leave alive (a default group re-created after
-    ``destroy_process_group`` on torchrun's store can hang): it stays up for the next test. If a test ends without it
-    (pretrain() aborted it after a failure), the launch stops: the remaining tests are reported as not run.
+    ``destroy_process_group`` on torchrun's store can hang): it stays up for the next test. A test that passed without
+    leaving a group made and destroyed its own through ``pretrain()`` (megatron_bridge.distributed.init joins a second
+    and later group under a fresh store prefix, so the next test may do so again). If a test failed without it
+    (pretrain() aborted it after the failure), the launch stops: the remaining tests are reported as not run.
     """
     yield
     if not is_worker():
@@ -30,8 +34,10 @@ def _teardown_process_group():
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
             return
-        pytest.exit("this shared launch's process group is gone (a test failed and aborted it): the remaining "
-                    "tests cannot run", returncode=1)
+        if request.node.nodeid in _FAILED:
+            pytest.exit("this shared launch's process group is gone (a test failed and aborted it): the remaining "
+                        "tests cannot run", returncode=1)
+        return
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -43,6 +49,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     folder = os.environ.get(REPORT_ENV)
     if not folder or not is_worker():
         return
+    if report.failed:
+        _FAILED.add(report.nodeid)
     detail = ""
     if report.failed:
         detail = str(report.longrepr)[-4000:]

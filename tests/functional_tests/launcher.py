@@ -100,8 +100,9 @@ def _read_reports(folder: Path, nproc: int) -> dict[int, list[dict[str, str]]]:
 
 def _outcome(name: str, reports: dict[int, list[dict[str, str]]], ended: str) -> CaseOutcome:
     failures, skipped, missing = [], [], []
+    reported_as = name.rsplit("::", 1)[-1]  # conftest.py reports a test of a class by its own name
     for rank, rows in reports.items():
-        mine = [r for r in rows if r["test"] == name]
+        mine = [r for r in rows if r["test"] == reported_as]
         if not any(r["when"] == "teardown" for r in mine):
             missing.append(rank)
         failures += [f"rank {rank} ({r['when']}): {r['detail']}" for r in mine if r["outcome"] == "failed"]
@@ -118,7 +119,8 @@ def _outcome(name: str, reports: dict[int, list[dict[str, str]]], ended: str) ->
 def launch_cases(file: str, names: list[str], *, nproc: int, timeout: float,
                  env: dict[str, str] | None = None) -> dict[str, CaseOutcome]:
     """Run the tests ``names`` of ``file`` in one launch on ``nproc`` ranks, in this order, without stopping at a
-    failure; returns each test's outcome over all ranks (conftest.py's worker hook writes them)."""
+    failure; returns each test's outcome over all ranks (conftest.py's worker hook writes them). A test of a class is
+    named ``Class::test``; a parametrized one with its id, ``test[id]``."""
     with tempfile.TemporaryDirectory(prefix="mb-cases-") as folder:
         try:
             proc = _torchrun_pytest([f"{file}::{n}" for n in names], nproc, timeout,
@@ -135,7 +137,7 @@ def selected_groups(request: pytest.FixtureRequest, groups: dict[int, list[str]]
     """``groups`` (process count -> test names) keeping only the tests this pytest session selected (``-k``, node ids),
     so a launch runs no test the session deselected."""
     selected = {item.name for item in request.session.items}
-    return {n: [t for t in names if t in selected] for n, names in groups.items()}
+    return {n: [t for t in names if t.rsplit("::", 1)[-1] in selected] for n, names in groups.items()}
 
 
 class LaunchGroups:
