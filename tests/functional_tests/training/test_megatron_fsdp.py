@@ -10,6 +10,8 @@ the CPU harness below. The other GPU tests (``@pytest.mark.gpu``) are skipped wi
 CPU (skipped when CUDA is present): the same backend on 2 gloo ranks through the test-only harness
 (tests/functional_tests/megatron_fsdp_cpu_harness.py), which runs megatron-fsdp's CUDA code path on CPU with
 synchronous collectives: parity with a one-process DDP run for every sharding strategy, and exact fsdp_dtensor resume.
+The smoke test, the parity tests and the first phase of the resume check share one torchrun launch (``CPU_GROUPS``,
+launcher.py's ``LaunchGroups``; each stays a test of its own); the resumed phase is a second launch (new processes).
 """
 
 import json
@@ -25,7 +27,7 @@ from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.gpt_step import forward_step
 from megatron_bridge.training.pretrain import pretrain
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import LaunchGroups, is_worker, launch, selected_groups
 from tests.functional_tests.training._common import (
     assert_finite_decreasing,
     load_reference,
@@ -39,6 +41,14 @@ LOSS_RTOL = 1e-5
 WEIGHT_ATOL = 2e-5
 RESUME_RTOL_GPU = 1e-3  # NCCL and atomics in CUDA kernels make GPU runs not bitwise repeatable
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+
+CLASS = "TestMegatronFSDP"
+CPU_GROUPS: dict[int, list[str]] = {2: [
+    f"{CLASS}::test_fsdp_pretrain_basic",
+    *(f"{CLASS}::test_cpu_harness_parity_with_ddp[{strategy}]" for strategy in STRATEGIES),
+    f"{CLASS}::test_cpu_harness_save_resume",
+]}
+"""Without CUDA: the tests launched together (one launch; the resume check's second phase is a launch of its own)."""
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness test (the GPU tests cover CUDA)")
@@ -65,11 +75,16 @@ def smoke_ranks() -> int:
 
 
 def install_cpu_harness() -> None:
-    """Install the CPU harness in this worker (never with CUDA: it would replace the real CUDA calls)."""
+    """Install the CPU harness in this worker (never with CUDA: it would replace the real CUDA calls) and join the
+    launch's process group: pretrain() reuses it and leaves it alive for the launch's next test."""
     assert not torch.cuda.is_available()
+    import torch.distributed as dist
+
     from tests.functional_tests.megatron_fsdp_cpu_harness import install
 
     install()
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
 
 
 class MegatronFullWeights(Callback):
@@ -101,9 +116,11 @@ def resume_phase(base: Any) -> None:
         Path(root, f"{phase}.json").write_text(json.dumps({"steps": result.steps, "losses": result.losses}))
 
 
-def check_resume(nodeid: str, root: Path, nproc: int) -> tuple[list[float], list[float]]:
-    """Launch the two phases of :func:`resume_phase` as separate torchrun jobs; returns (full, resumed) losses."""
-    for phase in ("full", "resumed"):
+def check_resume(nodeid: str, root: Path, nproc: int, phases: tuple[str, ...] = ("full", "resumed")
+                 ) -> tuple[list[float], list[float]]:
+    """Launch ``phases`` of :func:`resume_phase` as separate torchrun jobs (the "full" phase may have run in a shared
+    launch already); returns (full, resumed) losses."""
+    for phase in phases:
         launch(nodeid, nproc=nproc, env={"MB_MFSDP_PHASE": phase, "MB_MFSDP_DIR": str(root)})
     full = json.loads((root / "full.json").read_text())
     resumed = json.loads((root / "resumed.json").read_text())
@@ -120,15 +137,31 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     return run_reference(small_config(), tmp_path_factory.mktemp("mfsdp_reference"))
 
 
+@pytest.fixture(scope="module")
+def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> LaunchGroups | None:
+    """Without CUDA, the module's shared launch (launching process only), running the tests this session selected;
+    the resume check's first phase writes its checkpoints under ``$MB_MFSDP_DIR``."""
+    if is_worker() or torch.cuda.is_available():
+        return None
+    resume_dir = tmp_path_factory.mktemp("mfsdp_resume")
+    return LaunchGroups(__file__, selected_groups(request, CPU_GROUPS), {2: 900},
+                        env={"MB_REFERENCE": str(reference), "MB_MFSDP_DIR": str(resume_dir),
+                             "MB_MFSDP_PHASE": "full"})
+
+
 class TestMegatronFSDP:
     """Megatron FSDP through pretrain(): GPU smoke and resume, CPU-harness parity and resume."""
 
-    def test_fsdp_pretrain_basic(self) -> None:
+    def test_fsdp_pretrain_basic(self, launches: LaunchGroups | None) -> None:
         """The seed's smoke test: 10 steps of optim_grads_params (bf16 mixed precision); finite loss at the last
         iteration. With CUDA the real megatron-fsdp path; without, the same backend through the CPU harness on 2
         gloo ranks (``torch.distributed.run --nproc_per_node=2 -m pytest ...`` works on either)."""
         if not is_worker():
-            launch(f"{__file__}::TestMegatronFSDP::test_fsdp_pretrain_basic", nproc=smoke_ranks())
+            if launches is None:  # CUDA: a launch of its own, one rank per GPU
+                launch(f"{__file__}::{CLASS}::test_fsdp_pretrain_basic", nproc=smoke_ranks())
+            else:
+                launches.check(f"{CLASS}::test_fsdp_pretrain_basic")
             return
         if not torch.cuda.is_available():
             install_cpu_harness()
@@ -154,11 +187,10 @@ class TestMegatronFSDP:
 
     @needs_no_cuda
     @pytest.mark.parametrize("strategy", STRATEGIES)
-    def test_cpu_harness_parity_with_ddp(self, strategy: str, reference: Path | None) -> None:
+    def test_cpu_harness_parity_with_ddp(self, strategy: str, launches: LaunchGroups | None) -> None:
         """Every sharding strategy (meta-device init where it applies) trains like one DDP process."""
         if not is_worker():
-            launch(f"{__file__}::TestMegatronFSDP::test_cpu_harness_parity_with_ddp[{strategy}]",
-                   env={"MB_REFERENCE": str(reference)})
+            launches.check(f"{CLASS}::test_cpu_harness_parity_with_ddp[{strategy}]")  # type: ignore[union-attr]
             return
         install_cpu_harness()
         weights = MegatronFullWeights()
@@ -174,12 +206,15 @@ class TestMegatronFSDP:
             print(f"[parity] megatron_fsdp {strategy}: max weight diff {diff:.3e}, losses {result.losses}")
 
     @needs_no_cuda
-    def test_cpu_harness_save_resume(self, tmp_path: Path) -> None:
-        """fsdp_dtensor save at step 4, resume in a new job: steps 5-8 repeat bit for bit (CPU is deterministic)."""
-        node = f"{__file__}::TestMegatronFSDP::test_cpu_harness_save_resume"
+    def test_cpu_harness_save_resume(self, launches: LaunchGroups | None) -> None:
+        """fsdp_dtensor save at step 4 (in the shared launch), resume in a new job: steps 5-8 repeat bit for bit (CPU
+        is deterministic)."""
+        node = f"{CLASS}::test_cpu_harness_save_resume"
         if is_worker():
             install_cpu_harness()
             resume_phase(mfsdp_config)
             return
-        full, resumed = check_resume(node, tmp_path, 2)
+        launches.check(node)  # type: ignore[union-attr]
+        root = Path(launches.env["MB_MFSDP_DIR"])  # type: ignore[union-attr]
+        full, resumed = check_resume(f"{__file__}::{node}", root, 2, phases=("resumed",))
         assert resumed == full[4:], (resumed, full)
