@@ -5,6 +5,10 @@ Run by plain pytest (which launches torchrun) or directly:
         tests/functional_tests/training/test_pretrain_backends.py::test_ddp_pretrain_basic -v -s
 Parity tolerance (fp32, 8 AdamW steps on the same global batch of 8 samples): losses within 1e-5 relative, weights
 within 2e-5 absolute. The distributed runs differ from the reference only in float summation order.
+
+Launches (launcher.py's ``LaunchGroups``, each test reported on its own): the first runs the DDP and FSDP2 parity
+tests and the first phase of the ZeRO-1 resume check on one shared process group; the second (new processes) runs the
+resumed phase, then ``test_pretrain_twice_in_one_process``, whose pretrain() calls create and destroy their own groups.
 """
 
 import json
@@ -13,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.distributed as dist
 
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.pretrain import pretrain
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 from tests.functional_tests.training._common import (
     FullWeights,
     assert_finite_decreasing,
@@ -29,6 +34,11 @@ from tests.functional_tests.training._common import (
 LOSS_RTOL = 1e-5
 WEIGHT_ATOL = 2e-5
 
+FIRST_LAUNCH = ["test_ddp_pretrain_basic", "test_fsdp2_pretrain_basic", "test_ddp_distributed_optimizer_pretrain"]
+"""On one process group the tests join (``$MB_ZERO_PHASE=full``)."""
+SECOND_LAUNCH = ["test_ddp_distributed_optimizer_pretrain", "test_pretrain_twice_in_one_process"]
+"""New processes, no shared group (``$MB_ZERO_PHASE=resumed``)."""
+
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
@@ -40,7 +50,27 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     return run_reference(small_config(), tmp_path_factory.mktemp("reference"))
 
 
+@pytest.fixture(scope="module")
+def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> tuple[LaunchGroups, LaunchGroups] | None:
+    """The module's two launches (launching process only), each running the tests this session selected."""
+    if is_worker():
+        return None
+    env = {"MB_REFERENCE": str(reference), "MB_ZERO_DIR": str(tmp_path_factory.mktemp("zero"))}
+    return (LaunchGroups(__file__, selected_groups(request, {2: FIRST_LAUNCH}), {2: 600},
+                         env={**env, "MB_ZERO_PHASE": "full", "MB_SHARED_GROUP": "1"}),
+            LaunchGroups(__file__, selected_groups(request, {2: SECOND_LAUNCH}), {2: 600},
+                         env={**env, "MB_ZERO_PHASE": "resumed"}))
+
+
+def _join_shared_group() -> None:
+    """Worker of the first launch: one process group for its tests; pretrain() reuses it and leaves it alive."""
+    if os.environ.get("MB_SHARED_GROUP") and not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
 def _run_and_compare(use_fsdp2: bool) -> None:
+    _join_shared_group()
     cfg = small_config(use_torch_fsdp2=use_fsdp2)
     weights = FullWeights()
     result = pretrain(cfg, callbacks=[weights])
@@ -51,26 +81,27 @@ def _run_and_compare(use_fsdp2: bool) -> None:
     assert_matches_reference(result, weights.weights, loss_rtol=LOSS_RTOL, weight_atol=WEIGHT_ATOL,
                              label=f"backend={result.backend}")
 
-def test_ddp_pretrain_basic(reference: Path | None) -> None:
+def test_ddp_pretrain_basic(launches: tuple[LaunchGroups, LaunchGroups] | None) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_ddp_pretrain_basic", env={"MB_REFERENCE": str(reference)})
+        launches[0].check("test_ddp_pretrain_basic")  # type: ignore[index]
         return
     _run_and_compare(use_fsdp2=False)
 
 
-def test_fsdp2_pretrain_basic(reference: Path | None) -> None:
+def test_fsdp2_pretrain_basic(launches: tuple[LaunchGroups, LaunchGroups] | None) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_fsdp2_pretrain_basic", env={"MB_REFERENCE": str(reference)})
+        launches[0].check("test_fsdp2_pretrain_basic")  # type: ignore[index]
         return
     _run_and_compare(use_fsdp2=True)
 
 
-def test_pretrain_twice_in_one_process(reference: Path | None) -> None:
+def test_pretrain_twice_in_one_process(launches: tuple[LaunchGroups, LaunchGroups] | None) -> None:
     """A script may call pretrain() again after it returned (each call creates and destroys its process groups):
     the second call must not hang on the first group's stale store keys, and trains the same numbers."""
     if not is_worker():
-        launch(f"{__file__}::test_pretrain_twice_in_one_process", env={"MB_REFERENCE": str(reference)}, timeout=240)
+        launches[1].check("test_pretrain_twice_in_one_process")  # type: ignore[index]
         return
+    assert not dist.is_initialized()  # the second launch shares no group: pretrain() makes its own
     first = pretrain(small_config())
     _run_and_compare(use_fsdp2=True)
     assert first.losses == pretrain(small_config()).losses  # the third call: same data, same seed, same numbers
@@ -90,16 +121,18 @@ class _ShardProbe(Callback):
         self.with_state = sum(p.numel() for p in ctx.optimizer.optim.state) if self.sharded else -1
 
 
-def test_ddp_distributed_optimizer_pretrain(reference: Path | None, tmp_path: Path) -> None:
+def test_ddp_distributed_optimizer_pretrain(launches: tuple[LaunchGroups, LaunchGroups] | None) -> None:
     """DDP with optimizer.use_distributed_optimizer (ZeRO-1): parity with the one-process reference, each rank holds
-    optimizer state for part of the parameters only, and a resume from step 4 repeats steps 5-8 exactly."""
-    node = f"{__file__}::test_ddp_distributed_optimizer_pretrain"
+    optimizer state for part of the parameters only, and a resume from step 4 (in the second launch: new processes)
+    repeats steps 5-8 exactly."""
     if not is_worker():
-        for phase in ("full", "resumed"):
-            launch(node, env={"MB_REFERENCE": str(reference), "MB_ZERO_DIR": str(tmp_path), "MB_ZERO_PHASE": phase})
-        full, resumed = (json.loads((tmp_path / f"{p}.json").read_text()) for p in ("full", "resumed"))
+        for launch in launches:  # type: ignore[union-attr]
+            launch.check("test_ddp_distributed_optimizer_pretrain")
+        root = Path(launches[0].env["MB_ZERO_DIR"])  # type: ignore[index]
+        full, resumed = (json.loads((root / f"{p}.json").read_text()) for p in ("full", "resumed"))
         assert resumed == full[4:], (resumed, full)
         return
+    _join_shared_group()
     phase, root = os.environ["MB_ZERO_PHASE"], Path(os.environ["MB_ZERO_DIR"])
     cfg = small_config()
     cfg.optimizer.use_distributed_optimizer = True
