@@ -11,7 +11,8 @@
   (8 AdamW steps, as tests/functional_tests/training/test_pretrain_backends.py).
 
 Both runs pad the vocabulary to the same size (``padded_vocab_size`` depends on TP: the reference uses twice the
-``make_vocab_size_divisible_by``).
+``make_vocab_size_divisible_by``). Both tests share one torchrun launch and process group (launcher.py's
+``LaunchGroups``; each stays a test of its own).
 """
 
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from megatron_bridge.distributed.tensor_parallel import TiedOutput
 from megatron_bridge.models import build_model_chunks
 from megatron_bridge.training.pretrain import pretrain
 from tests.functional_tests.distributed.helpers import global_batches, tiny_cfg
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 from tests.functional_tests.training._common import (
     FullWeights,
     assert_finite_decreasing,
@@ -45,6 +46,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 LR, CLIP = 0.5, 1.0
 LOSS_RTOL, NORM_RTOL, PARAM_ATOL = 1e-5, 1e-5, 1e-5
 PRETRAIN_WEIGHT_ATOL = 2e-5
+GROUPS = {2: ["test_tp_fsdp2_matches_reference", "test_tp_pretrain_matches_reference"]}
+"""One launch runs both tests."""
 VOCAB_DIVISOR = 64
 """make_vocab_size_divisible_by of the TP runs: vocab 100 pads to 128 with TP=2, as with 2×64 at TP=1."""
 
@@ -160,10 +163,26 @@ def _compare(case: Case) -> str | None:
     return None
 
 
-def test_tp_fsdp2_matches_reference() -> None:
+def _join_group() -> None:
+    """The launch's process group, made here (so pretrain() and initialize_distributed reuse it, leaving it alive)."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+@pytest.fixture(scope="module")
+def launches(pretrain_reference: Path | None, request: pytest.FixtureRequest) -> LaunchGroups | None:
+    """The module's launch (launching process only), running the tests this session selected."""
+    if is_worker():
+        return None
+    return LaunchGroups(__file__, selected_groups(request, GROUPS), {2: 600},
+                        env={"MB_REFERENCE": str(pretrain_reference)})
+
+
+def test_tp_fsdp2_matches_reference(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_tp_fsdp2_matches_reference", nproc=2)
+        launches.check("test_tp_fsdp2_matches_reference")  # type: ignore[union-attr]
         return
+    _join_group()
     env = initialize_distributed(tiny_cfg())
     assert env.world_size == 2
     failures = [message for case in CASES if (message := _compare(case))]
@@ -185,11 +204,11 @@ def pretrain_reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     return run_reference(_pretrain_config(1), tmp_path_factory.mktemp("tp_reference"))
 
 
-def test_tp_pretrain_matches_reference(pretrain_reference: Path | None) -> None:
+def test_tp_pretrain_matches_reference(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_tp_pretrain_matches_reference", nproc=2,
-               env={"MB_REFERENCE": str(pretrain_reference)})
+        launches.check("test_tp_pretrain_matches_reference")  # type: ignore[union-attr]
         return
+    _join_group()
     cfg = _pretrain_config(2)
     assert cfg.model.padded_vocab_size == _pretrain_config(1).model.padded_vocab_size
     weights = FullWeights()
