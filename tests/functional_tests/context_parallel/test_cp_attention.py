@@ -1,4 +1,8 @@
-"""All-gather-KV context-parallel attention on 2 and 4 gloo ranks equals one-process causal attention.
+"""All-gather-KV context-parallel attention over 2 and 4 gloo ranks equals one-process causal attention.
+
+Both tests share one 4-rank torchrun launch (launcher.py's ``LaunchGroups``; each stays a test of its own): CP=4 over
+all ranks, and CP=2 over each half of a (dp=2, cp=2) device mesh, as training carves CP groups out of a larger job
+(the CP rank is then not the global rank).
 
 Every rank builds the same full ``q, k, v`` (grouped-query: 4 query heads, 2 KV heads) and the one-process reference
 (forward and backward) itself, then runs :func:`all_gather_attention` on its zig-zag slice. Output and the gradients
@@ -15,13 +19,21 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from megatron_bridge.distributed.context_parallel import zigzag_slice
 from megatron_bridge.distributed.cp_attention import ContextParallelAttention, all_gather_attention, causal_attention
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
 ATOL = 1e-6
 BATCH, HEADS, KV_HEADS, SEQ, DIM = 2, 4, 2, 48, 8
+GROUPS = {4: ["test_cp2_attention_matches_one_process", "test_cp4_attention_matches_one_process"]}
+"""One launch of 4 ranks runs both tests."""
+
+
+@pytest.fixture(scope="module")
+def launches(request: pytest.FixtureRequest) -> LaunchGroups | None:
+    """The module's launch (launching process only), running the tests this session selected."""
+    return None if is_worker() else LaunchGroups(__file__, selected_groups(request, GROUPS), {4: 300})
 
 
 def _segments() -> torch.Tensor:
@@ -30,8 +42,14 @@ def _segments() -> torch.Tensor:
     return torch.stack([row0, torch.zeros(SEQ, dtype=torch.long)])
 
 
-def _check(segment_ids: torch.Tensor | None) -> float:
-    world, rank = dist.get_world_size(), dist.get_rank()
+def _cp_mesh(cp: int):  # noqa: ANN202  (DeviceMesh)
+    """The 1-D ``"cp"`` mesh of this rank: ``cp`` consecutive ranks of a (dp, cp) mesh over the whole launch."""
+    world = dist.get_world_size()
+    return init_device_mesh("cpu", (world // cp, cp), mesh_dim_names=("dp", "cp"))["cp"]
+
+
+def _check(segment_ids: torch.Tensor | None, mesh) -> float:  # noqa: ANN001
+    world, rank = mesh.size(), mesh.get_local_rank()
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(BATCH, HEADS, SEQ, DIM, generator=gen, requires_grad=True)
     k = torch.randn(BATCH, KV_HEADS, SEQ, DIM, generator=gen, requires_grad=True)
@@ -42,7 +60,6 @@ def _check(segment_ids: torch.Tensor | None) -> float:
 
     local = [zigzag_slice(t.detach(), world, rank, dim=2).requires_grad_() for t in (q, k, v)]
     seg = zigzag_slice(segment_ids, world, rank, dim=1) if segment_ids is not None else None
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
     out = ContextParallelAttention(mesh, "all_gather")(*local, seg)
     out.backward(zigzag_slice(grad_out, world, rank, dim=2))
     failures, worst = [], 0.0
@@ -58,27 +75,29 @@ def _check(segment_ids: torch.Tensor | None) -> float:
     return worst
 
 
-def _run() -> None:
-    dist.init_process_group("gloo")
-    plain = _check(None)
-    masked = _check(_segments())
+def _run(cp: int) -> None:
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")  # one group for the launch's tests
+    mesh = _cp_mesh(cp)
+    plain = _check(None, mesh)
+    masked = _check(_segments(), mesh)
     # the functional form, without the mesh wrapper, gives the same output
-    world, rank = dist.get_world_size(), dist.get_rank()
-    x = torch.randn(1, 2, SEQ // world, 4, generator=torch.Generator().manual_seed(rank))
-    group = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",)).get_group()
-    assert all_gather_attention(x, x, x, group, rank).shape == x.shape
-    print(f"[cp attention] CP={world} rank {rank}: max diff plain {plain:.2e}, masked {masked:.2e}")
+    rank = mesh.get_local_rank()
+    x = torch.randn(1, 2, SEQ // cp, 4, generator=torch.Generator().manual_seed(rank))
+    assert all_gather_attention(x, x, x, mesh.get_group(), rank).shape == x.shape
+    print(f"[cp attention] CP={cp} rank {dist.get_rank()} (CP rank {rank}): max diff plain {plain:.2e}, "
+          f"masked {masked:.2e}")
 
 
-def test_cp2_attention_matches_one_process() -> None:
+def test_cp2_attention_matches_one_process(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_cp2_attention_matches_one_process", nproc=2)
+        launches.check("test_cp2_attention_matches_one_process")  # type: ignore[union-attr]
         return
-    _run()
+    _run(2)
 
 
-def test_cp4_attention_matches_one_process() -> None:
+def test_cp4_attention_matches_one_process(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_cp4_attention_matches_one_process", nproc=4)
+        launches.check("test_cp4_attention_matches_one_process")  # type: ignore[union-attr]
         return
-    _run()
+    _run(4)
