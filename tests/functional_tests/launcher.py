@@ -14,7 +14,8 @@ own in the launching process), and the process start-up, imports and rendezvous 
 
 Under torchrun, tests/functional_tests/conftest.py tears the process group down after each test and ends each worker
 with ``os._exit`` after pytest printed its summary: torch 2.13's gloo aborts at interpreter teardown in ~10% of runs
-otherwise. Every launch has a timeout and its own free port.
+otherwise. Every launch has a timeout and its own free port (``--standalone``: torchrun's agent binds port 0, so
+parallel sessions cannot race for a port).
 """
 
 import json
@@ -38,7 +39,7 @@ def is_worker() -> bool:
 
 
 def free_port() -> int:
-    """A free TCP port on localhost (each launch uses its own, so parallel sessions do not collide)."""
+    """A free TCP port on localhost, for launches made outside this module (it may be taken again before use)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -47,9 +48,8 @@ def free_port() -> int:
 def _torchrun_pytest(nodeids: list[str], nproc: int, timeout: float, env: dict[str, str] | None,
                      stop_at_first_failure: bool) -> subprocess.CompletedProcess[str]:
     """Run pytest on ``nodeids`` under torch.distributed.run; raises subprocess.TimeoutExpired."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+    cmd = [  # --standalone: the agent's store binds a free port itself (a port chosen here could be taken first)
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
         "-m", "pytest", *nodeids, "-q", "-s", "-p", "no:cacheprovider", *(["-x"] if stop_at_first_failure else []),
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
