@@ -3,6 +3,8 @@ processes + N steps (fp32, 2 ranks), for DDP and FSDP2, with async saves in the 
 
 The straight run saves at step N while it keeps training (async: the state is staged at N, written in the
 background); a second torchrun job loads that checkpoint with ``checkpoint.ckpt_step=N`` and trains to 2N.
+The CPU backends share those two jobs (launcher.py's ``LaunchGroups``: one launch per phase, each backend a test of
+its own, one process group per launch).
 """
 
 import json
@@ -11,12 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from megatron_bridge.config.container import ConfigContainer
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import LaunchGroups, is_worker, launch, selected_groups
 
 
 N = 3
+CPU_BACKENDS = ["test_resume_is_bit_identical[ddp]", "test_resume_is_bit_identical[fsdp2]"]
+"""Launched together, once per phase."""
 
 
 def resume_config(root: Path, backend: str, phase: str) -> ConfigContainer:
@@ -45,17 +50,35 @@ def run_phase(root: Path, backend: str, phase: str) -> None:
     """Worker: run pretrain() and record its steps and losses (rank 0)."""
     from megatron_bridge.training.pretrain import pretrain
 
+    if os.environ.get("MB_SHARED_GROUP") and not dist.is_initialized():
+        dist.init_process_group("gloo")  # the launch's group: pretrain() reuses it and leaves it alive
     result = pretrain(resume_config(root, backend, phase))
     if int(os.environ.get("RANK", "0")) == 0:
         (root / f"{phase}.json").write_text(json.dumps({"steps": result.steps, "losses": result.losses}))
 
 
+@pytest.fixture(scope="module")
+def phases(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> list[LaunchGroups] | None:
+    """The launches of the CPU backends (launching process only), straight then resumed; each backend runs in
+    ``$CKPT_TEST_DIR/<backend>``."""
+    if is_worker():
+        return None
+    groups = selected_groups(request, {2: CPU_BACKENDS})
+    env = {"CKPT_TEST_DIR": str(tmp_path_factory.mktemp("resume")), "MB_SHARED_GROUP": "1"}
+    return [LaunchGroups(__file__, groups, {2: 300}, env={**env, "CKPT_TEST_PHASE": phase})
+            for phase in ("straight", "resumed")]
+
+
 def check_resume(tmp_path: Path, backend: str, nproc: int) -> None:
-    node = f"{__file__}::test_resume_is_bit_identical[{backend}]" if backend != "megatron_fsdp" else (
-        f"{__file__}::test_megatron_fsdp_resume_is_bit_identical")
+    node = f"{__file__}::test_megatron_fsdp_resume_is_bit_identical"
     for phase in ("straight", "resumed"):
         env = {"CKPT_TEST_DIR": str(tmp_path), "CKPT_TEST_PHASE": phase}
         launch(node, nproc=nproc, env=env, timeout=240)
+    compare_phases(tmp_path)
+
+
+def compare_phases(tmp_path: Path) -> None:
+    """The resumed run's steps and losses are the straight run's second half, bit for bit."""
     straight = json.loads((tmp_path / "straight.json").read_text())
     resumed = json.loads((tmp_path / "resumed.json").read_text())
     assert straight["steps"] == list(range(1, 2 * N + 1))
@@ -65,11 +88,15 @@ def check_resume(tmp_path: Path, backend: str, nproc: int) -> None:
 
 
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
-def test_resume_is_bit_identical(tmp_path, backend):
+def test_resume_is_bit_identical(phases, backend):
     if is_worker():
-        run_phase(Path(os.environ["CKPT_TEST_DIR"]), backend, os.environ["CKPT_TEST_PHASE"])
+        root = Path(os.environ["CKPT_TEST_DIR"]) / backend
+        root.mkdir(exist_ok=True)
+        run_phase(root, backend, os.environ["CKPT_TEST_PHASE"])
         return
-    check_resume(tmp_path, backend, nproc=2)
+    for launches in phases:
+        launches.check(f"test_resume_is_bit_identical[{backend}]")
+    compare_phases(Path(phases[0].env["CKPT_TEST_DIR"]) / backend)
 
 
 @pytest.mark.gpu
