@@ -13,6 +13,8 @@ atol 1e-5; observed differences come from float summation order only.
   small, DDP with PP=2 (loss counted in the split) × CP=2 and EP=2 over the CP ranks.
 * ``test_checkpoint_ep2_to_ep1``: 2 ranks: steps 1-4 at EP=2 save a checkpoint; steps 5-8 load it at EP=1 (DDP over
   2 ranks) and continue: losses and weights equal the uninterrupted reference.
+
+The 2-rank tests share one torchrun launch (``GROUPS``, launcher.py's ``LaunchGroups``; each stays a test of its own).
 """
 
 import os
@@ -28,7 +30,7 @@ from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.recipes import tiny_moe_pretrain_config
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.pretrain import pretrain
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 from tests.functional_tests.training._common import assert_finite_decreasing, max_weight_diff
 
 
@@ -36,6 +38,9 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
 STEPS = 8
+GROUPS: dict[int, list[str]] = {2: ["test_two_ranks_match_ep1", "test_checkpoint_ep2_to_ep1"],
+                                4: ["test_four_ranks_match_ep1"]}
+"""Tests launched together, by process count (one launch each)."""
 
 
 def moe_config(ep: int = 1, tp: int = 1, **overrides: Any) -> ConfigContainer:
@@ -81,6 +86,18 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     path = tmp_path_factory.mktemp("moe_reference") / "reference.pt"
     torch.save({"losses": torch.tensor(result.losses, dtype=torch.float64), "weights": weights.weights}, path)
     return path
+
+
+@pytest.fixture(scope="module")
+def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> LaunchGroups | None:
+    """The module's launches (launching process only), running the tests this session selected. The 4-rank launch
+    allows 15 minutes (4 processes share 2 cores with other jobs; about 1.5 minutes on a busy 2-core machine)."""
+    if is_worker():
+        return None
+    ckpt = tmp_path_factory.mktemp("moe_ckpt") / "ckpt"
+    return LaunchGroups(__file__, selected_groups(request, GROUPS), {2: 600, 4: 900},
+                        env={"MB_REFERENCE": str(reference), "MB_CKPT_DIR": str(ckpt)})
 
 
 def _compare_losses(losses: list[float], label: str, first_step: int = 0) -> dict[str, Any]:
@@ -130,13 +147,13 @@ def _run(cfg: ConfigContainer, label: str) -> None:
     _compare(result.losses, weights.weights, label)
 
 
-def test_two_ranks_match_ep1(reference: Path | None) -> None:
+def test_two_ranks_match_ep1(launches: LaunchGroups | None) -> None:
     """One launch of 2 ranks, four layouts in turn: EP=2 with DDP; PP=2 with 1F1B (the embedding counts in the
     split, so stage 0 holds the dense layer 0 and no MoE layer, stage 1 the two MoE layers); PP=2 × VP=2 with
     ZBVZeroBubble (rank 0: the embedding stage and MoE layer 2, rank 1: layers 0 and 1); CP=2 with EP=2 carved over
     the CP ranks (the load-balancing loss over the whole sequence, token counts summed over CP)."""
     if not is_worker():
-        launch(f"{__file__}::test_two_ranks_match_ep1", nproc=2, env={"MB_REFERENCE": str(reference)})
+        launches.check("test_two_ranks_match_ep1")  # type: ignore[union-attr]
         return
     _join_job()
     _run(moe_config(ep=2), "EP=2, DDP")
@@ -152,12 +169,11 @@ def test_two_ranks_match_ep1(reference: Path | None) -> None:
 
 
 @pytest.mark.timeout(1000)
-def test_four_ranks_match_ep1(reference: Path | None) -> None:
+def test_four_ranks_match_ep1(launches: LaunchGroups | None) -> None:
     """One launch of 4 ranks, three layouts in turn: EP=2 × EDP=2 with FSDP2, TP=2 (SP) × DP=2 with EP=2, and
-    PP=2 × CP=2 × EP=2 with DDP.
-    About 1.5 minutes on a busy 2-core machine; the launch allows 15 (4 processes share 2 cores with other jobs)."""
+    PP=2 × CP=2 × EP=2 with DDP."""
     if not is_worker():
-        launch(f"{__file__}::test_four_ranks_match_ep1", nproc=4, timeout=900, env={"MB_REFERENCE": str(reference)})
+        launches.check("test_four_ranks_match_ep1")  # type: ignore[union-attr]
         return
     _join_job()
     _run(moe_config(ep=2, use_torch_fsdp2=True), "EP=2 x EDP=2, FSDP2")
@@ -167,10 +183,9 @@ def test_four_ranks_match_ep1(reference: Path | None) -> None:
     _run(shrunk_235b, "PP=2 x CP=2 x EP=2 (over CP), DDP")
 
 
-def test_checkpoint_ep2_to_ep1(reference: Path | None, tmp_path: Path) -> None:
+def test_checkpoint_ep2_to_ep1(launches: LaunchGroups | None) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_checkpoint_ep2_to_ep1", nproc=2,
-               env={"MB_REFERENCE": str(reference), "MB_CKPT_DIR": str(tmp_path / "ckpt")})
+        launches.check("test_checkpoint_ep2_to_ep1")  # type: ignore[union-attr]
         return
     _join_job()
     folder = os.environ["MB_CKPT_DIR"]
