@@ -12,6 +12,10 @@
 
 The vocabulary is padded to 512 under every layout (``make_vocab_size_divisible_by`` × TP), so all layouts build the
 same model. Skipped with CUDA (the harness replaces CUDA calls) and without megatron-core (Python < 3.12).
+
+Launches: the one-process reference is a 1-rank torchrun job; the 2-rank layouts share one launch (``GROUPS``,
+launcher.py's ``LaunchGroups``; each stays a test of its own) on one process group, megatron-core's groups destroyed
+after each run.
 """
 
 import json
@@ -23,9 +27,10 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from megatron_bridge.training.callbacks import Callback
-from tests.functional_tests.launcher import REPO_ROOT, is_worker, launch
+from tests.functional_tests.launcher import REPO_ROOT, LaunchGroups, is_worker, launch, selected_groups
 from tests.functional_tests.training._common import assert_finite_decreasing, small_config
 
 
@@ -40,6 +45,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "dp2_distributed_optimizer": {"optimizer.use_distributed_optimizer": True, "ddp.use_distributed_optimizer": True},
     "dp2_overlap_grad_reduce": {"ddp.overlap_grad_reduce": True},
 }
+GROUPS: dict[int, list[str]] = {2: [f"test_two_ranks_match_one_process[{name}]" for name in sorted(LAYOUTS)]}
+"""The 2-rank layouts, launched together."""
 
 pytestmark = [
     pytest.mark.distributed,
@@ -77,7 +84,10 @@ class InitialWeights(Callback):
 def train_and_record(overrides: dict[str, Any], out: str) -> None:
     """Worker: install the harness, train, write rank 0's losses to ``out``. The one-process ``reference`` also
     trains the native engine from the megatron-core model's initial weights (mapped by
-    :mod:`megatron_bridge.models.mcore.weights`) and records its losses as ``native_losses``."""
+    :mod:`megatron_bridge.models.mcore.weights`) and records its losses as ``native_losses``. In the shared 2-rank
+    launch pretrain() reuses the launch's process group; megatron-core's groups are destroyed after the run (the next
+    layout may differ)."""
+    from megatron_bridge.models.mcore import parallel_state
     from megatron_bridge.models.mcore.weights import megatron_core_to_native
     from megatron_bridge.training.pretrain import pretrain
     from tests.functional_tests.mcore_cpu_harness import install
@@ -85,7 +95,13 @@ def train_and_record(overrides: dict[str, Any], out: str) -> None:
     install()
     initial = InitialWeights()
     cfg = mcore_config(**overrides)
-    result = pretrain(cfg, callbacks=[initial])
+    if overrides and not dist.is_initialized():
+        dist.init_process_group("gloo")  # kept for the launch's next test
+    try:
+        result = pretrain(cfg, callbacks=[initial])
+    finally:
+        if overrides:
+            parallel_state.destroy()
     assert result.backend == "mcore_ddp" and result.final_step == 8
     record: dict[str, Any] = {"losses": result.losses}
     if not overrides:  # the one-process reference: the native engine from the same weights
@@ -110,13 +126,24 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     return path
 
 
+@pytest.fixture(scope="module")
+def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> LaunchGroups | None:
+    """The 2-rank launch (launching process only), running the layouts this session selected; each writes rank 0's
+    losses to ``$MB_MCORE_DIR/<layout>.json``."""
+    if is_worker():
+        return None
+    work = tmp_path_factory.mktemp("mcore_layouts")
+    return LaunchGroups(__file__, selected_groups(request, GROUPS), {2: 600},
+                        env={**HARNESS_ENV, "MB_MCORE_DIR": str(work)})
+
+
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_two_ranks_match_one_process(layout: str, reference: Path | None, tmp_path: Path) -> None:
+def test_two_ranks_match_one_process(layout: str, reference: Path | None, launches: LaunchGroups | None) -> None:
     """TP=2 and DP=2 (distributed optimizer, overlapped reduction) train like one process."""
     if not is_worker():
-        out = tmp_path / "losses.json"
-        launch(f"{__file__}::test_two_ranks_match_one_process[{layout}]", nproc=2,
-               env={**HARNESS_ENV, "MB_MCORE_OUT": str(out), "MB_MCORE_LAYOUT": layout})
+        launches.check(f"test_two_ranks_match_one_process[{layout}]")  # type: ignore[union-attr]
+        out = Path(launches.env["MB_MCORE_DIR"]) / f"{layout}.json"  # type: ignore[union-attr]
         got, want = json.loads(out.read_text()), json.loads(reference.read_text())  # type: ignore[union-attr]
         assert_finite_decreasing(want["losses"])
         for a, b in zip(got["losses"], want["losses"], strict=True):
@@ -126,8 +153,10 @@ def test_two_ranks_match_one_process(layout: str, reference: Path | None, tmp_pa
                 assert abs(a - b) <= CROSS_ENGINE_ATOL, (got["losses"], want["native_losses"])
         print(f"[parity] megatron-core {layout}: losses {got['losses']} reference {want['losses']}")
         return
-    name = os.environ["MB_MCORE_LAYOUT"]
-    train_and_record({} if name == "reference" else LAYOUTS[name], os.environ["MB_MCORE_OUT"])
+    if os.environ.get("MB_MCORE_LAYOUT") == "reference":  # the reference fixture's 1-rank job
+        train_and_record({}, os.environ["MB_MCORE_OUT"])
+    else:
+        train_and_record(LAYOUTS[layout], str(Path(os.environ["MB_MCORE_DIR"]) / f"{layout}.json"))
 
 
 def test_native_engine_matches_megatron_core_from_the_same_weights(reference: Path | None) -> None:
