@@ -195,6 +195,12 @@ _FSDP2_NO_PP = ("Megatron-LM refuses --use-torch-fsdp2 with pipeline parallelism
 """Why FSDP2 on the megatron-core engine runs without pipeline stages."""
 
 
+_MFSDP_NO_PP = ("megatron-core and Megatron-Bridge allow Megatron FSDP with pipeline stages, but this library "
+                "has not built or tested its pipeline schedule with megatron-core's Megatron FSDP adapter yet; use "
+                "megatron-core DDP for PP")
+"""Why Megatron FSDP on the megatron-core engine runs without pipeline stages in this version."""
+
+
 def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of what megatron-core's FSDP wrappers (:mod:`megatron_bridge.distributed.mcore_fsdp`,
     :mod:`megatron_bridge.distributed.mcore_fsdp2`) cannot do in this version."""
@@ -206,15 +212,16 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     if cfg.dist.use_megatron_fsdp:
         checks += [
             (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
-             "1"),
+             f"1 ({_MFSDP_NO_PP})"),
             (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
-             m.virtual_pipeline_model_parallel_size, "None"),
-            (mp is not None and (mp.bf16 or mp.fp16), "mixed_precision", cfg.mixed_precision, "'fp32'"),
+             m.virtual_pipeline_model_parallel_size, f"None ({_MFSDP_NO_PP})"),
             (d.report_nan_in_param_grad, "ddp.report_nan_in_param_grad", d.report_nan_in_param_grad,
              "False (megatron-core's adapter checks with ddp.check_for_nan_in_grad=True)"),
             (d.calculate_per_token_loss, "ddp.calculate_per_token_loss", d.calculate_per_token_loss, "False"),
             (d.megatron_fsdp_mlp_activation_checkpointing, "ddp.megatron_fsdp_mlp_activation_checkpointing",
              d.megatron_fsdp_mlp_activation_checkpointing, "False"),
+            (mp is not None and mp.fp16, "mixed_precision", cfg.mixed_precision,
+             "'bf16_mixed' or 'fp32' (fp16 and its loss scaler are not tested with Megatron FSDP in this version)"),
             (bool(c.save or c.load) and d.data_parallel_sharding_strategy == "no_shard",
              "ddp.data_parallel_sharding_strategy", d.data_parallel_sharding_strategy,
              "'optim', 'optim_grads' or 'optim_grads_params' to save or load checkpoints (megatron-core 0.19's "
@@ -253,8 +260,8 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 
 @rule("megatron_core_fsdp", ("model.engine", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2"),
-      "With engine='megatron_core', Megatron FSDP (megatron-core's adapter) runs without pipeline parallelism or "
-      "bf16/fp16 and checkpoints in fsdp_dtensor (not with no_shard); FSDP2 (megatron-core's "
+      "With engine='megatron_core', Megatron FSDP (megatron-core's adapter) runs without pipeline parallelism, in "
+      "fp32 or bf16_mixed, and checkpoints in fsdp_dtensor (not with no_shard); FSDP2 (megatron-core's "
       "TorchFullyShardedDataParallel) with torch_dist checkpoints and bf16, without pipeline parallelism, fp16, the "
       "distributed optimizer, tied embeddings or the native engine's FSDP2-only options; neither loads a "
       "pretrained_checkpoint.")

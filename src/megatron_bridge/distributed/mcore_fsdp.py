@@ -17,10 +17,12 @@ use_distributed_optimizer                   the same (always True: adjustment me
 check_for_nan_in_grad                       the same (megatron-fsdp checks each gradient bucket before reducing)
 average_in_collective                       the same (set False by adjustment megatron_fsdp_average_in_collective)
 bucket_size                                 ``bucket_size`` and ``suggested_communication_unit_size``
-grad_reduce_in_fp32                         ``megatron_fsdp_main_grads_dtype=torch.float32`` (else None: the
-                                            parameters' dtype)
-preserve_fp32_weights                       ``megatron_fsdp_main_params_dtype=torch.float32`` (else None: the
-                                            compute weights are the main weights)
+grad_reduce_in_fp32                         ``grad_reduce_in_fp32`` and ``megatron_fsdp_main_grads_dtype=
+                                            torch.float32`` (else None: the parameters' dtype)
+preserve_fp32_weights, or a bf16/fp16       ``megatron_fsdp_main_params_dtype=torch.float32`` (else None: the
+preset (Megatron-Bridge's bf16_mixed)       compute weights are the main weights); bf16/fp16 chunks arrive in
+                                            megatron-core's ``Float16Module`` (models/mcore/precision.py)
+fp8_param_gather, fp4_param_gather, ...     the preset's fields (``ddp_precision``)
 nccl_ub, fsdp_double_buffer,                the same fields
 keep_fp8_transpose_cache
 disable_bucketing                           the adapter's ``disable_bucketing`` argument
@@ -61,9 +63,13 @@ def megatron_fsdp_ddp_config(cfg: "ConfigContainer") -> Any:
     in the module docstring)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
+    from megatron_bridge.models.mcore.precision import ddp_precision
+
     d = cfg.ddp
     fp32 = torch.float32
+    precision = ddp_precision(cfg)  # grad_reduce_in_fp32 and the preset's FP8/FP4 gather fields
     return DistributedDataParallelConfig(
+        **precision,
         use_megatron_fsdp=True,
         data_parallel_sharding_strategy=d.data_parallel_sharding_strategy,
         overlap_grad_reduce=d.overlap_grad_reduce,
@@ -73,13 +79,19 @@ def megatron_fsdp_ddp_config(cfg: "ConfigContainer") -> Any:
         average_in_collective=d.average_in_collective,
         bucket_size=d.bucket_size,
         suggested_communication_unit_size=d.bucket_size,
-        grad_reduce_in_fp32=d.grad_reduce_in_fp32,
         megatron_fsdp_main_grads_dtype=fp32 if d.grad_reduce_in_fp32 else None,
-        megatron_fsdp_main_params_dtype=fp32 if d.preserve_fp32_weights else None,
+        megatron_fsdp_main_params_dtype=fp32 if d.preserve_fp32_weights or _low_precision(cfg) else None,
         nccl_ub=d.nccl_ub,
         fsdp_double_buffer=d.fsdp_double_buffer,
         keep_fp8_transpose_cache=d.keep_fp8_transpose_cache,
     )
+
+
+def _low_precision(cfg: "ConfigContainer") -> bool:
+    """The model computes in bf16/fp16 (a preset): Megatron-Bridge's ``bf16_mixed`` keeps fp32 main weights
+    (its ``megatron_fsdp_main_params_dtype`` defaults to float32)."""
+    mp = cfg.mixed_precision_config
+    return mp is not None and bool(mp.bf16 or mp.fp16)
 
 
 def unit_module_classes(class_paths: list[str] | None, model: nn.Module) -> list[type[nn.Module]] | None:
@@ -155,9 +167,12 @@ class MegatronCoreFSDPBackend(MegatronCoreDDPBackend):
         return _last_microbatch([chunk.module for chunk in self.chunks], is_last_microbatch)
 
     def unwrap(self, chunk: nn.Module) -> nn.Module:
-        """The ``GPTModel`` inside the adapter and megatron-fsdp's ``MegatronFSDP``."""
+        """The ``GPTModel`` inside the adapter, megatron-fsdp's ``MegatronFSDP`` and, with bf16/fp16, its
+        ``Float16Module``."""
+        from megatron_bridge.models.mcore.precision import unwrap_float16
+
         inner = getattr(chunk, "module", chunk)
-        return getattr(inner, "module", inner)
+        return unwrap_float16(getattr(inner, "module", inner))
 
     @staticmethod
     def _dp_size() -> int:

@@ -16,7 +16,11 @@ megatron-core DDP resumes the FSDP2 checkpoint and FSDP2 resumes the DDP one wit
 CPU: megatron-core and megatron-fsdp run on gloo through the test-only harness
 (tests/functional_tests/mcore_cpu_harness.py, ``install_fsdp``), which makes megatron-fsdp's collectives synchronous.
 
-Launches: the one-process reference and the 2-rank cases each share one torchrun launch (``GROUPS``, launcher.py's
+Megatron FSDP also runs in ``bf16_mixed`` (against a one-process ``bf16_mixed`` run, ``BF16_RTOL``), and its ``optim``
+and ``optim_grads_params`` cases save an ``fsdp_dtensor`` checkpoint at step ``SAVE_AT`` that two later cases of the
+same launch resume: their losses equal the uninterrupted run's bit for bit.
+
+Launches: the one-process references and the 2-rank cases each share one torchrun launch (``GROUPS``, launcher.py's
 ``LaunchGroups``); the launching process compares the losses the workers wrote. Skipped with CUDA (the harness
 replaces CUDA calls) and without megatron-core.
 """
@@ -29,6 +33,7 @@ from typing import Any
 import pytest
 import torch
 
+from megatron_bridge.training.callbacks import Callback
 from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 from tests.functional_tests.mcore.test_checkpoint import (  # noqa: F401 (autouse: the checkpoint cases save)
     _stop_megatron_core_writer_process,
@@ -73,6 +78,7 @@ CASES: dict[str, dict[str, Any]] = {
     "test_megatron_fsdp_optim_grads_params_resume": {**MFSDP,
                                                      "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
     "test_megatron_fsdp_optim_resume": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim"},
+    "test_megatron_fsdp_bf16_mixed": {**MFSDP, **BF16, "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
     "test_fsdp2": {**FSDP2, **_save("fsdp2")},
     "test_fsdp2_tp2": {**FSDP2, **TP2, **_save("fsdp2_tp2")},
     "test_fsdp2_sync_every_microbatch_no_reshard": {**FSDP2, "fsdp2.defer_fsdp_grad_sync": False,
@@ -86,7 +92,8 @@ CASES: dict[str, dict[str, Any]] = {
 """2-rank case → config overrides (dotted paths; ``{work}`` is the launch's folder)."""
 REFERENCES = {"test_one_process_reference": {}, "test_one_process_reference_bf16": BF16}
 """One-process megatron-core DDP runs → overrides."""
-REFERENCE_OF = {"test_fsdp2_bf16": "test_one_process_reference_bf16"}
+REFERENCE_OF = {"test_fsdp2_bf16": "test_one_process_reference_bf16",
+                "test_megatron_fsdp_bf16_mixed": "test_one_process_reference_bf16"}
 """2-rank case → its one-process reference (default ``test_one_process_reference``)."""
 RESUMES = {"test_fsdp2_resume_is_bit_exact": ("test_fsdp2", 0.0),
            "test_fsdp2_tp2_resume_is_bit_exact": ("test_fsdp2_tp2", 0.0),
@@ -154,8 +161,10 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
         c.save = str(work / f"{name}_ckpt")
     if saver is not None:
         c.ckpt_format, c.load, c.ckpt_step = "fsdp_dtensor", str(work / f"{saver}_ckpt"), SAVE_AT
+    bf16 = cfg.mixed_precision_config is not None and cfg.mixed_precision_config.bf16
+    callbacks = [_Fp32MainWeights()] if bf16 and cfg.dist.use_megatron_fsdp else []
     try:
-        result = pretrain(cfg)
+        result = pretrain(cfg, callbacks=callbacks)
     finally:
         parallel_state.destroy()  # megatron-core's groups: the next test may use another TP size
     assert result.final_step == STEPS, result
@@ -166,6 +175,18 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
     if dist.get_rank() == 0:
         record = {"backend": result.backend, "losses": result.losses}
         (Path(os.environ["MB_WRAPPERS_DIR"]) / f"{name}.json").write_text(json.dumps(record))
+
+
+class _Fp32MainWeights(Callback):
+    """Worker: with a bf16 preset under Megatron FSDP the model computes in bf16 and the optimizer steps on fp32 main
+    weights (Megatron-Bridge's bf16_mixed)."""
+
+    def on_train_start(self, ctx: Any) -> None:
+        groups = ctx.backend.chunks[0].module.param_and_grad_buffer.parameter_groups
+        assert {g.model_weight_buffer.dtype for g in groups} == {torch.bfloat16}  # compute weights
+        assert {g.main_weight_buffer.dtype for g in groups} == {torch.float32}  # main weights
+        main = {p.dtype for group in ctx.optimizer.optimizer.param_groups for p in group["params"]}
+        assert main == {torch.float32}, main
 
 
 def compare(launches: LaunchGroups, name: str, backend: str) -> None:
@@ -250,6 +271,12 @@ def test_megatron_fsdp_optim_grads_params(launches: LaunchGroups | None) -> None
 def test_megatron_fsdp_optim_grads_params_tp2(launches: LaunchGroups | None) -> None:
     """ZeRO-3 over megatron-core's tensor parallelism: TP=2 (DP=1)."""
     _case("test_megatron_fsdp_optim_grads_params_tp2", "mcore_megatron_fsdp", launches)
+
+
+def test_megatron_fsdp_bf16_mixed(launches: LaunchGroups | None) -> None:
+    """ZeRO-3 in bf16_mixed (bf16 compute in megatron-core's Float16Module, fp32 main weights and gradient
+    reduction in megatron-fsdp) at DP=2 matches one process in bf16_mixed within ``BF16_RTOL``."""
+    _case("test_megatron_fsdp_bf16_mixed", "mcore_megatron_fsdp", launches)
 
 
 def test_megatron_fsdp_optim_grads_params_resume(launches: LaunchGroups | None) -> None:

@@ -64,6 +64,32 @@ def test_megatron_fsdp_options_map_to_the_adapter_config() -> None:
     assert default.megatron_fsdp_main_grads_dtype is None and default.megatron_fsdp_main_params_dtype is None
 
 
+def test_megatron_fsdp_bf16_mixed_keeps_fp32_main_weights() -> None:
+    """Megatron-Bridge's bf16_mixed: bf16 compute (Float16Module), fp32 main weights and fp32 gradient reduction in
+    megatron-fsdp (its megatron_fsdp_main_params_dtype defaults to float32 there)."""
+    cfg = _mcore(dist__use_megatron_fsdp=True)
+    cfg.mixed_precision = "bf16_mixed"
+    cfg.validate(world_size=2)
+    c = megatron_fsdp_ddp_config(cfg)
+    assert c.megatron_fsdp_main_params_dtype == torch.float32
+    assert c.grad_reduce_in_fp32 and c.megatron_fsdp_main_grads_dtype == torch.float32
+
+
+@pytest.mark.parametrize(("flag", "preset", "refused"), [("dist__use_megatron_fsdp", "fp16_mixed", True),
+                                                         ("dist__use_torch_fsdp2", "bf16_mixed", True),
+                                                         ("dist__use_megatron_fsdp", "bf16_mixed", False)])
+def test_fsdp_precision_presets(flag: str, preset: str, refused: bool) -> None:
+    cfg = _mcore(**{flag: True})
+    cfg.mixed_precision = preset
+    if not refused:
+        cfg.validate(world_size=2)
+        return
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_fsdp\]") as info:
+        cfg.validate(world_size=2)
+    assert "mixed_precision" in info.value.paths and "mixed_precision='fp32'" in str(info.value) or (
+        "'bf16_mixed' or 'fp32'" in str(info.value))
+
+
 def test_megatron_fsdp_validate_turns_on_the_distributed_optimizer() -> None:
     cfg = _mcore(dist__use_megatron_fsdp=True)
     cfg.ddp.average_in_collective = True
