@@ -7,8 +7,9 @@
 * Cross-engine parity: the native engine trained from the megatron-core model's initial weights (mapped by
   :mod:`megatron_bridge.models.mcore.weights`) gives the same per-step losses (absolute 1e-5) as megatron-core at TP=1
   and TP=2 (TP=2 builds the same initial weights as TP=1).
-* ``run_recipe.py --recipe tiny_llama model.engine=megatron_core`` trains (2 ranks, TP=2), the harness installed in
-  its torchrun workers by ``tests/functional_tests/mcore_cpu/sitecustomize.py``.
+* ``run_recipe.py --recipe tiny_llama model.engine=megatron_core`` trains (2 ranks: TP=2 with megatron-core DDP, and
+  DP=2 with ``dist.use_megatron_fsdp=true``), the harness installed in its torchrun workers by
+  ``tests/functional_tests/mcore_cpu/sitecustomize.py``.
 
 The vocabulary is padded to 512 under every layout (``make_vocab_size_divisible_by`` × TP), so all layouts build the
 same model. Skipped with CUDA (the harness replaces CUDA calls) and without megatron-core (Python < 3.12).
@@ -170,21 +171,33 @@ def test_native_engine_matches_megatron_core_from_the_same_weights(reference: Pa
     print(f"[parity] native vs megatron-core TP=1: {ref['native_losses']} vs {ref['losses']}")
 
 
-def test_run_recipe_tiny_llama_trains_on_megatron_core() -> None:
-    """``run_recipe.py --recipe tiny_llama --nproc 2 model.engine=megatron_core model.tensor_model_parallel_size=2``
-    trains and evaluates (the harness enters the workers through sitecustomize)."""
+RUN_RECIPE_CASES: dict[str, tuple[list[str], str, str, dict[str, str]]] = {
+    "ddp_tp2": (["model.tensor_model_parallel_size=2"], "mcore_ddp", "TP 2, PP 1, CP 1, DP 1", HARNESS_ENV),
+    "megatron_fsdp_dp2": (["dist.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strategy=optim_grads_params"],
+                          "mcore_megatron_fsdp", "TP 1, PP 1, CP 1, DP 2",
+                          {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "fsdp"}),
+}
+"""run_recipe.py case → (overrides, backend, megatron-core layout, harness environment: ``fsdp`` adds megatron-core's
+FSDP wrappers' redirections)."""
+
+
+@pytest.mark.parametrize("case", sorted(RUN_RECIPE_CASES))
+def test_run_recipe_tiny_llama_trains_on_megatron_core(case: str) -> None:
+    """``run_recipe.py --recipe tiny_llama --nproc 2 model.engine=megatron_core`` at TP=2 (megatron-core DDP) and at
+    DP=2 under Megatron FSDP trains and evaluates (the harness enters the workers through sitecustomize)."""
+    overrides, backend, layout, harness_env = RUN_RECIPE_CASES[case]
     harness_path = os.pathsep.join([str(REPO_ROOT / "tests" / "functional_tests" / "mcore_cpu"), str(REPO_ROOT)])
-    env = {**os.environ, **HARNESS_ENV, "OMP_NUM_THREADS": "1",
+    env = {**os.environ, **harness_env, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (harness_path, os.environ.get("PYTHONPATH")) if p)}
     cmd = [sys.executable, "scripts/training/run_recipe.py", "--recipe", "tiny_llama", "--nproc", "2",
-           "model.engine=megatron_core", "model.tensor_model_parallel_size=2", "train.train_iters=6",
+           "model.engine=megatron_core", *overrides, "train.train_iters=6",
            "train.global_batch_size=8", "train.micro_batch_size=2", "validation.eval_iters=1",
            "scheduler.lr_warmup_iters=1", "scheduler.lr_warmup_fraction=null"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=420)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
-    assert "with mcore_ddp" in output, output[-4000:]
-    assert "megatron-core parallel state: TP 2, PP 1, CP 1, DP 1" in output, output[-4000:]
+    assert f"with {backend}" in output, output[-4000:]
+    assert f"megatron-core parallel state: {layout}" in output, output[-4000:]
     done = [line for line in output.splitlines() if line.startswith("done: at step 6 (train_iters)")]
     assert done, output[-4000:]
     first, last = (float(x) for x in done[0].split("loss ")[1].split(";")[0].split(" -> "))
