@@ -76,7 +76,7 @@ def test_megatron_fsdp_bf16_mixed_keeps_fp32_main_weights() -> None:
 
 
 @pytest.mark.parametrize(("flag", "preset", "refused"), [("dist__use_megatron_fsdp", "fp16_mixed", True),
-                                                         ("dist__use_torch_fsdp2", "bf16_mixed", True),
+                                                         ("dist__use_torch_fsdp2", "fp16_mixed", True),
                                                          ("dist__use_megatron_fsdp", "bf16_mixed", False)])
 def test_fsdp_precision_presets(flag: str, preset: str, refused: bool) -> None:
     cfg = _mcore(**{flag: True})
