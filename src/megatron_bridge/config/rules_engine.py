@@ -195,9 +195,9 @@ _FSDP2_NO_PP = ("Megatron-LM refuses --use-torch-fsdp2 with pipeline parallelism
 """Why FSDP2 on the megatron-core engine runs without pipeline stages."""
 
 
-_MFSDP_NO_PP = ("megatron-core and Megatron-Bridge allow Megatron FSDP with pipeline stages, but this library "
-                "has not built or tested its pipeline schedule with megatron-core's Megatron FSDP adapter yet; use "
-                "megatron-core DDP for PP")
+_MFSDP_NO_PP = ("megatron-core 0.19's Megatron FSDP adapter lays the whole world out as DP x EP x TP "
+                "(mcore_fsdp_adapter._get_dp_tp_mesh), so with pipeline stages its device mesh fails to build "
+                "(measured: einops 'Shape mismatch'); use megatron-core DDP for PP")
 """Why Megatron FSDP on the megatron-core engine runs without pipeline stages in this version."""
 
 

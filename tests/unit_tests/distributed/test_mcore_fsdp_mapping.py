@@ -90,6 +90,14 @@ def test_fsdp_precision_presets(flag: str, preset: str, refused: bool) -> None:
         "'bf16_mixed' or 'fp32'" in str(info.value))
 
 
+def test_megatron_fsdp_pipeline_refusal_cites_megatron_core() -> None:
+    cfg = _mcore(dist__use_megatron_fsdp=True, model__pipeline_model_parallel_size=2)
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=4)
+    assert "model.pipeline_model_parallel_size" in info.value.paths
+    assert "_get_dp_tp_mesh" in str(info.value)
+
+
 def test_megatron_fsdp_validate_turns_on_the_distributed_optimizer() -> None:
     cfg = _mcore(dist__use_megatron_fsdp=True)
     cfg.ddp.average_in_collective = True
