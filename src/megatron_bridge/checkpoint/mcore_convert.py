@@ -6,6 +6,14 @@
   the trackers, our manifest), which ``model.engine='megatron_core'`` loads at any TP/DP (``checkpoint.load`` or
   ``checkpoint.pretrained_checkpoint``).
 
+Precision: a checkpoint of a ``bf16_mixed``/``fp16_mixed`` run holds the bf16/fp16 model weights (``model``: what
+``Float16Module`` computes with) and the fp32 main parameters (``optimizer.state.fp32_param.*``, optimizer state).
+Conversion takes the model weights, in the dtype the checkpoint stores them, as Megatron-Bridge's export to Hugging
+Face does (``load_megatron_model``: model weights only); the fp32 main parameters are optimizer state, kept only by
+resuming the checkpoint itself. Native weights are written in their own dtype; a bf16/fp16 run that starts from
+them (``checkpoint.pretrained_checkpoint``) casts them to its compute dtype and takes its fp32 main parameters from
+them, as Megatron-Bridge does.
+
 Both build one TP=1 ``GPTModel`` on the CPU (no initialisation, no CUDA) and let megatron-core's own
 ``sharded_state_dict`` decide the checkpoint's keys and layouts (stacked layers, TE-style layer-norm names, gated
 MLP halves; written by :func:`save_one_process`); :mod:`megatron_bridge.models.mcore.weights` maps the names.
@@ -62,14 +70,17 @@ def _one_process_mcore() -> Iterator[None]:
 
 
 def _tp1_model(model: "ModelConfig", vocab_rows: int) -> torch.nn.Module:
-    """A TP=1 ``GPTModel`` of ``model`` on the CPU with ``vocab_rows`` embedding rows, weights left uninitialised."""
+    """A TP=1 ``GPTModel`` of ``model`` on the CPU with ``vocab_rows`` embedding rows, weights left uninitialised, in
+    fp32 (every stored dtype loads into it exactly; megatron-core builds some weights, e.g. torch norms, in fp32
+    whatever ``params_dtype`` says)."""
     from megatron.core.models.gpt import GPTModel
 
     from megatron_bridge.models.mcore.provider import layer_spec, transformer_config
 
     flat = dataclasses.replace(model, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
                                virtual_pipeline_model_parallel_size=None, context_parallel_size=1,
-                               sequence_parallel=False, transformer_impl="local")
+                               sequence_parallel=False, transformer_impl="local", params_dtype="float32",
+                               pipeline_dtype=None)
     config = transformer_config(flat, torch.device("cpu"))
     config.perform_initialization = False
     return GPTModel(config=config, transformer_layer_spec=layer_spec(flat), vocab_size=vocab_rows,
@@ -84,8 +95,9 @@ def _weights(gpt: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def read_mcore_weights(folder: str | Path, model: "ModelConfig") -> dict[str, torch.Tensor]:
-    """Full model weights (native names, the checkpoint's padded vocabulary) of the megatron-core ``torch_dist``
-    folder ``folder`` (an ``iter_NNNNNNN`` folder) for the architecture ``model``.
+    """Full model weights (native names, the checkpoint's padded vocabulary, the dtype the checkpoint stores its
+    model weights in: bf16 for a ``bf16_mixed`` run) of the megatron-core ``torch_dist`` folder ``folder`` (an
+    ``iter_NNNNNNN`` folder) for the architecture ``model``.
 
     Raises:
         CheckpointError: the folder is not a (complete, allowed) megatron-core checkpoint or does not fit ``model``.
@@ -103,7 +115,8 @@ def read_mcore_weights(folder: str | Path, model: "ModelConfig") -> dict[str, to
             gpt.load_state_dict(loaded["model"], strict=True)
         except RuntimeError as exc:
             raise CheckpointError(f"{str(folder)!r} does not fit the model config: {exc}") from exc
-        return megatron_core_to_native(_weights(gpt), model)
+        stored = embedding.properties.dtype
+        return {k: v.to(stored) for k, v in megatron_core_to_native(_weights(gpt), model).items()}
 
 
 def save_one_process(state: dict[str, Any], folder: Path, content_metadata: dict[str, Any]) -> None:
@@ -149,6 +162,9 @@ def write_mcore_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContain
     out_cfg.model.engine = "megatron_core"
     with _one_process_mcore(), staged_output_dir(root, overwrite=overwrite) as tmp:
         gpt = _tp1_model(cfg.model, int(weights["embed_tokens.weight"].shape[0]))
+        dtypes = {t.dtype for t in weights.values()}
+        if len(dtypes) == 1:  # written in the weights' own dtype (fp32 unless they are all bf16/fp16)
+            gpt.to(dtypes.pop())
         mapped = native_to_megatron_core(weights, cfg.model)
         expected = _weights(gpt)
         if set(mapped) != set(expected) or any(mapped[k].shape != expected[k].shape for k in expected):

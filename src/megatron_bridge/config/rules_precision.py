@@ -166,32 +166,19 @@ def _fp8_local_compat(cfg: "ConfigContainer", world_size: int) -> None:
              "dist.use_megatron_fsdp")
 
 
-def eval_path(cfg: "ConfigContainer", path: str) -> object:
-    """The value at dotted ``path`` of ``cfg``."""
-    section, leaf = path.split(".")
-    return getattr(getattr(cfg, section), leaf)
-
-
 _COMPUTE_DTYPE = {(True, False): "bfloat16", (False, True): "float16", (False, False): "float32"}
 
 
-@rule("megatron_core_precision", ("optimizer.bf16", "optimizer.fp16", "model.params_dtype", "checkpoint.save"),
+@rule("megatron_core_precision", ("optimizer.bf16", "optimizer.fp16", "model.params_dtype"),
       "With engine='megatron_core', model.params_dtype is the compute dtype (bf16/fp16 weights in Float16Module, "
-      "fp32 main weights in megatron-core's optimizer): bfloat16 with optimizer.bf16, float16 with optimizer.fp16; "
-      "bf16/fp16 without checkpoints in this version.")
+      "fp32 main weights in megatron-core's optimizer, both in its torch_dist checkpoints): bfloat16 with "
+      "optimizer.bf16, float16 with optimizer.fp16.")
 def _mcore_precision(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine != "megatron_core":
         return
     o, dtype = cfg.optimizer, cfg.model.params_dtype
     if o.bf16 and o.fp16:
         return  # rule precision_exclusive
-    paths = [p for p in ("checkpoint.save", "checkpoint.load", "checkpoint.pretrained_checkpoint") if eval_path(cfg, p)]
-    if (o.bf16 or o.fp16) and paths:
-        fail(f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16} with {', '.join(paths)} on "
-             "model.engine='megatron_core': checkpoints of bf16/fp16 weights with fp32 main parameters are not "
-             "tested on this engine in this version (docs/training/engines.md). Fix: mixed_precision='fp32' with "
-             "checkpoints, or no checkpoints",
-             "mixed_precision", *paths)
     want = _COMPUTE_DTYPE[(o.bf16, o.fp16)]
     if dtype != want:
         flags = f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16}"

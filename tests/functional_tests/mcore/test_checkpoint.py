@@ -1,18 +1,26 @@
 """Checkpoints of the megatron-core engine (``model.engine="megatron_core"``): megatron-core ``torch_dist`` folders
 as Megatron-LM and Megatron-Bridge write them, on 2 gloo ranks through the test-only CPU harness
-(tests/functional_tests/mcore_cpu_harness.py). One launch runs the 2-rank tests (LaunchGroups):
+(tests/functional_tests/mcore_cpu_harness.py). One launch runs the 2-rank tests (LaunchGroups); each layout trains
+in the precision Megatron-Bridge's recipes use or one that covers another part of megatron-core's optimizer:
 
-* save at step 2 → resume: the resumed run's per-step losses equal the uninterrupted run's bit for bit, at TP=2 and
-  at DP=2 with the distributed optimizer;
-* a checkpoint written by megatron-core's own ``dist_checkpointing.save`` in Megatron-Bridge's layout
+* ``bf16_mixed`` at TP=2 (bf16 weights in ``Float16Module``, fp32 main parameters in
+  ``Float16OptimizerWithFloat16Params``): save at step 2 → resume: per-step losses, final model weights, fp32 main
+  parameters and Adam state equal the uninterrupted run's bit for bit; megatron-core's own
+  ``dist_checkpointing.load`` reads our folder (bf16 weights and fp32 main parameters equal to what our loader
+  restored; the common state holds Megatron's keys);
+* a bf16 checkpoint written by megatron-core's own ``dist_checkpointing.save`` in Megatron-Bridge's layout
   (megatron_bridge_writer.py, none of this library's checkpoint code) resumes here, bit-exact as well;
-* our checkpoint loads with megatron-core's own ``dist_checkpointing.load`` into the model's
-  ``sharded_state_dict`` and gives the weights our loader restored; its common state holds Megatron's keys;
-* resharding: the TP=2 checkpoint resumes at TP=1 × DP=2 (model and Adam state resharded; losses within 1e-5,
-  TP changes the summation order);
-* PP=2 × VPP=2: resume bit-exact, and the checkpoint resumes at TP=2 without stages (within 1e-5).
+* resharding: the TP=2 checkpoint resumes at TP=1 × DP=2 (model, fp32 main parameters and Adam state resharded;
+  losses within :data:`BF16_RESHARD_RTOL`, TP changes the summation order and bf16 rounds it);
+* ``fp16_mixed`` at DP=2 with the distributed optimizer (fp32 main-parameter shards, ``dp_reshardable`` state,
+  megatron-core's dynamic loss scaler): resume bit-exact (losses, weights, main parameters, Adam state) and the loss
+  scaler's scale, growth and hysteresis trackers restored;
+* fp32 at PP=2 × VPP=2, saved with ``checkpoint.async_save`` (megatron-core's async ``dist_checkpointing.save``):
+  the tracker files and ``iter_0000002`` appear only after the save is finalized; resume bit-exact, and the
+  checkpoint resumes at TP=2 without stages (within 1e-5).
 
-The conversion round trip (native ↔ megatron-core, exact) runs in the launching process.
+The conversion round trip (native ↔ megatron-core, exact) runs in the launching process, and so does the conversion
+of a bf16 checkpoint (its bf16 model weights, the fp32 main parameters stay in the optimizer state).
 """
 
 import json
@@ -25,6 +33,7 @@ import torch
 
 from megatron_bridge.training.callbacks import Callback
 from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
+from tests.functional_tests.mcore.writer_process import stop_megatron_core_writer_process  # noqa: F401 (fixture)
 
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
@@ -32,8 +41,13 @@ pytest.importorskip("megatron.core", reason="the megatron-core engine needs mega
 HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
 STEPS, SAVE_AT = 4, 2
 RESHARD_RTOL = 1e-5
+BF16_RESHARD_RTOL = 1e-3
+"""bf16_mixed resharded TP=2 → TP=1 × DP=2 vs the TP=2 run, per step (test_precision.py: TP=2 vs one process 5.3e-5)."""
+BF16 = {"mixed_precision": "bf16_mixed"}
 TP2 = {"model.tensor_model_parallel_size": 2}
+TP2_BF16 = {**TP2, **BF16}
 DP2_DIST_OPT = {"optimizer.use_distributed_optimizer": True, "ddp.use_distributed_optimizer": True}
+DP2_FP16_DIST_OPT = {**DP2_DIST_OPT, "mixed_precision": "fp16_mixed"}
 PP2_VPP2 = {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}
 GROUPS = {2: ["test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_core",
               "test_megatron_bridge_checkpoint_resumes_bit_exact",
@@ -54,25 +68,14 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     if is_worker():
         return None
     groups = selected_groups(request, GROUPS)
+    selected = {item.name for item in request.session.items}
+    if "test_bf16_checkpoint_converts_its_model_weights" in selected and GROUPS[2][0] not in groups[2]:
+        groups[2] = [GROUPS[2][0], *groups[2]]  # its checkpoint
     work = tmp_path_factory.mktemp("mcore_ckpt")
     return LaunchGroups(__file__, groups, {2: 840}, env={**HARNESS_ENV, "MB_MCORE_CKPT_DIR": str(work)})
 
 
 # ------------------------------------------------------------------------------------------------ worker side
-@pytest.fixture(scope="module", autouse=True)
-def _stop_megatron_core_writer_process() -> Any:
-    """Worker: at the end, stop the multiprocessing manager megatron-core's torch_dist writer starts at the first save
-    (its results queue). A normal exit stops it (atexit); conftest.py ends workers with os._exit."""
-    yield
-    import sys
-
-    module = sys.modules.get("megatron.core.dist_checkpointing.strategies.filesystem_async")
-    queue = getattr(module, "_results_queue", None)
-    if queue is not None and getattr(queue, "_manager", None) is not None:
-        queue._manager.shutdown()
-        module._results_queue = None  # type: ignore[union-attr]
-
-
 def _work() -> Path:
     return Path(os.environ["MB_MCORE_CKPT_DIR"])
 
@@ -120,46 +123,139 @@ def _train(cfg: Any, *callbacks: Callback) -> list[float]:
     return pretrain(cfg, callbacks=list(callbacks)).losses
 
 
-_STRAIGHT: dict[str, list[float]] = {}
-"""Worker: losses of the uninterrupted runs of this launch, by layout name."""
+def _optimizers(optimizer: Any) -> list[Any]:
+    return getattr(optimizer, "chained_optimizers", [optimizer])
 
 
-def _straight(name: str, overrides: dict[str, Any], *callbacks: Callback) -> list[float]:
+def _scalar(value: Any) -> Any:
+    return value.item() if torch.is_tensor(value) and value.numel() == 1 else value
+
+
+def snapshot(ctx: Any) -> dict[str, Any]:
+    """This rank's training state: every chunk's model weights, megatron-core's main parameters (fp32 with bf16/fp16;
+    the distributed optimizer's shards), their Adam state, and the loss scaler's scale and trackers (fp16)."""
+    out: dict[str, Any] = {}
+    for i, chunk in enumerate(ctx.backend.chunks):
+        for key, value in ctx.backend.unwrap(chunk).state_dict().items():
+            if not key.endswith("_extra_state"):
+                out[f"model{i}.{key}"] = value.detach().clone()
+    for j, opt in enumerate(_optimizers(ctx.optimizer)):
+        params = [p for group in opt.optimizer.param_groups for p in group["params"]]
+        for n, param in enumerate(params):
+            out[f"main{j}.{n}"] = param.detach().clone()
+            for key, value in opt.optimizer.state[param].items():
+                out[f"state{j}.{n}.{key}"] = _scalar(value.detach().clone() if torch.is_tensor(value) else value)
+        scaler = getattr(opt, "grad_scaler", None)
+        if scaler is not None:
+            out[f"scaler{j}"] = (_scalar(scaler.scale), scaler._growth_tracker, scaler._hysteresis_tracker)
+    return out
+
+
+def assert_same_state(got: dict[str, Any], want: dict[str, Any], label: str) -> None:
+    """Every tensor equal bit for bit (dtype included), every number equal."""
+    assert set(got) == set(want), (label, sorted(set(got) ^ set(want))[:8])
+    for key, value in want.items():
+        if torch.is_tensor(value):
+            assert value.dtype == got[key].dtype and torch.equal(got[key], value), (label, key)
+        else:
+            assert got[key] == value, (label, key, got[key], value)
+
+
+class _Snapshots(Callback):
+    """Records :func:`snapshot` at the end of step ``step`` (``at_step``) and at the end of training (``final``)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.at_step: dict[str, Any] = {}
+        self.final: dict[str, Any] = {}
+
+    def on_train_start(self, ctx: Any) -> None:
+        if self.step == 0:
+            self.at_step = snapshot(ctx)
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        if ctx.train_state.step == self.step:
+            self.at_step = snapshot(ctx)
+
+    def on_train_end(self, ctx: Any) -> None:
+        self.final = snapshot(ctx)
+
+
+_STRAIGHT: dict[str, tuple[list[float], _Snapshots]] = {}
+"""Worker: losses and state snapshots of the uninterrupted runs of this launch, by layout name."""
+
+
+def _straight(name: str, overrides: dict[str, Any], *callbacks: Callback,
+              **checkpoint: Any) -> tuple[list[float], _Snapshots]:
     if name not in _STRAIGHT:
-        _STRAIGHT[name] = _train(_config(overrides, _work() / name), *callbacks)
-        assert len(_STRAIGHT[name]) == STEPS
+        snaps = _Snapshots(SAVE_AT)
+        cfg = _config(overrides, _work() / name)
+        for field, value in checkpoint.items():
+            setattr(cfg.checkpoint, field, value)
+        _STRAIGHT[name] = (_train(cfg, snaps, *callbacks), snaps)
+        assert len(_STRAIGHT[name][0]) == STEPS
     return _STRAIGHT[name]
 
 
+def _resume_bit_exact(name: str, overrides: dict[str, Any]) -> list[float]:
+    """Resume layout ``name`` from its step-2 checkpoint: the state right after loading equals the uninterrupted
+    run's at step 2, and the losses and final state equal its own, bit for bit."""
+    straight, snaps = _STRAIGHT[name]
+    resumed_snaps = _Snapshots(0)
+    resumed = _train(_config(overrides, _work() / f"{name}_resumed", _work() / name), resumed_snaps)
+    assert resumed == straight[SAVE_AT:], (resumed, straight)
+    assert_same_state(resumed_snaps.at_step, snaps.at_step, f"{name}: state after loading step {SAVE_AT}")
+    assert_same_state(resumed_snaps.final, snaps.final, f"{name}: final state")
+    return resumed
+
+
 def _check_with_megatron_core_load(ctx: Any) -> None:
-    """megatron-core's own loader reads our step-2 folder into the model's sharded_state_dict: the same weights our
-    loader put into the model; the common state holds Megatron's keys."""
+    """megatron-core's own loader reads our step-2 folder into the model's and the optimizer's sharded_state_dict:
+    the bf16 weights and fp32 main parameters our loader restored; the common state holds Megatron's keys."""
     from megatron.core import dist_checkpointing
+
+    from megatron_bridge.checkpoint import mcore_state
 
     folder = _work() / "tp2" / f"iter_{SAVE_AT:07d}"
     model = ctx.backend.unwrap(ctx.backend.chunks[0])
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(folder))
+    (opt,) = _optimizers(ctx.optimizer)
+    main = [p.detach().clone() for group in opt.fp32_from_float16_groups for p in group]
+    metadata = mcore_state.content_metadata(ctx.cfg)
+    state = {"model": model.sharded_state_dict(metadata=metadata)}
+    state["optimizer"] = ctx.optimizer.sharded_state_dict(state, metadata=metadata, is_loading=True)
+    loaded = dist_checkpointing.load(state, str(folder))
     ours = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     theirs = {k: v for k, v in loaded["model"].items() if not k.endswith("_extra_state")}
     assert set(theirs) == set(ours)
     for key, value in ours.items():
-        assert torch.equal(theirs[key], value), key
+        assert value.dtype == torch.bfloat16 and torch.equal(theirs[key], value), key
+    their_main = [p for group in loaded["optimizer"]["fp32_from_fp16_params"] for p in group]
+    assert len(their_main) == len(main) and all(
+        a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(their_main, main, strict=True))
     assert loaded["iteration"] == SAVE_AT and loaded["checkpoint_version"] == 3.0
     assert {"opt_param_scheduler", "content_metadata"} <= set(loaded)
     assert loaded["opt_param_scheduler"]["num_steps"] == SAVE_AT * ctx.cfg.train.global_batch_size
 
 
 def test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_core(launches: LaunchGroups | None) -> None:
-    """TP=2: save at step 2, resume; megatron-core's dist_checkpointing.load reads the folder."""
+    """bf16_mixed at TP=2: save at step 2, resume bit-exact; megatron-core's dist_checkpointing.load reads the
+    folder."""
     if not is_worker():
         launches.check("test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_core")  # type: ignore[union-attr]
         return
     from tests.functional_tests.mcore.megatron_bridge_writer import write_megatron_bridge_checkpoint
 
-    straight = _straight("tp2", TP2, _AtStep(SAVE_AT, lambda ctx: write_megatron_bridge_checkpoint(
+    _straight("tp2", TP2_BF16, _AtStep(SAVE_AT, lambda ctx: write_megatron_bridge_checkpoint(
         ctx, _work() / "megatron_bridge")))
-    resumed = _train(_config(TP2, _work() / "tp2_resumed", _work() / "tp2"), _AtStep(0, _check_with_megatron_core_load))
+    straight, snaps = _STRAIGHT["tp2"]
+    assert {v.dtype for k, v in snaps.final.items() if k.startswith("model")} == {torch.bfloat16}
+    assert {v.dtype for k, v in snaps.final.items() if k.startswith("main")} == {torch.float32}
+    resumed_snaps = _Snapshots(0)  # before megatron-core's load, which writes into the same tensors
+    resumed = _train(_config(TP2_BF16, _work() / "tp2_resumed", _work() / "tp2"), resumed_snaps,
+                     _AtStep(0, _check_with_megatron_core_load))
     assert resumed == straight[SAVE_AT:], (resumed, straight)
+    assert_same_state(resumed_snaps.at_step, snaps.at_step, "tp2 bf16: state after loading step 2")
+    assert_same_state(resumed_snaps.final, snaps.final, "tp2 bf16: final state")
     root = _work() / "tp2" / f"iter_{SAVE_AT:07d}"
     assert {".metadata", "metadata.json", "train_state.pt", "run_config.yaml", "manifest.json"} <= {
         p.name for p in root.iterdir()}
@@ -168,53 +264,60 @@ def test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_core(launches
 
 
 def test_megatron_bridge_checkpoint_resumes_bit_exact(launches: LaunchGroups | None) -> None:
-    """A folder written as Megatron-Bridge writes it (megatron-core's own save, no manifest) resumes bit-exact."""
+    """A bf16 folder written as Megatron-Bridge writes it (megatron-core's own save, no manifest) resumes
+    bit-exact."""
     if not is_worker():
         launches.check("test_megatron_bridge_checkpoint_resumes_bit_exact")
         return
-    straight = _STRAIGHT.get("tp2")
-    if straight is None:
+    if "tp2" not in _STRAIGHT:
         pytest.skip("needs the TP=2 run of the first test of this launch")
-    cfg = _config(TP2, None, _work() / "megatron_bridge")
+    straight, snaps = _STRAIGHT["tp2"]
+    cfg = _config(TP2_BF16, None, _work() / "megatron_bridge")
     cfg.checkpoint.ckpt_step = None  # through Megatron-Bridge's trackers
     assert not (_work() / "megatron_bridge" / f"iter_{SAVE_AT:07d}" / "manifest.json").exists()
-    assert _train(cfg) == straight[SAVE_AT:]
+    resumed_snaps = _Snapshots(0)
+    assert _train(cfg, resumed_snaps) == straight[SAVE_AT:]
+    assert_same_state(resumed_snaps.final, snaps.final, "Megatron-Bridge's bf16 checkpoint: final state")
 
 
 def test_tensor_parallel_checkpoint_resumes_data_parallel(launches: LaunchGroups | None) -> None:
-    """Resharding: the TP=2 checkpoint (model and Adam state) resumes at TP=1 × DP=2."""
+    """Resharding: the bf16 TP=2 checkpoint (model, fp32 main parameters and Adam state) resumes at TP=1 × DP=2."""
     if not is_worker():
         launches.check("test_tensor_parallel_checkpoint_resumes_data_parallel")
         return
-    straight = _STRAIGHT.get("tp2")
-    if straight is None:
+    if "tp2" not in _STRAIGHT:
         pytest.skip("needs the TP=2 run of the first test of this launch")
-    resumed = _train(_config({}, None, _work() / "tp2"))
+    straight = _STRAIGHT["tp2"][0]
+    resumed = _train(_config(BF16, None, _work() / "tp2"))
     for a, b in zip(resumed, straight[SAVE_AT:], strict=True):
-        assert abs(a - b) <= RESHARD_RTOL * abs(b), (resumed, straight)
+        assert abs(a - b) <= BF16_RESHARD_RTOL * abs(b), (resumed, straight)
 
 
 def test_distributed_optimizer_resume_is_bit_exact(launches: LaunchGroups | None) -> None:
-    """DP=2 with megatron-core's distributed optimizer (dp_reshardable state): save at step 2, resume."""
+    """fp16_mixed at DP=2 with megatron-core's distributed optimizer (fp32 main-parameter shards, dp_reshardable
+    state, dynamic loss scaler): save at step 2, resume bit-exact, the scaler's state restored."""
     if not is_worker():
         launches.check("test_distributed_optimizer_resume_is_bit_exact")
         return
-    straight = _straight("dp2", DP2_DIST_OPT)
-    resumed = _train(_config(DP2_DIST_OPT, _work() / "dp2_resumed", _work() / "dp2"))
-    assert resumed == straight[SAVE_AT:], (resumed, straight)
+    straight, snaps = _straight("dp2", DP2_FP16_DIST_OPT)
+    scaler = snaps.at_step["scaler0"]
+    assert scaler[1] == SAVE_AT, f"the growth tracker counts the steps without overflow: {scaler}"
+    assert {v.dtype for k, v in snaps.final.items() if k.startswith("model")} == {torch.float16}
+    assert {v.dtype for k, v in snaps.final.items() if k.startswith("main")} == {torch.float32}
+    resumed = _resume_bit_exact("dp2", DP2_FP16_DIST_OPT)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"[mcore ckpt] dp2 distributed optimizer: straight {json.dumps(straight)} resumed {resumed}")
+        print(f"[mcore ckpt] dp2 fp16 distributed optimizer: straight {json.dumps(straight)} resumed {resumed}, "
+              f"scaler at step {SAVE_AT} {scaler}")
 
 
 def test_pipeline_resume_is_bit_exact_and_reshards(launches: LaunchGroups | None) -> None:
-    """PP=2 × VPP=2 (``model0``/``model1`` per rank, megatron-core's layer offsets): save at step 2, resume
+    """fp32 at PP=2 × VPP=2 (``model0``/``model1`` per rank, megatron-core's layer offsets): save at step 2, resume
     bit-exact; the same checkpoint resumes at TP=2 without pipeline stages (losses within 1e-5)."""
     if not is_worker():
         launches.check("test_pipeline_resume_is_bit_exact_and_reshards")
         return
-    straight = _straight("pp2_vpp2", PP2_VPP2)
-    resumed = _train(_config(PP2_VPP2, _work() / "pp2_vpp2_resumed", _work() / "pp2_vpp2"))
-    assert resumed == straight[SAVE_AT:], (resumed, straight)
+    straight, _ = _straight("pp2_vpp2", PP2_VPP2)
+    _resume_bit_exact("pp2_vpp2", PP2_VPP2)
     resharded = _train(_config(TP2, None, _work() / "pp2_vpp2"))
     for a, b in zip(resharded, straight[SAVE_AT:], strict=True):
         assert abs(a - b) <= RESHARD_RTOL * abs(b), (resharded, straight)
@@ -249,3 +352,32 @@ def test_conversion_round_trip_native_mcore_exact(tmp_path: Path) -> None:
     assert set(back) == set(weights)
     for name, tensor in weights.items():
         assert torch.equal(back[name], tensor), name
+
+
+def test_bf16_checkpoint_converts_its_model_weights(launches: LaunchGroups | None, tmp_path: Path) -> None:
+    """Conversion of the launch's bf16 TP=2 checkpoint to the native engine takes its bf16 model weights (equal to
+    the stored full tensors), not the fp32 main parameters of the optimizer state; back to megatron-core exact."""
+    if is_worker():
+        pytest.skip("runs in the launching process")
+    from torch.distributed.checkpoint import load as dcp_load
+
+    from megatron_bridge.checkpoint.convert import convert_weights, read_model_weights
+    from megatron_bridge.checkpoint.reader import SafeFileSystemReader
+
+    launches.check("test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_core")  # type: ignore[union-attr]
+    root = Path(launches.env["MB_MCORE_CKPT_DIR"]) / "tp2"  # type: ignore[union-attr]
+    convert_weights(root, tmp_path / "native", "megatron", step=SAVE_AT)
+    native = read_model_weights(tmp_path / "native")
+    assert {t.dtype for t in native.values()} == {torch.bfloat16}
+    stored = {"embedding.word_embeddings.weight": torch.empty_like(native["embed_tokens.weight"]),
+              "decoder.final_layernorm.weight": torch.empty_like(native["norm.weight"]),
+              "optimizer.state.fp32_param.embedding.word_embeddings.weight":
+                  torch.empty(native["embed_tokens.weight"].shape, dtype=torch.float32)}
+    dcp_load(stored, storage_reader=SafeFileSystemReader(root / f"iter_{SAVE_AT:07d}"), no_dist=True)
+    assert torch.equal(native["embed_tokens.weight"], stored["embedding.word_embeddings.weight"])
+    assert torch.equal(native["norm.weight"], stored["decoder.final_layernorm.weight"])
+    main = stored["optimizer.state.fp32_param.embedding.word_embeddings.weight"]
+    assert not torch.equal(main, main.bfloat16().float()), "the fp32 main parameters carry more than bf16 holds"
+    convert_weights(tmp_path / "native", tmp_path / "mcore", "megatron_core")
+    back = read_model_weights(tmp_path / "mcore")
+    assert set(back) == set(native) and all(torch.equal(back[k], v) for k, v in native.items())

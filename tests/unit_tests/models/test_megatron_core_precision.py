@@ -140,15 +140,17 @@ def test_precision_rule_refuses_a_mismatched_dtype() -> None:
     assert "[rule precision_exclusive]" in str(info.value) and "megatron_core_precision" not in str(info.value)
 
 
+@pytest.mark.parametrize("preset", ["bf16_mixed", "fp16_mixed"])
 @pytest.mark.parametrize("path", ["save", "load", "pretrained_checkpoint"])
-def test_bf16_with_checkpoints_is_refused_until_tested(path: str, tmp_path: object) -> None:
+def test_bf16_and_fp16_with_checkpoints_validate(preset: str, path: str, tmp_path: object) -> None:
+    """bf16/fp16 checkpoints (fp32 main parameters, fp16's loss scaler) resume bit-exact on this engine
+    (tests/functional_tests/mcore/test_checkpoint.py): validate() accepts them with megatron-core DDP."""
     cfg = tiny_llama_pretrain_config()
-    cfg.model.engine, cfg.mixed_precision = "megatron_core", "bf16_mixed"
+    cfg.model.engine, cfg.mixed_precision = "megatron_core", preset
     cfg.checkpoint.save = cfg.checkpoint.load = cfg.checkpoint.pretrained_checkpoint = None
     setattr(cfg.checkpoint, path, str(tmp_path))
-    with pytest.raises(ConfigValidationError, match="not tested on this engine") as info:
-        cfg.validate(world_size=1)
-    assert f"checkpoint.{path}" in info.value.paths and "[rule megatron_core_precision]" in str(info.value)
+    cfg.validate(world_size=1)
+    assert cfg.model.params_dtype == ("bfloat16" if preset == "bf16_mixed" else "float16")
 
 
 def _machine(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int] | None, te_problem: str | None) -> None:
