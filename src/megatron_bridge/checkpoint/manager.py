@@ -90,6 +90,8 @@ class CheckpointManager:
         """The save folder was checked for checkpoints this run did not resume from."""
         self.mcore = getattr(backend, "checkpoint_layout", None) == mcore_reader.MCORE_LAYOUT
         """The megatron-core engine: megatron-core torch_dist folders (megatron_bridge.checkpoint.mcore_checkpoint)."""
+        self._mcore_saves: mcore_checkpoint.AsyncMcoreSaves | None = None
+        """The megatron-core engine's async saves (megatron-core's AsyncCallsQueue), created at the first one."""
 
     # ------------------------------------------------------------------------------------------------- load
     def load(self) -> bool:
@@ -247,17 +249,7 @@ class CheckpointManager:
     def _write(self, job: saving.SaveJob, start: float) -> None:
         step = job.step
         if self.mcore:  # megatron-core writes RNG states into the checkpoint itself
-            saving.write_rank_files(job.tmp, self.rank, self.world_size, save_rng=False)
-            layout.fault_point("rank_files_written")
-            parts = mcore_checkpoint.parts_of(self.cfg, self.backend, self.optimizer, self.scheduler,
-                                              self.train_state)
-            writer = mcore_fsdp_dtensor if self.ckpt.ckpt_format == "fsdp_dtensor" else mcore_checkpoint
-            writer.save(parts, job.tmp)
-            comm.barrier(self.group)
-            comm.run_on_rank0(lambda: self._finalize_rank0(job), self.group)
-            log_rank_0(logger, "saved megatron-core %s checkpoint of step %d to %s in %.2fs", self.ckpt.ckpt_format,
-                       step, job.final,
-                       time.perf_counter() - start)
+            self._write_mcore(job, start)
             return
         saving.write_rank_files(job.tmp, self.rank, self.world_size, self.ckpt.save_rng)
         layout.fault_point("rank_files_written")
@@ -271,6 +263,45 @@ class CheckpointManager:
             self._write_sync(state, job)
             log_rank_0(logger, "saved checkpoint of step %d to %s in %.2fs", step, job.final,
                        time.perf_counter() - start)
+
+    def _write_mcore(self, job: saving.SaveJob, start: float) -> None:
+        """megatron-core's dist_checkpointing.save into the temporary folder, then the commit; with async_save the
+        commit is the last finalize step of megatron-core's async request (:meth:`poll`, :meth:`wait`)."""
+        saving.write_rank_files(job.tmp, self.rank, self.world_size, save_rng=False)
+        layout.fault_point("rank_files_written")
+        parts = mcore_checkpoint.parts_of(self.cfg, self.backend, self.optimizer, self.scheduler, self.train_state)
+        if self.ckpt.ckpt_format == "fsdp_dtensor":  # Megatron FSDP: synchronous (rule megatron_fsdp_async_save)
+            mcore_fsdp_dtensor.save(parts, job.tmp)
+            request = None
+        else:
+            request = mcore_checkpoint.save(parts, job.tmp, async_save=self.ckpt.async_save)
+        if request is None:
+            self._commit_mcore(job, start)
+            return
+        if self._mcore_saves is None:
+            self._mcore_saves = mcore_checkpoint.AsyncMcoreSaves()
+        self._mcore_saves.schedule(request, lambda: self._commit_mcore(job, start))
+        log_rank_0(logger, "started async megatron-core checkpoint save of step %d (%.2fs blocking)", job.step,
+                   time.perf_counter() - start)
+
+    def _commit_mcore(self, job: saving.SaveJob, start: float) -> None:
+        """Every rank, after every rank's files are written: rank 0 commits (manifest, rename, trackers)."""
+        comm.barrier(self.group)
+        comm.run_on_rank0(lambda: self._finalize_rank0(job), self.group)
+        log_rank_0(logger, "saved megatron-core %s checkpoint of step %d to %s in %.2fs", self.ckpt.ckpt_format,
+                   job.step, job.final, time.perf_counter() - start)
+
+    def _finalize_mcore(self, blocking: bool) -> None:
+        """Finalize the megatron-core engine's finished async saves (all of them with ``blocking``); collective."""
+        if self._mcore_saves is None or not self._mcore_saves.pending():
+            return
+        try:
+            self._mcore_saves.finalize(blocking)
+        except CheckpointError as exc:
+            if run_folder.find_enospc(exc) and not isinstance(exc, DiskFullError):
+                raise DiskFullError(run_folder.disk_full_message(self.ckpt.save, None, _free_bytes(self.ckpt.save))
+                                    ) from exc
+            raise
 
     # ------------------------------------------------------------------------------------------ run folder
     def _lock_save_folder(self) -> None:
@@ -360,11 +391,13 @@ class CheckpointManager:
     # ------------------------------------------------------------------------------------------- async
     def poll(self) -> None:
         """Finalize a finished async save (non-blocking); raises CheckpointError if it failed."""
+        self._finalize_mcore(blocking=False)
         if self._pending is not None and self._pending.future.done():
             self._finish_pending()
 
     def wait(self) -> None:
         """Block until a pending async save is written and committed."""
+        self._finalize_mcore(blocking=True)
         if self._pending is not None:
             self._finish_pending()
 
@@ -389,6 +422,8 @@ class CheckpointManager:
         """After a failure: drop a pending async save without waiting for it (its ``.tmp`` folder is removed at the
         next start-up; the previous checkpoint stays the latest). Never enters a collective."""
         self._pending = None
+        if self._mcore_saves is not None:
+            self._mcore_saves.abort()
         if self._committer is not None:
             self._committer.shutdown(wait=False, cancel_futures=True)
             self._committer = None

@@ -5,6 +5,12 @@ Saving is megatron-core's own ``dist_checkpointing.save`` (``TorchDistSaveSharde
 wrapped in ``FullyParallelSaveStrategyWrapper`` over the data-parallel group with ``checkpoint.fully_parallel_save``)
 of the state dict of :mod:`.mcore_state`, into the save's temporary folder; :class:`~.manager.CheckpointManager`
 then commits it like every checkpoint (manifest, rename to ``iter_NNNNNNN``, trackers, ``most_recent_k``).
+With ``checkpoint.async_save`` the tensors are written in the background as Megatron-Bridge does it:
+``dist_checkpointing.save(..., async_sharded_save=True)`` plans the save (collective) and returns an
+``AsyncRequest``, which :class:`AsyncMcoreSaves` runs in megatron-core's ``AsyncCallsQueue`` (a forked writer
+process per save, megatron-core's built-in "mcore" async strategy: nvidia-resiliency-ext is not a dependency); the
+commit is the request's last finalize step, so the trackers name the step only after every rank's shards,
+``.metadata`` and ``metadata.json`` are written.
 Loading goes through the safe reader of :mod:`.mcore_reader` (megatron-core's own loader unpickles without
 restriction) and restores model, optimizer, scheduler and RNG as Megatron-Bridge's ``load_checkpoint`` does.
 """
@@ -65,9 +71,15 @@ def _save_strategy(cfg: "ConfigContainer") -> Any:
     return strategy
 
 
-def save(parts: McoreParts, folder: Path) -> None:
+ASYNC_STRATEGY = "mcore"
+"""megatron-core's own async writer (Megatron-Bridge's ``async_strategy="mcore"``; its "nvrx" needs
+nvidia-resiliency-ext)."""
+
+
+def save(parts: McoreParts, folder: Path, *, async_save: bool = False) -> Any:
     """Write the checkpoint into ``folder`` with megatron-core's ``dist_checkpointing.save`` (collective: every
-    rank; rank 0 writes ``.metadata`` and ``metadata.json``)."""
+    rank; rank 0 writes ``.metadata`` and ``metadata.json``). With ``async_save``: plan it and return megatron-core's
+    ``AsyncRequest`` (the state is staged when the request is scheduled; nothing is written before); else None."""
     from megatron.core import dist_checkpointing
 
     ckpt = parts.cfg.checkpoint
@@ -79,12 +91,54 @@ def save(parts: McoreParts, folder: Path) -> None:
         mcore_state.with_process_groups(metadata), is_loading=False, with_optim=ckpt.save_optim,
         with_rng=ckpt.save_rng)
     try:
-        dist_checkpointing.save(state, str(folder), _save_strategy(parts.cfg), content_metadata=metadata)
+        return dist_checkpointing.save(state, str(folder), _save_strategy(parts.cfg), content_metadata=metadata,
+                                       async_sharded_save=async_save, async_strategy=ASYNC_STRATEGY)
     except CheckpointError:
         raise
     except DCP_ERRORS as exc:
         raise CheckpointError(f"megatron-core dist_checkpointing.save into {str(folder)!r} failed: "
                               f"{dcp_error_message(exc)}") from exc
+
+
+class AsyncMcoreSaves:
+    """megatron-core's ``AsyncCallsQueue`` for this engine's async saves, as Megatron-Bridge drives it: schedule a
+    save's request, finalize finished ones each step (non-blocking), all of them before the next save and at exit
+    (blocking). Finalizing is collective (every rank, same point); :meth:`abort` is not."""
+
+    def __init__(self) -> None:
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        self.queue = AsyncCallsQueue(persistent=False)
+
+    def schedule(self, request: Any, commit: Any) -> None:
+        """Start ``request`` (stage the state, fork the writer); ``commit`` runs on every rank after megatron-core's
+        own finalize steps (``.metadata``, ``metadata.json``) once every rank's writer finished."""
+        request.add_finalize_fn(commit)
+        self.queue.schedule_async_request(request)
+
+    def pending(self) -> int:
+        """Saves scheduled and not yet finalized."""
+        return self.queue.get_num_unfinalized_calls()
+
+    def finalize(self, blocking: bool) -> list[int]:
+        """Finalize the saves every rank has finished writing (``blocking``: wait for all). Returns their indices.
+
+        Raises:
+            CheckpointError: a writer or a finalize step failed (on every rank).
+        """
+        try:
+            return self.queue.maybe_finalize_async_calls(blocking=blocking)
+        except CheckpointError:
+            raise
+        except DCP_ERRORS as exc:
+            raise CheckpointError(f"megatron-core async checkpoint save failed: {dcp_error_message(exc)}") from exc
+
+    def abort(self) -> None:
+        """Kill the writer processes and drop the pending saves without finalizing (no collective): their
+        temporary folders are removed at the next start; the previous checkpoint stays the latest."""
+        for call in list(self.queue.async_calls):
+            call.async_caller.close(abort=True)
+        self.queue.async_calls.clear()
 
 
 # ------------------------------------------------------------------------------------------------------ load

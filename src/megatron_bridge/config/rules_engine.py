@@ -99,15 +99,16 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (cfg.distillation.enabled, "distillation.teacher_checkpoint", cfg.distillation.teacher_checkpoint, "None"),
         (c.ckpt_format != _engine_ckpt_format(cfg) and ckpt_io, "checkpoint.ckpt_format", c.ckpt_format,
          repr(_engine_ckpt_format(cfg))),
-        (c.async_save, "checkpoint.async_save", c.async_save, "False"),
+        (c.async_save and cfg.dist.use_torch_fsdp2, "checkpoint.async_save", c.async_save,
+         "False (async saves are tested with megatron-core DDP only)"),
     ]
     return [(path, value, fix) for bad, path, value, fix in checks if bad]
 
 
 @rule("megatron_core_features", ("model.engine",),
       "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
-      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (synchronous; DDP and FSDP2; "
-      "fsdp_dtensor with Megatron FSDP); "
+      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (DDP: sync or async_save; FSDP2: "
+      "sync; fsdp_dtensor with Megatron FSDP); "
       "no MoE, recompute, offloading, "
       "quantization or distillation.")
 def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:

@@ -310,13 +310,32 @@ def test_distributed_optimizer_resume_is_bit_exact(launches: LaunchGroups | None
               f"scaler at step {SAVE_AT} {scaler}")
 
 
+def _check_async_save_not_committed(ctx: Any) -> None:
+    """End of step 3 (the step-2 async save started, not finalized: that happens in the next poll): the writer may
+    be done, but the step is not ``iter_0000002`` nor in the trackers; only its temporary folder exists."""
+    root = _work() / "pp2_vpp2"
+    names = {p.name for p in root.iterdir()}
+    assert not ({"iter_0000002", "latest_checkpointed_iteration.txt", "latest_train_state.pt"} & names), names
+    assert any(name.startswith("iter_0000002.tmp-") for name in names), names
+
+
 def test_pipeline_resume_is_bit_exact_and_reshards(launches: LaunchGroups | None) -> None:
-    """fp32 at PP=2 × VPP=2 (``model0``/``model1`` per rank, megatron-core's layer offsets): save at step 2, resume
-    bit-exact; the same checkpoint resumes at TP=2 without pipeline stages (losses within 1e-5)."""
+    """fp32 at PP=2 × VPP=2 (``model0``/``model1`` per rank, megatron-core's layer offsets), saved with
+    checkpoint.async_save: committed only when finalized; resume from the async step-2 save bit-exact; the same
+    checkpoint resumes at TP=2 without pipeline stages (losses within 1e-5)."""
     if not is_worker():
         launches.check("test_pipeline_resume_is_bit_exact_and_reshards")
         return
-    straight, _ = _straight("pp2_vpp2", PP2_VPP2)
+    from megatron_bridge.checkpoint import layout
+
+    straight, _ = _straight("pp2_vpp2", PP2_VPP2, _AtStep(SAVE_AT + 1, _check_async_save_not_committed),
+                            async_save=True)
+    root = _work() / "pp2_vpp2"
+    assert layout.read_tracker_step(root) == STEPS  # the step-4 save was finalized at exit
+    for step in (SAVE_AT, STEPS):
+        folder = root / f"iter_{step:07d}"
+        assert {"manifest.json", "metadata.json", ".metadata"} <= {p.name for p in folder.iterdir()}
+    assert not [p.name for p in root.iterdir() if ".tmp-" in p.name]
     _resume_bit_exact("pp2_vpp2", PP2_VPP2)
     resharded = _train(_config(TP2, None, _work() / "pp2_vpp2"))
     for a, b in zip(resharded, straight[SAVE_AT:], strict=True):

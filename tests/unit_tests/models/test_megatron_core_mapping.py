@@ -106,10 +106,10 @@ def _mcore_cfg(**model: object):  # noqa: ANN202
 
 def test_unsupported_features_are_named_together() -> None:
     cfg = _mcore_cfg(pipeline_model_parallel_size=2, cpu_offloading=True, cpu_offloading_num_layers=1)
-    cfg.checkpoint.save, cfg.checkpoint.async_save = "/tmp/x", True
+    cfg.checkpoint.save, cfg.checkpoint.ckpt_format = "/tmp/x", "torch"
     with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_features\]") as info:
         cfg.validate(world_size=2)
-    for path in ("model.pipeline_model_parallel_size", "model.cpu_offloading", "checkpoint.async_save"):
+    for path in ("model.pipeline_model_parallel_size", "model.cpu_offloading", "checkpoint.ckpt_format"):
         assert path in str(info.value) and path in info.value.paths
     assert "model.engine='native'" in str(info.value)
 
