@@ -107,8 +107,8 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 @rule("megatron_core_features", ("model.engine",),
       "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
-      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (DDP: sync or async_save; FSDP2: "
-      "sync; fsdp_dtensor with Megatron FSDP); "
+      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (DDP: sync or async_save; "
+      "FSDP2: sync; fsdp_dtensor with Megatron FSDP); "
       "no MoE, recompute, offloading, "
       "quantization or distillation.")
 def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:

@@ -153,6 +153,17 @@ def test_bf16_and_fp16_with_checkpoints_validate(preset: str, path: str, tmp_pat
     assert cfg.model.params_dtype == ("bfloat16" if preset == "bf16_mixed" else "float16")
 
 
+def test_bf16_checkpoints_with_fsdp2_are_refused_until_tested(tmp_path: object) -> None:
+    cfg = tiny_llama_pretrain_config()
+    cfg.model.engine, cfg.mixed_precision = "megatron_core", "bf16_mixed"
+    cfg.dist.use_torch_fsdp2 = True
+    cfg.checkpoint.save, cfg.checkpoint.pretrained_checkpoint = str(tmp_path), None
+    with pytest.raises(ConfigValidationError, match="not yet with FSDP2") as info:
+        cfg.validate(world_size=1)
+    assert {"checkpoint.save", "dist.use_torch_fsdp2"} <= set(info.value.paths)
+    assert "[rule megatron_core_precision]" in str(info.value)
+
+
 def _machine(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int] | None, te_problem: str | None) -> None:
     monkeypatch.setattr(packages, "cuda_capability", lambda: capability)
     monkeypatch.setattr(packages, "import_problem",
