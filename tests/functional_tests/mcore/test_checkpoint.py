@@ -37,7 +37,9 @@ import torch
 
 from megatron_bridge.training.callbacks import Callback
 from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
-from tests.functional_tests.mcore.writer_process import stop_megatron_core_writer_process  # noqa: F401 (fixture)
+from tests.functional_tests.mcore.writer_process import (  # noqa: F401 (autouse fixture; test_wrappers.py imports it)
+    stop_megatron_core_writer_process as _stop_megatron_core_writer_process,
+)
 
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
