@@ -173,10 +173,11 @@ _CHECKPOINT_PATHS = ("checkpoint.save", "checkpoint.load", "checkpoint.pretraine
 
 
 @rule("megatron_core_precision", ("optimizer.bf16", "optimizer.fp16", "model.params_dtype", "checkpoint.save",
-                                  "dist.use_torch_fsdp2"),
+                                  "dist.use_torch_fsdp2", "dist.use_megatron_fsdp"),
       "With engine='megatron_core', model.params_dtype is the compute dtype (bf16/fp16 weights in Float16Module, "
       "fp32 main weights in megatron-core's optimizer, both in its torch_dist checkpoints): bfloat16 with "
-      "optimizer.bf16, float16 with optimizer.fp16; bf16/fp16 checkpoints with megatron-core DDP, not yet FSDP2.")
+      "optimizer.bf16, float16 with optimizer.fp16; bf16/fp16 checkpoints with megatron-core DDP, not yet with the "
+      "FSDP wrappers.")
 def _mcore_precision(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine != "megatron_core":
         return
@@ -184,12 +185,14 @@ def _mcore_precision(cfg: "ConfigContainer", world_size: int) -> None:
     if o.bf16 and o.fp16:
         return  # rule precision_exclusive
     paths = [p for p in _CHECKPOINT_PATHS if getattr(cfg.checkpoint, p.split(".")[1])]
-    if (o.bf16 or o.fp16) and paths and cfg.dist.use_torch_fsdp2:
-        fail(f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16} with {', '.join(paths)} and dist.use_torch_fsdp2=True "
-             "on model.engine='megatron_core': bf16/fp16 checkpoints (fp32 main parameters) are tested with "
-             "megatron-core DDP, not yet with FSDP2 (docs/training/engines.md). Fix: mixed_precision='fp32' with "
-             "FSDP2 checkpoints, dist.use_torch_fsdp2=False (megatron-core DDP), or no checkpoints",
-             "mixed_precision", "dist.use_torch_fsdp2", *paths)
+    wrapper = next((f for f in ("dist.use_torch_fsdp2", "dist.use_megatron_fsdp")
+                    if getattr(cfg.dist, f.split(".")[1])), None)
+    if (o.bf16 or o.fp16) and paths and wrapper is not None:
+        fail(f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16} with {', '.join(paths)} and {wrapper}=True on "
+             "model.engine='megatron_core': bf16/fp16 checkpoints (fp32 main parameters) are tested with "
+             "megatron-core DDP, not yet with the FSDP wrappers (docs/training/engines.md). Fix: "
+             f"mixed_precision='fp32' with these checkpoints, {wrapper}=False (megatron-core DDP), or no checkpoints",
+             "mixed_precision", wrapper, *paths)
     want = _COMPUTE_DTYPE[(o.bf16, o.fp16)]
     if dtype != want:
         flags = f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16}"

@@ -153,14 +153,17 @@ def test_bf16_and_fp16_with_checkpoints_validate(preset: str, path: str, tmp_pat
     assert cfg.model.params_dtype == ("bfloat16" if preset == "bf16_mixed" else "float16")
 
 
-def test_bf16_checkpoints_with_fsdp2_are_refused_until_tested(tmp_path: object) -> None:
+@pytest.mark.parametrize("wrapper", ["use_torch_fsdp2", "use_megatron_fsdp"])
+def test_bf16_checkpoints_with_fsdp_wrappers_are_refused_until_tested(wrapper: str, tmp_path: object) -> None:
     cfg = tiny_llama_pretrain_config()
     cfg.model.engine, cfg.mixed_precision = "megatron_core", "bf16_mixed"
-    cfg.dist.use_torch_fsdp2 = True
+    setattr(cfg.dist, wrapper, True)
     cfg.checkpoint.save, cfg.checkpoint.pretrained_checkpoint = str(tmp_path), None
-    with pytest.raises(ConfigValidationError, match="not yet with FSDP2") as info:
+    if wrapper == "use_megatron_fsdp":
+        cfg.checkpoint.ckpt_format = "fsdp_dtensor"
+    with pytest.raises(ConfigValidationError, match="not yet with the FSDP wrappers") as info:
         cfg.validate(world_size=1)
-    assert {"checkpoint.save", "dist.use_torch_fsdp2"} <= set(info.value.paths)
+    assert {"checkpoint.save", f"dist.{wrapper}"} <= set(info.value.paths)
     assert "[rule megatron_core_precision]" in str(info.value)
 
 
