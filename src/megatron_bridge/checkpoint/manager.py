@@ -427,16 +427,19 @@ class CheckpointManager:
         if self._committer is not None:
             self._committer.shutdown(wait=False, cancel_futures=True)
             self._committer = None
+        mcore_checkpoint.stop_writer_processes()
         self._release_lock()
 
     def close(self) -> None:
-        """Wait for pending saves and release the background thread (call at exit, on every rank)."""
+        """Wait for pending saves and release the background thread and megatron-core's writer processes (call at
+        exit, on every rank)."""
         try:
             self.wait()
         finally:
             if self._committer is not None:
                 self._committer.shutdown(wait=True)
                 self._committer = None
+            mcore_checkpoint.stop_writer_processes()
             self._release_lock()
 
 

@@ -141,6 +141,21 @@ class AsyncMcoreSaves:
         self.queue.async_calls.clear()
 
 
+def stop_writer_processes() -> None:
+    """Stop the multiprocessing manager megatron-core's ``torch_dist`` writer starts at its first save (its results
+    queue, ``filesystem_async._results_queue``), if one is running. A normal interpreter exit stops it through
+    ``atexit``, but torchrun workers end with ``os._exit`` (:func:`megatron_bridge.utils.cli.finish`), which would
+    leave it and its children orphaned. Megatron-LM stops it the same way (``megatron/training/async_utils.py``)."""
+    import sys
+
+    module = sys.modules.get("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    manager = getattr(getattr(module, "_results_queue", None), "_manager", None)
+    if manager is None:
+        return
+    manager.shutdown()
+    module._results_queue = None  # type: ignore[union-attr]
+
+
 # ------------------------------------------------------------------------------------------------------ load
 def saved_parallel_sizes(folder: str | Path) -> tuple[int, int] | None:
     """(TP, PP) of the run that wrote ``folder``, from its ``run_config.yaml`` (ours and Megatron-Bridge's share the

@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +174,8 @@ def test_native_engine_matches_megatron_core_from_the_same_weights(reference: Pa
 
 RUN_RECIPE_CASES: dict[str, tuple[list[str], str, str, dict[str, str]]] = {
     "ddp_tp2": (["model.tensor_model_parallel_size=2"], "mcore_ddp", "TP 2, PP 1, CP 1, DP 1", HARNESS_ENV),
-    "megatron_fsdp_dp2": (["dist.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strategy=optim_grads_params"],
+    "megatron_fsdp_dp2": (["dist.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strategy=optim_grads_params",
+                           "checkpoint.ckpt_format=fsdp_dtensor"],
                           "mcore_megatron_fsdp", "TP 1, PP 1, CP 1, DP 2",
                           {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "fsdp"}),
 }
@@ -181,20 +183,40 @@ RUN_RECIPE_CASES: dict[str, tuple[list[str], str, str, dict[str, str]]] = {
 FSDP wrappers' redirections)."""
 
 
+def _processes_with(marker: str) -> list[int]:
+    """PIDs of live processes whose environment holds ``marker`` (``NAME=value``), from /proc."""
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes().split(b"\0"):
+                pids.append(int(environ.parent.name))
+        except OSError:
+            continue  # ended meanwhile, or not ours
+    return pids
+
+
 @pytest.mark.parametrize("case", sorted(RUN_RECIPE_CASES))
-def test_run_recipe_tiny_llama_trains_on_megatron_core(case: str) -> None:
+def test_run_recipe_tiny_llama_trains_on_megatron_core(case: str, tmp_path: Path) -> None:
     """``run_recipe.py --recipe tiny_llama --nproc 2 model.engine=megatron_core`` at TP=2 (megatron-core DDP) and at
-    DP=2 under Megatron FSDP trains and evaluates (the harness enters the workers through sitecustomize)."""
+    DP=2 under Megatron FSDP trains, evaluates and saves a checkpoint (the harness enters the workers through
+    sitecustomize); no process of the run outlives it (megatron-core's torch_dist writer starts a multiprocessing
+    manager that ``os._exit``-ended workers would orphan)."""
     overrides, backend, layout, harness_env = RUN_RECIPE_CASES[case]
     harness_path = os.pathsep.join([str(REPO_ROOT / "tests" / "functional_tests" / "mcore_cpu"), str(REPO_ROOT)])
-    env = {**os.environ, **harness_env, "OMP_NUM_THREADS": "1",
+    marker = f"MB_RUN_RECIPE_TEST={os.getpid()}-{case}"
+    env = {**os.environ, **harness_env, "OMP_NUM_THREADS": "1", marker.split("=")[0]: marker.split("=")[1],
            "PYTHONPATH": os.pathsep.join(p for p in (harness_path, os.environ.get("PYTHONPATH")) if p)}
     cmd = [sys.executable, "scripts/training/run_recipe.py", "--recipe", "tiny_llama", "--nproc", "2",
            "model.engine=megatron_core", *overrides, "train.train_iters=6",
            "train.global_batch_size=8", "train.micro_batch_size=2", "validation.eval_iters=1",
-           "scheduler.lr_warmup_iters=1", "scheduler.lr_warmup_fraction=null"]
+           "scheduler.lr_warmup_iters=1", "scheduler.lr_warmup_fraction=null", f"checkpoint.save={tmp_path / 'ckpt'}",
+           "checkpoint.save_interval=6"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=420)
     output = proc.stdout + proc.stderr
+    deadline = time.monotonic() + 10
+    while (left := _processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes of the run outlived it: {left}\n{output[-3000:]}"
     assert proc.returncode == 0, output[-6000:]
     assert f"with {backend}" in output, output[-4000:]
     assert f"megatron-core parallel state: {layout}" in output, output[-4000:]
@@ -203,3 +225,4 @@ def test_run_recipe_tiny_llama_trains_on_megatron_core(case: str) -> None:
     first, last = (float(x) for x in done[0].split("loss ")[1].split(";")[0].split(" -> "))
     assert last < first, done[0]
     assert "validation loss at iteration 6" in output, output[-4000:]
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "6", output[-4000:]
