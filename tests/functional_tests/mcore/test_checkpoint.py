@@ -19,9 +19,7 @@ in the precision Megatron-Bridge's recipes use or one that covers another part o
   ``dist_checkpointing.save``): the tracker files and ``iter_0000002`` appear only after the save is finalized;
   resume bit-exact, and the checkpoint resumes at TP=2 without stages (within :data:`BF16_RESHARD_RTOL`).
 
-The layouts train in Megatron-Bridge's recipe precision (and fp16 for its loss scaler) within the runs this launch
-had in fp32: fp32 checkpoints go through the same code without main-parameter copies (megatron-core's
-``FP32Optimizer``); fp32 weights are covered by the conversion round trip below.
+* fp32 at DP=2 (megatron-core's ``FP32Optimizer``, no main-parameter copies): resume bit-exact.
 
 The conversion round trip (native ↔ megatron-core, exact) runs in the launching process, and so does the conversion
 of a bf16 checkpoint (its bf16 model weights, the fp32 main parameters stay in the optimizer state).
@@ -59,6 +57,7 @@ GROUPS = {2: ["test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_co
               "test_megatron_bridge_checkpoint_resumes_bit_exact",
               "test_tensor_parallel_checkpoint_resumes_data_parallel",
               "test_distributed_optimizer_resume_is_bit_exact",
+              "test_fp32_data_parallel_resume_is_bit_exact",
               "test_pipeline_resume_is_bit_exact_and_reshards"]}
 
 pytestmark = [
@@ -314,6 +313,17 @@ def test_distributed_optimizer_resume_is_bit_exact(launches: LaunchGroups | None
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"[mcore ckpt] dp2 fp16 distributed optimizer: straight {json.dumps(straight)} resumed {resumed}, "
               f"scaler at step {SAVE_AT} {scaler}")
+
+
+def test_fp32_data_parallel_resume_is_bit_exact(launches: LaunchGroups | None) -> None:
+    """fp32 at DP=2 (megatron-core's ``FP32Optimizer``, no main-parameter copies; the engine's default precision):
+    save at step 2, resume bit-exact (losses, weights, Adam state)."""
+    if not is_worker():
+        launches.check("test_fp32_data_parallel_resume_is_bit_exact")
+        return
+    _straight("dp2_fp32", {})
+    assert {v.dtype for k, v in _STRAIGHT["dp2_fp32"][1].final.items() if k.startswith("model")} == {torch.float32}
+    _resume_bit_exact("dp2_fp32", {})
 
 
 def _check_async_save_not_committed(ctx: Any) -> None:
