@@ -28,7 +28,6 @@ metadata reader and a planner that reads every non-tensor value with ``torch.loa
 arrays allowed; see :mod:`.mcore_reader`) — DCP's default planner would unpickle them without restriction.
 """
 
-import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,14 +38,12 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint import save as dcp_save
-from torch.distributed.checkpoint._traverse import set_element
 
 from megatron_bridge.checkpoint import mcore_state
-from megatron_bridge.checkpoint.mcore_reader import safe_torch_load
+from megatron_bridge.checkpoint.mcore_reader import SafeMegatronLoadPlanner
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
     SafeFileSystemReader,
-    SafeLoadPlanner,
     check_dcp_storage,
     dcp_error_message,
     read_dcp_metadata,
@@ -211,18 +208,6 @@ def save(parts: "McoreParts", folder: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ load
-class _SafeMegatronLoadPlanner(SafeLoadPlanner):
-    """The safe planner of reader.py, also accepting Megatron's NumPy RNG arrays (and nothing more)."""
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        fqn = read_item.dest_index.fqn
-        obj = safe_torch_load(value, f"checkpoint value {fqn!r}")
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
-        else:
-            self.state_dict[fqn] = obj
-
-
 def is_fsdp_dtensor_folder(folder: str | Path) -> bool:
     """A DCP folder without megatron-core's ``metadata.json`` whose keys are Megatron's (``checkpoint_version``,
     ``model.``..):
@@ -278,7 +263,7 @@ def load(parts: "McoreParts", folder: str | Path, *, load_optim: bool, load_rng:
     state = preprocess(raw, _fsdp_modules(parts)[0])
     _check_keys({k: v for k, v in state.items() if k != mcore_state.RNG_KEY}, stored, folder)
     try:
-        dcp_load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=_SafeMegatronLoadPlanner())
+        dcp_load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeMegatronLoadPlanner())
     except CheckpointError:
         raise
     except DCP_ERRORS as exc:

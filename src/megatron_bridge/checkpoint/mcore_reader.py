@@ -30,6 +30,7 @@ from torch.distributed.checkpoint import load as dcp_load
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
     SafeFileSystemReader,
+    SafeLoadPlanner,
     check_dcp_storage,
     dcp_error_message,
     read_dcp_metadata,
@@ -102,21 +103,19 @@ def check_mcore_folder(folder: str | Path) -> Any:
     return metadata
 
 
+class SafeMegatronLoadPlanner(SafeLoadPlanner):
+    """The safe planner of reader.py, also accepting Megatron's NumPy RNG arrays (and nothing more)."""
+
+    def _load_value(self, value: io.BytesIO, fqn: str) -> Any:
+        return safe_torch_load(value, f"checkpoint value {fqn!r}")
+
+
 def _planner_class() -> type:
     from megatron.core.dist_checkpointing.strategies.torch import MCoreLoadPlanner
 
-    class _SafeMCoreLoadPlanner(MCoreLoadPlanner):
-        """megatron-core's load planner, reading ``ShardedObject`` bytes with ``weights_only=True``."""
-
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            fqn = read_item.dest_index.fqn
-            obj = safe_torch_load(value, f"checkpoint object {fqn!r}")
-            if self.flatten_state_dict:
-                from torch.distributed.checkpoint._traverse import set_element
-
-                set_element(self.original_state_dict, self.mappings[fqn], obj)
-            else:
-                self.state_dict[fqn] = obj
+    class _SafeMCoreLoadPlanner(SafeMegatronLoadPlanner, MCoreLoadPlanner):
+        """megatron-core's load planner (global shape validation), reading ``ShardedObject`` bytes through
+        :class:`SafeMegatronLoadPlanner`."""
 
     return _SafeMCoreLoadPlanner
 

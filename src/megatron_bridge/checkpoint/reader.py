@@ -113,15 +113,19 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         """Restore one non-tensor value (e.g. a learning rate) safely."""
-        try:
-            obj = torch.load(value, weights_only=True)
-        except Exception as exc:
-            fqn = read_item.dest_index.fqn
-            raise CheckpointError(f"value {fqn!r} in the checkpoint is not loadable: {exc}") from exc
+        fqn = read_item.dest_index.fqn
+        obj = self._load_value(value, fqn)
         if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
-            self.state_dict[read_item.dest_index.fqn] = obj
+            self.state_dict[fqn] = obj
+
+    def _load_value(self, value: io.BytesIO, fqn: str) -> Any:
+        """``torch.load(weights_only=True)`` of the value stored under ``fqn``; subclasses widen what is allowed."""
+        try:
+            return torch.load(value, weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"value {fqn!r} in the checkpoint is not loadable: {exc}") from exc
 
 
 def load_torch_file(path: str | Path, what: str) -> Any:

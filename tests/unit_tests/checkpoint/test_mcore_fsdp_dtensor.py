@@ -20,7 +20,7 @@ from megatron_bridge.recipes import tiny_llama_pretrain_config
 pytest.importorskip("megatron.core", reason="megatron-core engine (Python 3.12 environment)")
 
 from megatron_bridge.checkpoint import load as loading  # noqa: E402
-from megatron_bridge.checkpoint import mcore_fsdp_dtensor  # noqa: E402
+from megatron_bridge.checkpoint import mcore_fsdp_dtensor, mcore_reader  # noqa: E402
 from megatron_bridge.checkpoint.manager import CheckpointManager  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def _planner_read(obj: object) -> object:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     buffer.seek(0)
-    planner = mcore_fsdp_dtensor._SafeMegatronLoadPlanner()
+    planner = mcore_reader.SafeMegatronLoadPlanner()
     planner.flatten_state_dict = False
     planner.state_dict = {}
     item = SimpleNamespace(dest_index=SimpleNamespace(fqn="rng_state.(0, 0).0.np_rng_state"))
