@@ -75,6 +75,15 @@ def _engine_ckpt_format(cfg: "ConfigContainer") -> str:
     return "fsdp_dtensor" if cfg.dist.use_megatron_fsdp else "torch_dist"
 
 
+def _fail_unsupported(bad: list[tuple[str, object, str]], where: str, alternatives: str, *paths: str) -> None:
+    """Refuse every (field, value, fix) in ``bad`` in one message: what is set, ``where`` it is unsupported, the fixes
+    and the ``alternatives``; names ``paths`` and every field of ``bad``."""
+    what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
+    fixes = ", ".join(f"{path}={fix}" for path, _, fix in bad)
+    fail(f"{what}: not supported {where} in this version (docs/training/engines.md): set {fixes}, or {alternatives}",
+         *paths, *(path for path, _, _ in bad))
+
+
 def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of every setting the megatron-core engine does not build in this version. megatron-core's
     Llama 3.1 RoPE scaling takes only the factor (low/high frequency factors 1 and 4, original context 8192 fixed);
@@ -115,12 +124,8 @@ def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine != "megatron_core":
         return
     bad = _unsupported(cfg)
-    if not bad:
-        return
-    what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
-    fixes = ", ".join(f"{path}={fix}" for path, _, fix in bad)
-    fail(f"{what}: not supported by model.engine='megatron_core' in this version (docs/training/engines.md): set "
-         f"{fixes}, or use model.engine='native'", "model.engine", *(path for path, _, _ in bad))
+    if bad:
+        _fail_unsupported(bad, "by model.engine='megatron_core'", "use model.engine='native'", "model.engine")
 
 
 @rule("megatron_core_sequence_parallel", ("model.sequence_parallel", "model.transformer_impl"),
@@ -207,11 +212,10 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     :mod:`megatron_bridge.distributed.mcore_fsdp2`) cannot do in this version."""
     m, d, f, c, o = cfg.model, cfg.ddp, cfg.fsdp2, cfg.checkpoint, cfg.optimizer
     mp = cfg.mixed_precision_config
-    checks: list[tuple[bool, str, object, str]] = [
-        (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
-    ]
+    checks: list[tuple[bool, str, object, str]] = []
     if cfg.dist.use_megatron_fsdp:
         checks += [
+            (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
             (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
              f"1 ({_MFSDP_NO_PP})"),
             (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
@@ -231,6 +235,7 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         ]
     if cfg.dist.use_torch_fsdp2:
         checks += [
+            (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
             (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
              f"1 ({_FSDP2_NO_PP})"),
             (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
@@ -273,10 +278,7 @@ def _mcore_fsdp(cfg: "ConfigContainer", world_size: int) -> None:
     bad = _fsdp_unsupported(cfg)
     if not bad:
         return
-    wrapper = "dist.use_megatron_fsdp=True" if d.use_megatron_fsdp else "dist.use_torch_fsdp2=True"
-    what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
-    fixes = ", ".join(f"{path}={fix}" for path, _, fix in bad)
-    fail(f"{what}: not supported with {wrapper} on model.engine='megatron_core' in this version "
-         f"(docs/training/engines.md): set {fixes}, or use megatron-core DDP (dist.use_megatron_fsdp=False, "
-         "dist.use_torch_fsdp2=False) or model.engine='native'",
-         "dist.use_megatron_fsdp" if d.use_megatron_fsdp else "dist.use_torch_fsdp2", *(path for path, _, _ in bad))
+    wrapper = "dist.use_megatron_fsdp" if d.use_megatron_fsdp else "dist.use_torch_fsdp2"
+    _fail_unsupported(bad, f"with {wrapper}=True on model.engine='megatron_core'",
+                      "use megatron-core DDP (dist.use_megatron_fsdp=False, dist.use_torch_fsdp2=False) or "
+                      "model.engine='native'", wrapper)

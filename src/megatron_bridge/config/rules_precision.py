@@ -171,9 +171,12 @@ _COMPUTE_DTYPE = {(True, False): "bfloat16", (False, True): "float16", (False, F
 
 _CHECKPOINT_PATHS = ("checkpoint.save", "checkpoint.load", "checkpoint.pretrained_checkpoint")
 
+_WRAPPERS_WITHOUT_LOW_PRECISION_CHECKPOINTS = ("dist.use_torch_fsdp2", "dist.use_megatron_fsdp")
+"""The megatron-core FSDP wrappers whose bf16/fp16 checkpoints (fp32 main parameters) are not tested yet."""
 
-@rule("megatron_core_precision", ("optimizer.bf16", "optimizer.fp16", "model.params_dtype", "checkpoint.save",
-                                  "dist.use_torch_fsdp2", "dist.use_megatron_fsdp"),
+
+@rule("megatron_core_precision", ("optimizer.bf16", "optimizer.fp16", "model.params_dtype", *_CHECKPOINT_PATHS,
+                                  *_WRAPPERS_WITHOUT_LOW_PRECISION_CHECKPOINTS),
       "With engine='megatron_core', model.params_dtype is the compute dtype (bf16/fp16 weights in Float16Module, "
       "fp32 main weights in megatron-core's optimizer, both in its torch_dist checkpoints): bfloat16 with "
       "optimizer.bf16, float16 with optimizer.fp16; bf16/fp16 checkpoints with megatron-core DDP, not yet with the "
@@ -185,8 +188,8 @@ def _mcore_precision(cfg: "ConfigContainer", world_size: int) -> None:
     if o.bf16 and o.fp16:
         return  # rule precision_exclusive
     paths = [p for p in _CHECKPOINT_PATHS if getattr(cfg.checkpoint, p.split(".")[1])]
-    wrapper = next((f for f in ("dist.use_torch_fsdp2", "dist.use_megatron_fsdp")
-                    if getattr(cfg.dist, f.split(".")[1])), None)
+    wrapper = next((f for f in _WRAPPERS_WITHOUT_LOW_PRECISION_CHECKPOINTS if getattr(cfg.dist, f.split(".")[1])),
+                   None)
     if (o.bf16 or o.fp16) and paths and wrapper is not None:
         fail(f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16} with {', '.join(paths)} and {wrapper}=True on "
              "model.engine='megatron_core': bf16/fp16 checkpoints (fp32 main parameters) are tested with "
