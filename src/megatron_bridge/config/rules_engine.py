@@ -108,16 +108,14 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (cfg.distillation.enabled, "distillation.teacher_checkpoint", cfg.distillation.teacher_checkpoint, "None"),
         (c.ckpt_format != _engine_ckpt_format(cfg) and ckpt_io, "checkpoint.ckpt_format", c.ckpt_format,
          repr(_engine_ckpt_format(cfg))),
-        (c.async_save and cfg.dist.use_torch_fsdp2, "checkpoint.async_save", c.async_save,
-         "False (async saves are tested with megatron-core DDP only)"),
     ]
     return [(path, value, fix) for bad, path, value, fix in checks if bad]
 
 
 @rule("megatron_core_features", ("model.engine",),
       "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
-      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (DDP: sync or async_save; "
-      "FSDP2: sync; fsdp_dtensor with Megatron FSDP); "
+      " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (DDP and FSDP2: sync or "
+      "async_save; fsdp_dtensor with Megatron FSDP); "
       "no MoE, recompute, offloading, "
       "quantization or distillation.")
 def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
@@ -235,7 +233,6 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         ]
     if cfg.dist.use_torch_fsdp2:
         checks += [
-            (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
             (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
              f"1 ({_FSDP2_NO_PP})"),
             (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
@@ -268,9 +265,9 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 @rule("megatron_core_fsdp", ("model.engine", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2"),
       "With engine='megatron_core', Megatron FSDP (megatron-core's adapter) runs without pipeline parallelism, in "
       "fp32 or bf16_mixed, and checkpoints in fsdp_dtensor (not with no_shard); FSDP2 (megatron-core's "
-      "TorchFullyShardedDataParallel) with torch_dist checkpoints and bf16, without pipeline parallelism, fp16, the "
-      "distributed optimizer, tied embeddings or the native engine's FSDP2-only options; neither loads a "
-      "pretrained_checkpoint.")
+      "TorchFullyShardedDataParallel) with torch_dist checkpoints (sync or async, pretrained_checkpoint) and bf16, "
+      "without pipeline parallelism, fp16, the distributed optimizer, tied embeddings or the native engine's "
+      "FSDP2-only options; Megatron FSDP loads no pretrained_checkpoint.")
 def _mcore_fsdp(cfg: "ConfigContainer", world_size: int) -> None:
     d = cfg.dist
     if cfg.model.engine != "megatron_core" or not (d.use_megatron_fsdp or d.use_torch_fsdp2):

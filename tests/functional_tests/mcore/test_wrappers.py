@@ -8,10 +8,15 @@ samples in fp32 and must give the per-step losses of a one-process megatron-core
 ``mixed_precision="bf16_mixed"`` must match a one-process bf16 megatron-core DDP run within ``BF16_RTOL`` (measured
 2026-12-01: 3.0e-5; FSDP2 reduce-scatters bf16 gradients, DDP accumulates fp32 ones).
 
-FSDP2 checkpoints (megatron-core ``torch_dist``): ``test_fsdp2`` (DP=2), ``test_fsdp2_tp2`` and
-``test_megatron_core_ddp`` save at step ``SAVE_AT``; resuming FSDP2 from FSDP2 is bit-exact at DP=2 and at TP=2;
-megatron-core DDP resumes the FSDP2 checkpoint and FSDP2 resumes the DDP one within ``LOSS_RTOL`` (measured
-2026-12-01: 6e-8 and 4e-8), and both folders hold the same tensors (keys and global shapes).
+FSDP2 checkpoints (megatron-core ``torch_dist``): ``test_fsdp2`` (DP=2, with ``checkpoint.async_save``: while the
+step-``SAVE_AT`` save is in flight neither its folder nor the trackers exist), ``test_fsdp2_tp2``,
+``test_fsdp2_bf16`` (DP=2, ``bf16_mixed``) and ``test_megatron_core_ddp`` save at step ``SAVE_AT``; resuming FSDP2
+from FSDP2 is bit-exact at DP=2 (from the async save), at TP=2 and in bf16 (losses, and the gathered model weights,
+fp32 main parameters and Adam state after loading and at the end: fsdp2_checks.py); megatron-core DDP resumes the
+FSDP2 checkpoint and FSDP2 resumes the DDP one within ``LOSS_RTOL`` (measured 2026-12-01: 6e-8 and 4e-8), and both
+folders hold the same tensors (keys and global shapes); megatron-core DDP in bf16 resumes the FSDP2 bf16 checkpoint
+with the same state after loading, bit for bit, and losses within ``BF16_RTOL``. A ``pretrained_checkpoint`` run
+from the FSDP2 bf16 folder starts at step 0 with its weights and a fresh optimizer.
 
 CPU: megatron-core and megatron-fsdp run on gloo through the test-only harness
 (tests/functional_tests/mcore_cpu_harness.py, ``install_fsdp``), which makes megatron-fsdp's collectives synchronous.
@@ -46,6 +51,7 @@ LOSS_RTOL = 1e-5
 BF16_RTOL = 2e-4
 STEPS = 8
 SAVE_AT = 4
+SAVED = f"iter_{SAVE_AT:07d}"
 PADDED_VOCAB = 512
 MFSDP = {"dist.use_megatron_fsdp": True}
 FSDP2 = {"dist.use_torch_fsdp2": True}
@@ -79,32 +85,49 @@ CASES: dict[str, dict[str, Any]] = {
                                                      "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
     "test_megatron_fsdp_optim_resume": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim"},
     "test_megatron_fsdp_bf16_mixed": {**MFSDP, **BF16, "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
-    "test_fsdp2": {**FSDP2, **_save("fsdp2")},
+    "test_fsdp2": {**FSDP2, **_save("fsdp2"), "checkpoint.async_save": True},
     "test_fsdp2_tp2": {**FSDP2, **TP2, **_save("fsdp2_tp2")},
     "test_fsdp2_sync_every_microbatch_no_reshard": {**FSDP2, "fsdp2.defer_fsdp_grad_sync": False,
                                                     "fsdp2.reshard_after_forward": False},
-    "test_fsdp2_bf16": {**FSDP2, **BF16},
+    "test_fsdp2_bf16": {**FSDP2, **BF16, **_save("fsdp2_bf16")},
     "test_fsdp2_resume_is_bit_exact": {**FSDP2, **_resume("fsdp2")},
     "test_fsdp2_tp2_resume_is_bit_exact": {**FSDP2, **TP2, **_resume("fsdp2_tp2")},
     "test_fsdp2_checkpoint_resumes_under_megatron_core_ddp": _resume("fsdp2"),
     "test_megatron_core_ddp_checkpoint_resumes_under_fsdp2": {**FSDP2, **_resume("ddp")},
+    "test_fsdp2_bf16_resume_is_bit_exact": {**FSDP2, **BF16, **_resume("fsdp2_bf16")},
+    "test_fsdp2_bf16_checkpoint_resumes_under_megatron_core_ddp": {**BF16, **_resume("fsdp2_bf16")},
+    "test_fsdp2_bf16_pretrained_checkpoint": {**FSDP2, **BF16,
+                                              "checkpoint.pretrained_checkpoint": f"{{work}}/fsdp2_bf16/{SAVED}"},
 }
 """2-rank case → config overrides (dotted paths; ``{work}`` is the launch's folder)."""
 REFERENCES = {"test_one_process_reference": {}, "test_one_process_reference_bf16": BF16}
 """One-process megatron-core DDP runs → overrides."""
 REFERENCE_OF = {"test_fsdp2_bf16": "test_one_process_reference_bf16",
-                "test_megatron_fsdp_bf16_mixed": "test_one_process_reference_bf16"}
+                "test_megatron_fsdp_bf16_mixed": "test_one_process_reference_bf16",
+                "test_fsdp2_bf16_pretrained_checkpoint": "test_one_process_reference_bf16"}
 """2-rank case → its one-process reference (default ``test_one_process_reference``)."""
 RESUMES = {"test_fsdp2_resume_is_bit_exact": ("test_fsdp2", 0.0),
            "test_fsdp2_tp2_resume_is_bit_exact": ("test_fsdp2_tp2", 0.0),
            "test_fsdp2_checkpoint_resumes_under_megatron_core_ddp": ("test_fsdp2", LOSS_RTOL),
-           "test_megatron_core_ddp_checkpoint_resumes_under_fsdp2": ("test_megatron_core_ddp", LOSS_RTOL)}
+           "test_megatron_core_ddp_checkpoint_resumes_under_fsdp2": ("test_megatron_core_ddp", LOSS_RTOL),
+           "test_fsdp2_bf16_resume_is_bit_exact": ("test_fsdp2_bf16", 0.0),
+           "test_fsdp2_bf16_checkpoint_resumes_under_megatron_core_ddp": ("test_fsdp2_bf16", BF16_RTOL)}
 """Resumed case → (the case that saved its checkpoint, whose losses after step ``SAVE_AT`` it must give; relative
 tolerance)."""
 CHECKPOINTED = {"test_megatron_fsdp_optim": "test_megatron_fsdp_optim_resume",
                 "test_megatron_fsdp_optim_grads_params": "test_megatron_fsdp_optim_grads_params_resume"}
 """Megatron FSDP case that saves an fsdp_dtensor checkpoint at step ``SAVE_AT`` → the case resuming it (same launch,
 after it), whose losses must equal the saving run's from that step on, bit for bit."""
+PRETRAINED = {"test_fsdp2_bf16_pretrained_checkpoint": "test_fsdp2_bf16"}
+"""FSDP2 case starting from ``checkpoint.pretrained_checkpoint`` → the case that saved it (its step-``SAVE_AT``
+weights)."""
+RECORDED = {"test_fsdp2_bf16": None, "test_fsdp2_bf16_resume_is_bit_exact": "test_fsdp2_bf16",
+            "test_fsdp2_bf16_checkpoint_resumes_under_megatron_core_ddp": "test_fsdp2_bf16", **PRETRAINED}
+"""FSDP2 bf16 checkpoint cases whose full state (weights, fp32 main parameters, Adam state) the workers record
+(fsdp2_checks.py) → the case whose recorded state they compare with (None: the saving run)."""
+ASYNC_SAVES = {"test_fsdp2": "fsdp2"}
+"""Case saving with ``checkpoint.async_save`` → its save folder: the step-``SAVE_AT`` save is not a checkpoint
+while in flight, and is committed after it."""
 GROUPS: dict[int, list[str]] = {1: list(REFERENCES), 2: list(CASES)}
 LAUNCH_TIMEOUT_S = {1: 300, 2: 900}
 
@@ -135,6 +158,9 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     wanted = set(selected_groups(request, GROUPS)[2])
     wanted |= {RESUMES[name][0] for name in wanted if name in RESUMES}  # a resumed case needs its saving run
     wanted |= {saver for saver, resumer in CHECKPOINTED.items() if resumer in wanted}
+    wanted |= {PRETRAINED[name] for name in wanted if name in PRETRAINED}
+    if "test_fsdp2_checkpoint_resumes_under_megatron_core_ddp" in wanted:
+        wanted.add("test_megatron_core_ddp")  # it compares the two folders' tensors
     references = {"test_one_process_reference"} | {REFERENCE_OF[n] for n in wanted if n in REFERENCE_OF}
     groups = {1: [n for n in GROUPS[1] if n in references], 2: [n for n in GROUPS[2] if n in wanted]}
     work = tmp_path_factory.mktemp("mcore_wrappers")
@@ -163,11 +189,13 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
         c.ckpt_format, c.load, c.ckpt_step = "fsdp_dtensor", str(work / f"{saver}_ckpt"), SAVE_AT
     bf16 = cfg.mixed_precision_config is not None and cfg.mixed_precision_config.bf16
     callbacks = [_Fp32MainWeights()] if bf16 and cfg.dist.use_megatron_fsdp else []
+    callbacks += _fsdp2_checkpoint_callbacks(name, work)
     try:
         result = pretrain(cfg, callbacks=callbacks)
     finally:
         parallel_state.destroy()  # megatron-core's groups: the next test may use another TP size
     assert result.final_step == STEPS, result
+    _check_fsdp2_checkpoint_case(name, work, callbacks)
     if saver is not None:  # resumed at SAVE_AT: the saving run's losses from there on, bit for bit
         saved = json.loads((work / f"{saver}.json").read_text())["losses"]
         assert result.losses == saved[SAVE_AT:], (result.losses, saved)
@@ -187,6 +215,41 @@ class _Fp32MainWeights(Callback):
         assert {g.main_weight_buffer.dtype for g in groups} == {torch.float32}  # main weights
         main = {p.dtype for group in ctx.optimizer.optimizer.param_groups for p in group["params"]}
         assert main == {torch.float32}, main
+
+
+def _fsdp2_checkpoint_callbacks(name: str, work: Path) -> list[Callback]:
+    """Worker: the recorders and checks of the FSDP2 checkpoint cases (fsdp2_checks.py)."""
+    from tests.functional_tests.mcore import fsdp2_checks
+
+    callbacks: list[Callback] = []
+    if name in RECORDED:
+        callbacks.append(fsdp2_checks.Recorder(SAVE_AT))
+    if name in ASYNC_SAVES:
+        callbacks.append(fsdp2_checks.AsyncSaveInFlight(work / ASYNC_SAVES[name], SAVE_AT))
+    return callbacks
+
+
+def _check_fsdp2_checkpoint_case(name: str, work: Path, callbacks: list[Callback]) -> None:
+    """Worker, after ``name`` trained: compare its recorded state with the saving run's (bit for bit after loading;
+    the final state too when the wrapper is the same) and check its async saves."""
+    from tests.functional_tests.mcore import fsdp2_checks
+
+    if name in ASYNC_SAVES:
+        (in_flight,) = [c for c in callbacks if isinstance(c, fsdp2_checks.AsyncSaveInFlight)]
+        assert in_flight.checked, name
+        fsdp2_checks.check_async_committed(work / ASYNC_SAVES[name], (SAVE_AT, STEPS))
+    if name not in RECORDED:
+        return
+    (recorded,) = [c for c in callbacks if isinstance(c, fsdp2_checks.Recorder)]
+    fsdp2_checks.check_precision(recorded, name)
+    saver = RECORDED[name]
+    if saver is None:
+        fsdp2_checks.SNAPSHOTS[name] = recorded
+    elif name in PRETRAINED:
+        fsdp2_checks.check_pretrained_start(recorded, fsdp2_checks.SNAPSHOTS[saver], name)
+    else:
+        same_wrapper = "dist.use_torch_fsdp2" in CASES[name]
+        fsdp2_checks.check_resumed(recorded, fsdp2_checks.SNAPSHOTS[saver], name, final=same_wrapper)
 
 
 def compare(launches: LaunchGroups, name: str, backend: str) -> None:
@@ -363,3 +426,45 @@ def test_fsdp2_checkpoint_resumes_under_megatron_core_ddp(launches: LaunchGroups
 def test_megatron_core_ddp_checkpoint_resumes_under_fsdp2(launches: LaunchGroups | None) -> None:
     """FSDP2 resumes the step-4 checkpoint megatron-core DDP wrote."""
     _case("test_megatron_core_ddp_checkpoint_resumes_under_fsdp2", "mcore_fsdp2", launches)
+
+
+def test_fsdp2_bf16_resume_is_bit_exact(launches: LaunchGroups | None) -> None:
+    """FSDP2 in bf16_mixed, DP=2: resuming the step-4 checkpoint of ``test_fsdp2_bf16`` (bf16 weights, fp32 main
+    parameters and Adam state as DTensor shards) gives its losses, and after loading and at the end its weights, main
+    parameters and Adam state, bit for bit."""
+    _case("test_fsdp2_bf16_resume_is_bit_exact", "mcore_fsdp2", launches)
+    if is_worker():
+        return
+    from megatron_bridge.checkpoint.mcore_reader import check_mcore_folder
+
+    folder = Path(launches.env["MB_WRAPPERS_DIR"]) / "fsdp2_bf16" / SAVED  # type: ignore[union-attr]
+    dtypes = {k: v.properties.dtype for k, v in check_mcore_folder(folder).state_dict_metadata.items()
+              if hasattr(v, "properties")}
+    weight = "decoder.layers.mlp.linear_fc1.weight"
+    assert dtypes[weight] == torch.bfloat16, dtypes  # the model weights, and their fp32 main parameters:
+    assert {dtypes[f"optimizer.state.{k}.{weight}"] for k in ("fp32_param", "exp_avg", "exp_avg_sq")} == {
+        torch.float32}, dtypes
+
+
+def test_fsdp2_bf16_checkpoint_resumes_under_megatron_core_ddp(launches: LaunchGroups | None) -> None:
+    """megatron-core DDP in bf16_mixed resumes the FSDP2 bf16 checkpoint: after loading, its weights, fp32 main
+    parameters and Adam state equal the FSDP2 run's (gathered) bit for bit; losses within ``BF16_RTOL`` (DDP reduces
+    fp32 gradients, FSDP2 bf16 ones)."""
+    _case("test_fsdp2_bf16_checkpoint_resumes_under_megatron_core_ddp", "mcore_ddp", launches)
+
+
+def test_fsdp2_bf16_pretrained_checkpoint(launches: LaunchGroups | None) -> None:
+    """FSDP2 in bf16_mixed from ``checkpoint.pretrained_checkpoint`` (the step-4 folder of ``test_fsdp2_bf16``):
+    step 0 with the saved weights bit for bit, main parameters from them, a fresh optimizer; training continues from
+    the trained weights (a lower first loss than a fresh start's, falling)."""
+    name = "test_fsdp2_bf16_pretrained_checkpoint"
+    if is_worker():
+        train_and_record(name, CASES[name])
+        return
+    launches.check("test_one_process_reference_bf16")  # type: ignore[union-attr]
+    launches.check(name)  # type: ignore[union-attr]
+    folder = Path(launches.env["MB_WRAPPERS_DIR"])  # type: ignore[union-attr]
+    got = json.loads((folder / f"{name}.json").read_text())
+    fresh = json.loads((folder / "test_one_process_reference_bf16.json").read_text())["losses"]
+    assert got["backend"] == "mcore_fsdp2" and len(got["losses"]) == STEPS, got
+    assert got["losses"][0] < fresh[0] - 0.05 and got["losses"][-1] < got["losses"][0], (got, fresh)

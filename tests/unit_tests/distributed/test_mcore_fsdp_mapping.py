@@ -188,11 +188,13 @@ def test_fsdp2_refusals_say_why() -> None:
     {"checkpoint__save": "/tmp/mb-never-written", "checkpoint__save_interval": 2},
     {"checkpoint__load": "/tmp/mb-never-written"},
     {"mixed_precision": "bf16_mixed"},
+    {"checkpoint__pretrained_checkpoint": "/tmp/mb-never-written"},
+    {"checkpoint__save": "/tmp/mb-never-written", "checkpoint__async_save": True},
+    {"mixed_precision": "bf16_mixed", "checkpoint__save": "/tmp/mb-never-written", "checkpoint__async_save": True,
+     "checkpoint__load": "/tmp/mb-never-written"},
+    {"mixed_precision": "bf16_mixed", "checkpoint__pretrained_checkpoint": "/tmp/mb-never-written"},
 ])
 def test_fsdp2_passes_validation_with_checkpoints_and_bf16(setting: dict) -> None:
-    """FSDP2 on megatron-core: torch_dist checkpoints (fp32) and bf16_mixed (without checkpoints: rule
-    megatron_core_precision) are supported; a pretrained_checkpoint is not (untested)."""
+    """FSDP2 on megatron-core: torch_dist checkpoints, sync or async (megatron-core's async save), in fp32 and
+    bf16_mixed, and pretrained_checkpoint starts (tests/functional_tests/mcore/test_wrappers.py) pass every rule."""
     _mcore(dist__use_torch_fsdp2=True, **setting).validate(world_size=2)
-    cfg = _mcore(dist__use_torch_fsdp2=True, checkpoint__pretrained_checkpoint="/tmp/mb-never-written")
-    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_fsdp\]"):
-        cfg.validate(world_size=2)

@@ -153,7 +153,20 @@ def test_bf16_and_fp16_with_checkpoints_validate(preset: str, path: str, tmp_pat
     assert cfg.model.params_dtype == ("bfloat16" if preset == "bf16_mixed" else "float16")
 
 
-@pytest.mark.parametrize("wrapper", ["use_torch_fsdp2", "use_megatron_fsdp"])
+@pytest.mark.parametrize("path", ["save", "load", "pretrained_checkpoint"])
+def test_bf16_checkpoints_with_fsdp2_validate(path: str, tmp_path: object) -> None:
+    """bf16 torch_dist checkpoints under megatron-core's FSDP2 wrapper (bf16 weights, fp32 main parameters as DTensor
+    shards) resume bit-exact (tests/functional_tests/mcore/test_wrappers.py): no refusal of rule
+    megatron_core_precision."""
+    cfg = tiny_llama_pretrain_config()
+    cfg.model.engine, cfg.mixed_precision, cfg.dist.use_torch_fsdp2 = "megatron_core", "bf16_mixed", True
+    cfg.checkpoint.save = cfg.checkpoint.load = cfg.checkpoint.pretrained_checkpoint = None
+    setattr(cfg.checkpoint, path, str(tmp_path))
+    cfg.validate(world_size=2)
+    assert cfg.model.params_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("wrapper", ["use_megatron_fsdp"])
 def test_bf16_checkpoints_with_fsdp_wrappers_are_refused_until_tested(wrapper: str, tmp_path: object) -> None:
     cfg = tiny_llama_pretrain_config()
     cfg.model.engine, cfg.mixed_precision = "megatron_core", "bf16_mixed"
@@ -161,7 +174,7 @@ def test_bf16_checkpoints_with_fsdp_wrappers_are_refused_until_tested(wrapper: s
     cfg.checkpoint.save, cfg.checkpoint.pretrained_checkpoint = str(tmp_path), None
     if wrapper == "use_megatron_fsdp":
         cfg.checkpoint.ckpt_format = "fsdp_dtensor"
-    with pytest.raises(ConfigValidationError, match="not yet with the FSDP wrappers") as info:
+    with pytest.raises(ConfigValidationError, match=f"not yet with dist.{wrapper}") as info:
         cfg.validate(world_size=1)
     assert {"checkpoint.save", f"dist.{wrapper}"} <= set(info.value.paths)
     assert "[rule megatron_core_precision]" in str(info.value)
