@@ -6,6 +6,7 @@ saves) and :meth:`~CheckpointManager.close` at exit (waits for pending saves). E
 """
 
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -82,6 +83,10 @@ class CheckpointManager:
         self.world_size = comm.world_size()
         self._pending: _PendingSave | None = None
         self._committer: ThreadPoolExecutor | None = None
+        self._abandoned = threading.Event()
+        """Set by :meth:`abandon`: a background commit still waiting for its write must not commit."""
+        self._commit_lock = threading.Lock()
+        """Held by a background commit; :meth:`abandon` waits for one in progress (local file operations)."""
         self._last_saved: tuple[Path, int] | None = None
         """(folder, step) of the newest checkpoint this run loaded or saved; saving it again is skipped."""
         self._locked = False
@@ -380,8 +385,13 @@ class CheckpointManager:
         """Background thread: wait for this rank's DCP writes; rank 0 then commits (all ranks' shards are done
         when rank 0's future completes: DCP writes the metadata only after gathering every rank's results)."""
         upload.result()
-        if self.rank == 0:
-            self._finalize_rank0(job)
+        with self._commit_lock:
+            if self._abandoned.is_set():
+                logger.warning("async checkpoint save of step %d was abandoned: not committed (%s is removed at the "
+                               "next start)", job.step, job.tmp)
+                return
+            if self.rank == 0:
+                self._finalize_rank0(job)
 
     def _committer_pool(self) -> ThreadPoolExecutor:
         if self._committer is None:
@@ -420,8 +430,14 @@ class CheckpointManager:
 
     def abandon(self) -> None:
         """After a failure: drop a pending async save without waiting for it (its ``.tmp`` folder is removed at the
-        next start-up; the previous checkpoint stays the latest). Never enters a collective."""
-        self._pending = None
+        next start-up; the previous checkpoint stays the latest). Never enters a collective.
+
+        A DCP write in flight runs to its end in its thread (it cannot be interrupted; the commit thread then ends
+        without committing); a commit already in progress (rank 0's file operations) is waited for, so the trackers
+        name either the previous step or a complete new one. megatron-core's writer processes are killed."""
+        self._abandoned.set()
+        with self._commit_lock:
+            self._pending = None
         if self._mcore_saves is not None:
             self._mcore_saves.abort()
         if self._committer is not None:

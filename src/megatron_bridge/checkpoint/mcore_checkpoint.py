@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import yaml
 
-from megatron_bridge.checkpoint import mcore_fsdp2_state, mcore_reader, mcore_state
+from megatron_bridge.checkpoint import mcore_fsdp2_state, mcore_reader, mcore_state, saved_run
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
@@ -71,6 +70,8 @@ def _save_strategy(cfg: "ConfigContainer") -> Any:
     return strategy
 
 
+_WRITER_JOIN_TIMEOUT_S = 10.0
+"""How long :meth:`AsyncMcoreSaves.abort` waits for a killed writer process to be reaped."""
 ASYNC_STRATEGY = "mcore"
 """megatron-core's own async writer (Megatron-Bridge's ``async_strategy="mcore"``; its "nvrx" needs
 nvidia-resiliency-ext)."""
@@ -137,7 +138,10 @@ class AsyncMcoreSaves:
         """Kill the writer processes and drop the pending saves without finalizing (no collective): their
         temporary folders are removed at the next start; the previous checkpoint stays the latest."""
         for call in list(self.queue.async_calls):
-            call.async_caller.close(abort=True)
+            process = getattr(call.async_caller, "process", None)
+            call.async_caller.close(abort=True)  # kills the writer (SIGKILL), without reaping it
+            if process is not None:
+                process.join(timeout=_WRITER_JOIN_TIMEOUT_S)  # reaped: no zombie stays behind
         self.queue.async_calls.clear()
 
 
@@ -160,13 +164,11 @@ def stop_writer_processes() -> None:
 def saved_parallel_sizes(folder: str | Path) -> tuple[int, int] | None:
     """(TP, PP) of the run that wrote ``folder``, from its ``run_config.yaml`` (ours and Megatron-Bridge's share the
     ``model`` field names); None when it has none or it does not parse with the safe YAML loader."""
-    path = Path(folder) / "run_config.yaml"
-    if not path.is_file():
-        return None
+    config = saved_run.read_run_config(folder)
     try:
-        model = yaml.safe_load(path.read_text()).get("model", {})
+        model = config["model"]  # type: ignore[index]
         return int(model["tensor_model_parallel_size"]), int(model.get("pipeline_model_parallel_size") or 1)
-    except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
 
@@ -202,6 +204,7 @@ def load(parts: McoreParts, folder: str | Path, *, load_optim: bool, load_rng: b
     saved = common.get("content_metadata")
     metadata = dict(saved) if isinstance(saved, dict) else mcore_state.content_metadata(parts.cfg)
     if load_optim:
+        saved_run.check_precision(parts.cfg, folder, metadata_dcp)
         _check_optimizer_resharding(parts.cfg, folder, metadata.get("distrib_optim_sharding_type"))
     with_rng = load_rng and mcore_state.rng_key_in(metadata_dcp)
     state = mcore_state.build_state_dict(

@@ -19,7 +19,11 @@ in the precision Megatron-Bridge's recipes use or one that covers another part o
   ``dist_checkpointing.save``): the tracker files and ``iter_0000002`` appear only after the save is finalized;
   resume bit-exact, and the checkpoint resumes at TP=2 without stages (within :data:`BF16_RESHARD_RTOL`).
 
-* fp32 at DP=2 (megatron-core's ``FP32Optimizer``, no main-parameter copies): resume bit-exact.
+* fp32 at DP=2 (megatron-core's ``FP32Optimizer``, no main-parameter copies): resume bit-exact; that checkpoint in a
+  ``bf16_mixed`` run: with its optimizer a named ``PrecisionMismatchError`` (both precisions, the folder, the fixes),
+  with ``checkpoint.load_optim=False`` the bf16 weights and fp32 main parameters come from its fp32 weights;
+* an async save abandoned in flight (the run fails at step 3 with the step-2 save unfinalized): the trackers keep
+  step 1, a resume resolves step 1, megatron-core's writer process is gone and no process of the launch outlives it.
 
 The conversion round trip (native ↔ megatron-core, exact) runs in the launching process, and so does the conversion
 of a bf16 checkpoint (its bf16 model weights, the fp32 main parameters stay in the optimizer state).
@@ -58,7 +62,11 @@ GROUPS = {2: ["test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_co
               "test_tensor_parallel_checkpoint_resumes_data_parallel",
               "test_distributed_optimizer_resume_is_bit_exact",
               "test_fp32_data_parallel_resume_is_bit_exact",
-              "test_pipeline_resume_is_bit_exact_and_reshards"]}
+              "test_fp32_checkpoint_in_a_bf16_run_names_the_precisions",
+              "test_pipeline_resume_is_bit_exact_and_reshards",
+              "test_abandoned_async_save_leaves_the_previous_checkpoint"]}
+"""The 2-rank tests, launched together in this order; the abandon test fails its run on purpose (pretrain() then
+aborts the launch's process group), so it stays last."""
 
 pytestmark = [
     pytest.mark.distributed,
@@ -324,6 +332,117 @@ def test_fp32_data_parallel_resume_is_bit_exact(launches: LaunchGroups | None) -
     _straight("dp2_fp32", {})
     assert {v.dtype for k, v in _STRAIGHT["dp2_fp32"][1].final.items() if k.startswith("model")} == {torch.float32}
     _resume_bit_exact("dp2_fp32", {})
+
+
+def _check_precision_mismatch(ctx: Any) -> None:
+    """Start of a bf16_mixed run that loaded the fp32 step-2 checkpoint with ``load_optim=False``: its bf16 weights
+    are the fp32 weights rounded, its fp32 main parameters equal them; a manager loading the optimizer too is refused
+    with a named error before any tensor is read."""
+    import copy
+
+    from megatron_bridge.checkpoint import CheckpointManager
+    from megatron_bridge.checkpoint.saved_run import PrecisionMismatchError
+    from megatron_bridge.training.state import TrainState
+
+    fp32 = _STRAIGHT["dp2_fp32"][1].at_step
+    loaded = snapshot(ctx)
+    models = {k: v for k, v in loaded.items() if k.startswith("model")}
+    assert set(models) == {k for k in fp32 if k.startswith("model")}
+    for key, value in models.items():
+        assert value.dtype == torch.bfloat16 and torch.equal(value, fp32[key].bfloat16()), key
+    (opt,) = _optimizers(ctx.optimizer)
+    pairs = [(m, p) for gm, gp in zip(opt.fp32_from_float16_groups, opt.float16_groups, strict=True)
+             for m, p in zip(gm, gp, strict=True)]
+    assert pairs and all(m.dtype == torch.float32 and torch.equal(m, p.float()) for m, p in pairs)
+    cfg = copy.deepcopy(ctx.cfg)
+    cfg.checkpoint.load_optim, cfg.checkpoint.save = True, None
+    manager = CheckpointManager(cfg, ctx.backend, ctx.optimizer, ctx.scheduler, TrainState())
+    folder = str(_work() / "dp2_fp32" / f"iter_{SAVE_AT:07d}")
+    with pytest.raises(PrecisionMismatchError) as error:
+        manager.load()
+    message = str(error.value)
+    for part in (folder, "mixed_precision='fp32'", "mixed_precision='bf16_mixed'", "checkpoint.load_optim=False"):
+        assert part in message, (part, message)
+
+
+def test_fp32_checkpoint_in_a_bf16_run_names_the_precisions(launches: LaunchGroups | None) -> None:
+    """The fp32 DP=2 step-2 checkpoint in a bf16_mixed run: with its optimizer state a PrecisionMismatchError naming
+    both precisions, the folder and the fixes; with checkpoint.load_optim=False the weights load (rounded to bf16,
+    main parameters from them) and training goes on."""
+    if not is_worker():
+        launches.check("test_fp32_checkpoint_in_a_bf16_run_names_the_precisions")
+        return
+    _straight("dp2_fp32", {})
+    cfg = _config(BF16, None, _work() / "dp2_fp32")
+    cfg.checkpoint.load_optim = False
+    losses = _train(cfg, _AtStep(0, _check_precision_mismatch))
+    assert len(losses) == STEPS - SAVE_AT and all(loss == loss for loss in losses), losses
+
+
+class _InjectedFailure(RuntimeError):
+    """The failure the abandon test raises in the middle of its run."""
+
+
+_WRITERS: list[int] = []
+"""Worker: PIDs of megatron-core's writer processes of the save the abandon test left in flight."""
+
+
+def _fail_with_save_in_flight(ctx: Any) -> None:
+    """End of step 3: step 1 committed (step 2's save finalized it first), step 2's async save scheduled and not
+    finalized; record its writer process, then fail the run."""
+    root = _work() / "abandon"
+    saves = ctx.checkpoint._mcore_saves
+    assert saves is not None and saves.pending() == 1
+    _WRITERS.extend(c.async_caller.process.pid for c in saves.queue.async_calls if c.async_caller.process)
+    assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert not (root / f"iter_{SAVE_AT:07d}").exists()
+    raise _InjectedFailure("injected failure with an async save in flight")
+
+
+def test_abandoned_async_save_leaves_the_previous_checkpoint(launches: LaunchGroups | None) -> None:
+    """fp32 DP=2 with async saves every step fails at step 3, step 2's save in flight: pretrain() abandons it. The
+    trackers still name step 1 (``latest_train_state.pt`` too), ``iter_0000002`` never appears, a resume resolves
+    step 1 and the interrupted save's folder is removed at the next start; the writer processes are gone, no thread
+    stays, and (launching process) no process of the launch outlives it."""
+    if not is_worker():
+        from tests.functional_tests.training.test_megatron_core_engine import _processes_with
+
+        launches.check("test_abandoned_async_save_leaves_the_previous_checkpoint")  # type: ignore[union-attr]
+        marker = f"MB_MCORE_CKPT_DIR={launches.env['MB_MCORE_CKPT_DIR']}"  # type: ignore[union-attr]
+        assert not _processes_with(marker), "processes of the launch outlived it"
+        return
+    import multiprocessing
+    import threading
+
+    import torch.distributed as dist
+
+    from megatron_bridge.checkpoint import layout, run_folder
+    from megatron_bridge.checkpoint.load import latest_step, resolve_source
+
+    root = _work() / "abandon"
+    cfg = _config({}, root)
+    cfg.checkpoint.async_save, cfg.checkpoint.save_interval = True, 1
+    try:
+        with pytest.raises(_InjectedFailure):
+            _train(cfg, _AtStep(SAVE_AT + 1, _fail_with_save_in_flight))
+    finally:
+        if dist.is_initialized():  # pretrain() aborted the launch's group: leave it without a collective
+            dist.destroy_process_group()
+    assert _WRITERS, "the step-2 save had no writer process"
+    assert not [pid for pid in _WRITERS if Path(f"/proc/{pid}").exists()], "a writer process outlived abandon()"
+    assert not multiprocessing.active_children()
+    assert not [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    assert latest_step(root) == 1 and layout.read_tracker_step(root) == 1
+    assert layout.list_checkpoints(root) == [1]
+    assert [p.name for p in root.iterdir() if p.name.startswith(f"iter_{SAVE_AT:07d}")], "no interrupted save left"
+    from megatron_bridge.config.checkpoint import CheckpointConfig
+
+    source = resolve_source(CheckpointConfig(load=str(root)))
+    assert source is not None and source.step == 1 and source.path.endswith("iter_0000001")
+    run_folder.clean_interrupted_saves(root)
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("iter_")) == ["iter_0000001"]
 
 
 def _check_async_save_not_committed(ctx: Any) -> None:

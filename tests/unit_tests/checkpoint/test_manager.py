@@ -1,6 +1,7 @@
 """CheckpointManager in one process: resume, formats, selection of what to load, most_recent_k, async save."""
 
 import logging
+import time
 
 import pytest
 import torch
@@ -187,3 +188,91 @@ def test_a_different_optimizer_is_a_named_error(tmp_path):
     train(dst, 1)  # SGD momentum buffers exist; the Adam checkpoint has none
     with pytest.raises(CheckpointError, match=r"rank 0: RuntimeError: Missing key .*momentum_buffer"):
         dst.manager.load()
+
+
+def _non_daemon_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+
+
+def test_abandoning_an_async_save_in_flight_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """``abandon()`` (pretrain() after a failure) with the step-2 DCP async save in flight: even when its write
+    completes afterwards, the step is never committed (trackers keep step 1, no ``iter_0000002``), its threads end,
+    and the next start resumes step 1 and removes the interrupted save's folder. The write is held back (a slow file
+    system) by delaying its future: DCP still writes every shard."""
+    import threading
+    from concurrent.futures import Future
+
+    from megatron_bridge.checkpoint import save as saving
+
+    gate = threading.Event()
+    gate.set()
+    real = saving.start_async_dcp
+
+    def slow_start(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        upload, delayed = real(*args, **kwargs), Future()
+
+        def relay() -> None:
+            gate.wait(60)
+            try:
+                delayed.set_result(upload.result())
+            except BaseException as exc:  # noqa: BLE001 (relayed as is)
+                delayed.set_exception(exc)
+
+        threading.Thread(target=relay, name="slow-file-system", daemon=True).start()
+        return delayed
+
+    monkeypatch.setattr(saving, "start_async_dcp", slow_start)
+    before = set(_non_daemon_threads())
+    cfg = tiny_cfg(save=str(tmp_path), load=str(tmp_path), async_save=True, save_interval=1)
+    run = build_run(cfg)
+    train(run, 1)
+    run.manager.save()
+    run.manager.wait()
+    trackers = {name: (tmp_path / name).read_bytes() for name in
+                ("latest_checkpointed_iteration.txt", "latest_train_state.pt")}
+    gate.clear()
+    train(run, 1)
+    run.manager.save()  # step 2: staged, its write held back
+    deadline = time.monotonic() + 10
+    while not run.manager._pending.future.running() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the commit thread waits for the write (as after a few training steps)
+    run.manager.abandon()
+    gate.set()  # the write completes after abandon()
+    deadline = time.monotonic() + 30
+    while set(_non_daemon_threads()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not set(_non_daemon_threads()) - before, _non_daemon_threads()
+    assert {name: (tmp_path / name).read_bytes() for name in trackers} == trackers
+    assert layout.list_checkpoints(tmp_path) == [1]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("iter_0000002.tmp-")]
+    resumed = build_run(cfg, seed=3)
+    assert resumed.manager.load() and resumed.state.step == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("iter_")) == ["iter_0000001"]
+    resumed.manager.close()
+
+
+def test_native_optimizer_state_resumes_across_precisions(tmp_path):
+    """Native engine: a bf16_mixed run keeps fp32 weights and fp32 Adam state (bf16 is the forward's compute dtype
+    only), so its checkpoint resumes in an fp32 run with the optimizer, every weight and Adam tensor equal (no
+    precision check is needed; the megatron-core engine's differ, see test_saved_run.py)."""
+    src_cfg = tiny_cfg(save=str(tmp_path))
+    src_cfg.mixed_precision = "bf16_mixed"
+    src_cfg.finalize()
+    assert src_cfg.optimizer.bf16 and src_cfg.model.params_dtype == "float32"
+    src = build_run(src_cfg)
+    train(src, 2)
+    src.manager.save()
+    assert {p.dtype for p in src.backend.parameters()} == {torch.float32}
+    dst_cfg = tiny_cfg(load=str(tmp_path))
+    dst_cfg.finalize()
+    assert not dst_cfg.optimizer.bf16
+    dst = build_run(dst_cfg, seed=5)
+    assert dst.manager.load() and dst.state.step == 2
+    assert all(torch.equal(a, b) for a, b in zip(full_weights(dst).values(), full_weights(src).values(), strict=True))
+    src_state, dst_state = src.optimizer.state_dict()["state"], dst.optimizer.state_dict()["state"]
+    assert src_state.keys() == dst_state.keys()
+    for key, moments in src_state.items():
+        for name, value in moments.items():
+            assert value.dtype == dst_state[key][name].dtype and torch.equal(value, dst_state[key][name]), (key, name)
