@@ -252,7 +252,9 @@ def read_tracker_step(root: str | Path) -> int | None:
     if text == "release":
         raise CheckpointError(f"{str(path)!r} says 'release': release checkpoints are not supported")
     if not text.isdigit():
-        raise CheckpointError(f"{str(path)!r} should hold a step number but holds {text[:40]!r}")
+        raise CheckpointError(
+            f"{str(path)!r} should hold a step number but holds {text[:40]!r}. Fix: set checkpoint.ckpt_step to one "
+            f"of the committed steps {list_checkpoints(root)}, or write one of them into the file")
     return int(text)
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from megatron_bridge.checkpoint import convert, layout, mcore_fsdp_dtensor, mcore_reader
+from megatron_bridge.checkpoint import convert, layout, mcore_fsdp_dtensor, mcore_reader, saved_run
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
     SafeFileSystemReader,
@@ -76,7 +76,10 @@ def latest_step(root: str | Path) -> int | None:
         if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_floating_point():
             step = int(step.item())  # Megatron-Bridge's TrainState.state_dict() (0-d tensors)
         if not isinstance(step, int):
-            raise CheckpointError(f"tracker {str(state_path)!r} holds no integer 'step'")
+            raise CheckpointError(
+                f"tracker {str(state_path)!r} holds no integer 'step' (found {type(step).__name__}). Fix: set "
+                f"checkpoint.ckpt_step to one of the committed steps {layout.list_checkpoints(root)}, or delete the "
+                f"file to resume from {layout.TRACKER_FILENAME}")
         return step
     step = layout.read_tracker_step(root)
     if step is not None:
@@ -99,7 +102,11 @@ def resolve_folder(root: str | Path, step: int | None) -> Path | None:
             return None
         folder = layout.iteration_dir(root, step)
         if not folder.is_dir():
-            raise CheckpointError(f"the tracker of {str(root)!r} points at step {step} but {str(folder)!r} is missing")
+            raise CheckpointError(
+                f"the tracker of {str(root)!r} points at step {step} but {str(folder)!r} is missing (deleted, or a "
+                "re-save of that step was interrupted between its renames: a '.trash-' folder there may hold it). Fix: "
+                f"set checkpoint.ckpt_step to one of the committed steps {layout.list_checkpoints(root)}, or restore "
+                "the folder")
         return folder
     folder = layout.iteration_dir(root, step)
     if not folder.is_dir():
@@ -203,8 +210,10 @@ def global_shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
-def check_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: str) -> None:
-    """CheckpointError naming the keys whose presence or shape differs between the model and the checkpoint."""
+def check_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], where: str,
+                 model_config: ModelConfig | None = None) -> None:
+    """CheckpointError naming the keys whose presence or shape differs between the model and the checkpoint, and the
+    fix (with ``model_config``: the model fields the checkpoint's run_config.yaml records otherwise)."""
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
     different = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
@@ -219,7 +228,8 @@ def check_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[in
         parts.append(f"{len(missing)} model key(s) missing from the checkpoint: {missing[:_MAX_NAMED]}")
     if unexpected:
         parts.append(f"{len(unexpected)} checkpoint key(s) not in the model: {unexpected[:_MAX_NAMED]}")
-    raise CheckpointError(f"checkpoint {where} does not fit the model: " + "; ".join(parts))
+    raise CheckpointError(f"checkpoint {where} does not fit the model: " + "; ".join(parts)
+                          + saved_run.model_mismatch_fix(where, model_config))
 
 
 # --------------------------------------------------------------------------------------------------- loading
@@ -238,11 +248,13 @@ def model_shapes(state: dict[str, Any], group: dist.ProcessGroup | None) -> dict
     return merged
 
 
-def load_dcp(source: LoadSource, state: dict[str, Any], group: dist.ProcessGroup | None) -> None:
-    """Fill ``state`` in place from a DCP folder (collective), after checking model keys and shapes."""
+def load_dcp(source: LoadSource, state: dict[str, Any], group: dist.ProcessGroup | None,
+             model_config: ModelConfig | None = None) -> None:
+    """Fill ``state`` in place from a DCP folder (collective), after checking model keys and shapes (a mismatch
+    names the fields of ``model_config`` the checkpoint was saved with otherwise)."""
     metadata = read_dcp_metadata(source.path)
     for chunk_key, shapes in model_shapes(state, group).items():
-        check_shapes(shapes, dcp_tensor_shapes(metadata, chunk_key), source.path)
+        check_shapes(shapes, dcp_tensor_shapes(metadata, chunk_key), source.path, model_config)
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(source.path), planner=SafeLoadPlanner(),
                  process_group=group)
@@ -319,7 +331,7 @@ def load_full(source: LoadSource, state: dict[str, Any], padded_vocab_size: int 
         weights = full[chunk_key]
         found = (weights.tensor_shapes() if hasattr(weights, "tensor_shapes")
                  else {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)})
-        check_shapes(shapes, found, source.path)
+        check_shapes(shapes, found, source.path, model_config)
     for key in state:
         if key not in full:
             raise CheckpointError(f"checkpoint {source.path!r} holds no {key!r} state")

@@ -170,7 +170,7 @@ class CheckpointManager:
     def _load_native(self, source: loading.LoadSource, load_optim: bool) -> None:
         state = self._state_to_load(load_optim)
         if source.kind == "dcp":
-            loading.load_dcp(source, state, self.group)
+            loading.load_dcp(source, state, self.group, self.cfg.model)
         else:
             loading.load_full(source, state, self.cfg.model.padded_vocab_size, self.cfg.model, self.group)
         self.backend.load_model_state_dict({k: v for k, v in state.items() if k.startswith("model")})

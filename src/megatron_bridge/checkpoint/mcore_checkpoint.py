@@ -211,9 +211,14 @@ def load(parts: McoreParts, folder: str | Path, *, load_optim: bool, load_rng: b
         parts.cfg, parts.chunks, parts.optimizer, parts.scheduler, parts.train_state,
         mcore_state.with_process_groups(metadata), is_loading=True, with_optim=load_optim, with_rng=with_rng)
     state.pop("opt_param_scheduler", None)  # a plain value: comes from the common state
-    loaded = mcore_reader.load_sharded(state, folder, common)
+    try:
+        loaded = mcore_reader.load_sharded(state, folder, common)
+    except CheckpointError as exc:  # missing keys / other shapes: name the model fields saved otherwise, if known
+        if not saved_run.model_differences(folder, parts.cfg.model):
+            raise
+        raise CheckpointError(f"{exc}{saved_run.model_mismatch_fix(folder, parts.cfg.model)}") from exc
     for key, chunk in zip(mcore_state.model_keys(len(parts.chunks)), parts.chunks, strict=True):
-        _load_model(chunk, loaded, key, folder)
+        _load_model(chunk, loaded, key, folder, parts.cfg.model)
     if load_optim:
         _load_optimizer(parts, loaded, folder)
     elif hasattr(parts.optimizer, "reload_model_params"):
@@ -223,7 +228,8 @@ def load(parts: McoreParts, folder: str | Path, *, load_optim: bool, load_rng: b
     return with_rng
 
 
-def _load_model(chunk: torch.nn.Module, loaded: dict[str, Any], key: str, folder: str | Path) -> None:
+def _load_model(chunk: torch.nn.Module, loaded: dict[str, Any], key: str, folder: str | Path,
+                model_cfg: Any = None) -> None:
     if key not in loaded:
         raise CheckpointError(f"checkpoint {str(folder)!r} holds no {key!r} state (model chunks differ)")
     state = loaded[key]
@@ -232,7 +238,8 @@ def _load_model(chunk: torch.nn.Module, loaded: dict[str, Any], key: str, folder
     try:
         chunk.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        raise CheckpointError(f"checkpoint {str(folder)!r} does not fit the model: {exc}") from exc
+        raise CheckpointError(f"checkpoint {str(folder)!r} does not fit the model: {exc}"
+                              f"{saved_run.model_mismatch_fix(folder, model_cfg)}") from exc
 
 
 def _load_optimizer(parts: McoreParts, loaded: dict[str, Any], folder: str | Path) -> None:

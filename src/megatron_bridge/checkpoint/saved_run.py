@@ -107,3 +107,38 @@ def check_precision(cfg: "ConfigContainer", folder: str | Path, metadata: Any = 
         f"run is mixed_precision={now!r} ({_STATE_OF[now]}): the optimizer state of one cannot be loaded into the "
         "other. Fix: set checkpoint.load_optim=False to load the weights and start a fresh optimizer from them "
         f"(main parameters copied from the loaded weights), or set mixed_precision={saved!r} to resume as saved")
+
+
+ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                       "kv_channels", "vocab_size", "make_vocab_size_divisible_by",
+                       "share_embeddings_and_output_weights", "qk_layernorm", "add_bias_linear", "add_qkv_bias",
+                       "normalization", "activation", "num_moe_experts")
+"""``model`` fields that change parameter shapes or names (ours and Megatron-Bridge's share these names)."""
+
+
+def model_differences(folder: str | Path, model_cfg: Any) -> list[str]:
+    """``model.<field>=<saved> (this run: <value>)`` for each architecture field the folder's run_config.yaml records
+    with another value than ``model_cfg`` (empty when it has no run_config.yaml)."""
+    config = read_run_config(folder)
+    model = config.get("model") if config is not None else None
+    if not isinstance(model, dict):
+        return []
+    out = []
+    for field in ARCHITECTURE_FIELDS:
+        if field not in model or not hasattr(model_cfg, field):
+            continue
+        saved, now = model[field], getattr(model_cfg, field)
+        if isinstance(saved, bool | int | float | str | None) and saved != now:
+            out.append(f"model.{field}={saved!r} (this run: {now!r})")
+    return out
+
+
+def model_mismatch_fix(folder: str | Path, model_cfg: Any = None) -> str:
+    """The fix to append to a "does not fit the model" error: the saved run's differing model fields when its
+    run_config.yaml records them, else the general advice."""
+    differences = model_differences(folder, model_cfg) if model_cfg is not None else []
+    if differences:
+        return (f". It was saved by another model: {', '.join(differences)}. Fix: set those fields as saved to "
+                "resume it, or point checkpoint.load / checkpoint.pretrained_checkpoint at a checkpoint of this model")
+    return (". Fix: set the model.* fields the checkpoint was saved with (its run_config.yaml), or point "
+            "checkpoint.load / checkpoint.pretrained_checkpoint at a checkpoint of this model")

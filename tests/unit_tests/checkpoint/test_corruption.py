@@ -68,8 +68,10 @@ def test_missing_manifest_means_incomplete(saved):
 def test_tracker_pointing_at_a_missing_folder(saved):
     root, folder = saved
     shutil.rmtree(folder)
-    with pytest.raises(CheckpointError, match="points at step 2 but .* is missing"):
+    with pytest.raises(CheckpointError, match="points at step 2 but .* is missing") as info:
         load(root)
+    assert f"'{root}'" in str(info.value) and "set checkpoint.ckpt_step to one of the committed steps" in str(
+        info.value) and "'.trash-' folder" in str(info.value)
 
 
 def test_garbage_trackers(saved):
@@ -79,7 +81,12 @@ def test_garbage_trackers(saved):
         load(root)
     (root / "latest_train_state.pt").unlink()
     (root / "latest_checkpointed_iteration.txt").write_text("twelve\n")
-    with pytest.raises(CheckpointError, match="should hold a step number but holds 'twelve'"):
+    with pytest.raises(CheckpointError, match="should hold a step number but holds 'twelve'. Fix: set "
+                       r"checkpoint.ckpt_step to one of the committed steps \[1, 2\]"):
+        load(root)
+    torch.save({"step": "two"}, root / "latest_train_state.pt")
+    with pytest.raises(CheckpointError, match=r"holds no integer 'step' \(found str\). Fix: set checkpoint.ckpt_step "
+                       r"to one of the committed steps \[1, 2\], or delete the file"):
         load(root)
 
 

@@ -141,7 +141,9 @@ def test_shape_mismatch_names_the_keys(tmp_path, fmt):
     src = build_run(tiny_cfg(save=str(tmp_path), ckpt_format=fmt))
     src.manager.save()
     wider = build_run(tiny_cfg(load=str(tmp_path), hidden_size=48))
-    with pytest.raises(CheckpointError, match=r"embed_tokens\.weight: checkpoint \[112, 32\] vs model \[112, 48\]"):
+    with pytest.raises(CheckpointError, match=r"embed_tokens\.weight: checkpoint \[112, 32\] vs model \[112, 48\]"
+                       r".* It was saved by another model: model\.hidden_size=32 \(this run: 48\)\. Fix: set those "
+                       "fields as saved"):
         wider.manager.load()
     deeper = build_run(tiny_cfg(load=str(tmp_path), num_layers=3))
     with pytest.raises(CheckpointError, match=r"missing from the checkpoint: \['layers\.2\."):

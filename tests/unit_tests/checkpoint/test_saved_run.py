@@ -104,3 +104,16 @@ def test_parallel_sizes_come_from_the_same_reader(tmp_path: Path) -> None:
     folder = _folder(tmp_path, "fp32")
     assert saved_parallel_sizes(folder) == (2, 1)
     assert saved_parallel_sizes(tmp_path) is None  # no run_config.yaml
+
+
+def test_model_differences_name_the_saved_fields(tmp_path: Path) -> None:
+    cfg = ConfigContainer()
+    cfg.model.hidden_size, cfg.model.num_layers = 48, 2
+    folder = _folder(tmp_path, text=yaml.safe_dump({"model": {"hidden_size": 32, "num_layers": 2,
+                                                              "tensor_model_parallel_size": 4,
+                                                              "ffn_hidden_size": {"not": "a scalar"}}}))
+    assert saved_run.model_differences(folder, cfg.model) == ["model.hidden_size=32 (this run: 48)"]
+    fix = saved_run.model_mismatch_fix(folder, cfg.model)
+    assert "model.hidden_size=32 (this run: 48)" in fix and "set those fields as saved" in fix
+    assert "checkpoint.load" in saved_run.model_mismatch_fix(tmp_path)  # no run_config.yaml: the general fix
+    assert saved_run.model_differences(tmp_path, cfg.model) == []
