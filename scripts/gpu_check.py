@@ -69,6 +69,9 @@ local layer spec, and with transformer-engine's spec."""
 ENGINE_PRESET = {"local": "bf16_mixed", "megatron_core": "bf16_mixed", "transformer_engine": "bf16_mixed"}
 """Preset of each engine's case: bf16_mixed everywhere (on megatron-core: bf16 weights, fp32 main parameters)."""
 BACKENDS = ("ddp", "fsdp2", "megatron_fsdp")
+MCORE_FSDP_PRESET = {"fsdp2": "bf16_mixed", "megatron_fsdp": "fp32"}
+"""The preset of the matrix's megatron-core case per FSDP wrapper: FSDP2 in bf16_mixed as Megatron-LM runs it (bf16
+weights and reduce-scatter, fp32 main parameters)."""
 MFU_SHAPE = {"num_layers": 32, "seq_length": 8192}
 FP8_SHAPE = {"num_layers": 2, "seq_length": 4096, "steps": 12}
 """The FP8 step: two Llama-3-8B blocks (hidden 4096, SwiGLU 14336: every Linear converts), 12 steps of 2 x 4096."""
@@ -140,7 +143,7 @@ def matrix_cases() -> list[dict[str, str]]:
     cases = [{"engine": "local", "preset": p, "backend": "ddp"} for p in presets]
     cases += [{"engine": "local", "preset": "bf16_mixed", "backend": b} for b in BACKENDS if b != "ddp"]
     cases += [{"engine": e, "preset": ENGINE_PRESET[e], "backend": "ddp"} for e in ENGINES if e != "local"]
-    cases += [{"engine": "megatron_core", "preset": "fp32", "backend": b}  # rule megatron_core_fsdp: fp32 only
+    cases += [{"engine": "megatron_core", "preset": MCORE_FSDP_PRESET[b], "backend": b}
               for b in BACKENDS if b != "ddp"]  # megatron-core's own FSDP wrappers (docs/training/engines.md)
     return cases
 
