@@ -117,3 +117,24 @@ def test_model_differences_name_the_saved_fields(tmp_path: Path) -> None:
     assert "model.hidden_size=32 (this run: 48)" in fix and "set those fields as saved" in fix
     assert "checkpoint.load" in saved_run.model_mismatch_fix(tmp_path)  # no run_config.yaml: the general fix
     assert saved_run.model_differences(tmp_path, cfg.model) == []
+
+
+def test_distributed_optimizer_state_at_another_tp_pp_is_a_named_error(tmp_path: Path) -> None:
+    """The distributed optimizer's dp_reshardable state loads at another DP size only: another (TP, PP) than the
+    checkpoint's run_config.yaml records is refused, naming the folder, both layouts and the three fixes."""
+    from megatron_bridge.checkpoint.mcore_checkpoint import _check_optimizer_resharding
+
+    folder = _folder(tmp_path, "fp32")  # saved at TP=2, PP=1
+    cfg = _run("fp32")
+    cfg.optimizer.use_distributed_optimizer = True
+    with pytest.raises(CheckpointError) as info:
+        _check_optimizer_resharding(cfg, folder, "dp_reshardable")
+    message = str(info.value)
+    for part in (repr(str(folder)), "(TP, PP) = (2, 1)", "this run: (1, 1)", "checkpoint.load_optim=False",
+                 "checkpoint.dist_ckpt_optim_fully_reshardable=True"):
+        assert part in message, (part, message)
+    _check_optimizer_resharding(cfg, folder, "fully_reshardable")  # loads at any layout
+    cfg.model.tensor_model_parallel_size = 2
+    _check_optimizer_resharding(cfg, folder, "dp_reshardable")  # the same layout
+    cfg.model.tensor_model_parallel_size, cfg.optimizer.use_distributed_optimizer = 1, False
+    _check_optimizer_resharding(cfg, folder, None)  # megatron-core's other optimizers reshard
