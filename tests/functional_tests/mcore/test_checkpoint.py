@@ -375,8 +375,9 @@ def test_fp32_checkpoint_in_a_bf16_run_names_the_precisions(launches: LaunchGrou
     _straight("dp2_fp32", {})
     cfg = _config(BF16, None, _work() / "dp2_fp32")
     cfg.checkpoint.load_optim = False
+    cfg.train.train_iters = SAVE_AT + 1  # one bf16 step shows training goes on (bf16 matmuls are slow on CPU)
     losses = _train(cfg, _AtStep(0, _check_precision_mismatch))
-    assert len(losses) == STEPS - SAVE_AT and all(loss == loss for loss in losses), losses
+    assert len(losses) == 1 and losses[0] == losses[0], losses
 
 
 class _InjectedFailure(RuntimeError):
