@@ -9,9 +9,9 @@ key                                            content
 =============================================  ======================================================================
 ``checkpoint_version``, ``iteration``          ``3.0``, the step
 ``model`` (``model0``.. per virtual stage)     the DTensor shards megatron-fsdp's ``MegatronFSDP`` puts into the
-                                               ``GPTModel``, under the ``GPTModel``'s names (what megatron-core's
-                                               SwiGLU handler and the adapter's ``load_state_dict`` take), without
-                                               ``_extra_state``
+                                               ``GPTModel`` (its main weights), under the adapter's
+                                               ``state_dict_for_save_checkpoint()`` names (``module.decoder...``),
+                                               without ``_extra_state``
 ``optimizer``                                  megatron-core's ``optimizer.sharded_state_dict(metadata=
                                                {"distrib_optim_sharding_type": "fsdp_dtensor"})``: ``state`` (Adam
                                                moments as DTensors, ``step``) and ``param_to_group_meta``, by
@@ -23,23 +23,22 @@ key                                            content
 
 Before writing (and before reading), megatron-core's own preprocessing runs as in Megatron-Bridge's
 ``preprocess_fsdp_dtensor_state_dict``: SwiGLU ``linear_fc1`` split into ``weight_w`` / ``weight_v`` (resharding
-across TP sizes), expert re-indexing, uneven-DTensor chunk metadata. Reading goes through the allow-listed DCP
-metadata reader and a planner that reads every non-tensor value with ``torch.load(weights_only=True)`` (NumPy RNG
-arrays allowed; see :mod:`.mcore_reader`) — DCP's default planner would unpickle them without restriction.
+across TP sizes), expert re-indexing, uneven-DTensor chunk metadata (:mod:`.mcore_fsdp_preprocess`, with its fixes
+for megatron-core 0.19: optim / optim_grads, bf16, no_shard). Reading goes through the allow-listed DCP metadata
+reader and a planner that reads every non-tensor value with ``torch.load(weights_only=True)`` (NumPy RNG arrays
+allowed; see :mod:`.mcore_reader`) — DCP's default planner would unpickle them without restriction.
 """
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint import save as dcp_save
 
 from megatron_bridge.checkpoint import mcore_state
+from megatron_bridge.checkpoint.mcore_fsdp_preprocess import complete_optimizer_state, preprocess
 from megatron_bridge.checkpoint.mcore_reader import SafeMegatronLoadPlanner
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
@@ -75,12 +74,11 @@ def rng_state() -> dict[str, list[dict[str, Any]]]:
 
 
 def _model_state(module: torch.nn.Module) -> dict[str, Any]:
-    """The DTensor shards of ``MegatronFSDP.state_dict()`` under the ``GPTModel``'s own names (what megatron-core's
-    SwiGLU handler and the adapter's ``load_state_dict`` expect), without the ``_extra_state`` entries
-    (megatron-core's ``handle_fp8_extra_state_case``; without transformer-engine they are None)."""
-    prefix = "module."
-    return {k[len(prefix):]: v for k, v in module.state_dict().items()
-            if k.startswith(prefix) and not k.endswith("._extra_state")}
+    """The DTensor shards of ``MegatronFSDP.state_dict()`` under its names (``module.<GPTModel name>``: what
+    Megatron-Bridge's ``state_dict_for_save_checkpoint()`` of megatron-core's adapter gives; ``Float16Module`` adds no
+    level), without the ``_extra_state`` entries (megatron-core's ``handle_fp8_extra_state_case``; without
+    transformer-engine they are None)."""
+    return {k: v for k, v in module.state_dict().items() if not k.endswith("._extra_state")}
 
 
 def build_state_dict(parts: "McoreParts", *, is_loading: bool, with_optim: bool, with_rng: bool) -> dict[str, Any]:
@@ -92,106 +90,11 @@ def build_state_dict(parts: "McoreParts", *, is_loading: bool, with_optim: bool,
     if with_optim:
         state["optimizer"] = parts.optimizer.sharded_state_dict(state, metadata=dict(CONTENT_METADATA),
                                                                 is_loading=is_loading)
-        _complete_optimizer_state(parts.optimizer, state["optimizer"])
+        complete_optimizer_state(parts.optimizer, state["optimizer"])
         state["opt_param_scheduler"] = mcore_state.scheduler_to_megatron(parts.scheduler.state_dict(), parts.cfg)
     if with_rng:
         state[mcore_state.RNG_KEY] = rng_state()
     return state
-
-
-def _complete_optimizer_state(optimizer: Any, state: dict[str, Any]) -> None:
-    """Give every parameter an entry in ``state["state"]``: torch's Adam has no state for a parameter whose shard
-    on this rank is empty (megatron-fsdp shards its buffers unevenly; small models leave some ranks without a piece
-    of a tensor), and megatron-core's preprocessing then runs different collectives on different ranks (a hang);
-    the entries are put in the parameters' order, the same on every rank.
-    The entry holds empty DTensor moments (nothing to save or load) and the ``step`` of the rank's other
-    parameters (every parameter steps together)."""
-    entries = state.get("state")
-    if not isinstance(entries, dict):
-        return
-    template = next((v for v in entries.values() if isinstance(v, dict) and "step" in v), None)
-    ordered: dict[str, Any] = {}
-    for optimizer_ in getattr(optimizer, "chained_optimizers", [optimizer]):
-        for group in optimizer_.optimizer.param_groups:
-            for param in group["params"]:
-                name = optimizer_._param_name(param)
-                if name in entries:
-                    ordered[name] = entries.pop(name)
-                    continue
-                moments = [k for k, v in (template or {}).items() if k != "step" and isinstance(v, torch.Tensor)]
-                step = template["step"].clone() if template is not None else torch.tensor(0.0)
-                ordered[name] = {"step": step, **{k: _empty_like_shard(param) for k in moments or
-                                                  ("exp_avg", "exp_avg_sq")}}
-    state["state"] = {**ordered, **entries}  # parameter order on every rank: the preprocessing's collectives match
-
-
-def _empty_like_shard(param: Any) -> Any:
-    """A DTensor of ``param``'s global shape and placements with this rank's (empty) local shard: ``zeros_like``
-    of a DTensor would give every rank an even shard instead."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(param, DTensor):
-        return torch.zeros_like(param)
-    return DTensor.from_local(torch.zeros_like(param.to_local()), param.device_mesh, param.placements,
-                              run_check=False, shape=param.shape, stride=param.stride())
-
-
-@contextmanager
-def _main_weight_slices(module: torch.nn.Module) -> Iterator[None]:
-    """Point each distributed parameter's ``megatron_fsdp_slice`` (which part of the tensor this rank holds; what
-    megatron-core's SwiGLU split cuts by) at the buffer its data lives in — the main-weight buffer when there is
-    one, else the model-weight buffer (its optimizer shard even when the buffer itself is not sharded) — for the
-    block.
-
-    megatron-fsdp sets it from the model-weight buffer's own shard, which only optim_grads_params cuts like the
-    optimizer state: with optim / optim_grads (unsharded model weights) every rank would claim the whole tensor and
-    megatron-core 0.19 fails "DTensor chunk metadata is invalid". (no_shard has no buffers and no sharded state:
-    refused by rule megatron_core_fsdp.)"""
-    buffer = module.param_and_grad_buffer
-    dist_params = dict(buffer.optimizer_named_parameters)
-    saved: list[tuple[Any, Any]] = []
-    for group in buffer.parameter_groups:
-        source = group.main_weight_buffer or group.model_weight_buffer
-        for item_id, param in enumerate(group.params):
-            dist_param = dist_params.get(buffer.param_to_name[param])
-            if dist_param is None:
-                continue
-            saved.append((dist_param, getattr(dist_param, "megatron_fsdp_slice", None)))
-            if source is not None:  # the optimizer's shard of the item (also of an unsharded buffer)
-                dist_param.megatron_fsdp_slice = slice(*source._get_item_slice_in_shard(item_id))
-    try:
-        yield
-    finally:
-        for dist_param, previous in saved:
-            if previous is None:
-                del dist_param.megatron_fsdp_slice
-            else:
-                dist_param.megatron_fsdp_slice = previous
-
-
-def preprocess(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
-    """megatron-core's fsdp_dtensor preprocessing, in Megatron-Bridge's order (SwiGLU split, experts, uneven
-    DTensor chunk metadata); returns a new top-level dict (nested tensors may be views of the model's)."""
-    from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
-        preprocess_state_dict_for_uneven_dtensor,
-    )
-    from megatron.core.transformer.fsdp_dtensor_checkpoint import (
-        handle_experts_in_state_dict,
-        handle_swiglu_in_state_dict,
-    )
-    from megatron.core.utils import get_model_config
-
-    out = dict(state)
-    config = get_model_config(model)
-    if getattr(config, "gated_linear_unit", False) and getattr(config, "activation_func", None) is F.silu:
-        with _main_weight_slices(model):
-            out["model"], optim = handle_swiglu_in_state_dict(model, out["model"], out.get("optimizer"))
-        if "optimizer" in out:
-            out["optimizer"] = optim
-    if getattr(config, "num_moe_experts", None):
-        out["model"] = handle_experts_in_state_dict(out["model"], config.num_moe_experts)
-    preprocess_state_dict_for_uneven_dtensor(out)
-    return out
 
 
 def save(parts: "McoreParts", folder: Path) -> None:
@@ -285,10 +188,16 @@ def load(parts: "McoreParts", folder: str | Path, *, load_optim: bool, load_rng:
 
 
 def _load_model(module: torch.nn.Module, state: dict[str, Any], folder: str | Path) -> None:
-    """The loaded shards into ``MegatronFSDP`` (as the adapter's ``load_state_dict``: names under ``module.``). DCP
-    wrote into the parameters' own shards already; this checks that every key fits."""
+    """The loaded shards into ``MegatronFSDP`` (its ``load_state_dict`` runs megatron-fsdp's post-load hook). With
+    bf16/fp16 its names pass through ``Float16Module`` (``module.module.``), whose ``state_dict`` skips that level
+    but whose ``load_state_dict`` does not. DCP wrote into the parameters' own shards already; this checks that
+    every key fits."""
+    from megatron_bridge.models.mcore.precision import unwrap_float16
+
+    prefix = "module." if unwrap_float16(module.module) is module.module else "module.module."
+    renamed = {prefix + k.removeprefix("module."): v for k, v in state.items()}
     try:
-        result = module.load_state_dict({f"module.{k}": v for k, v in state.items()}, strict=False)
+        result = module.load_state_dict(renamed, strict=False)
     except RuntimeError as exc:
         raise CheckpointError(f"fsdp_dtensor checkpoint {str(folder)!r} does not fit the model: {exc}") from exc
     missing = [k for k in result.missing_keys if not k.endswith("._extra_state")]

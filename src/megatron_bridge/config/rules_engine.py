@@ -208,12 +208,11 @@ _MFSDP_NO_PP = ("megatron-core 0.19's Megatron FSDP adapter lays the whole world
 def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of what megatron-core's FSDP wrappers (:mod:`megatron_bridge.distributed.mcore_fsdp`,
     :mod:`megatron_bridge.distributed.mcore_fsdp2`) cannot do in this version."""
-    m, d, f, c, o = cfg.model, cfg.ddp, cfg.fsdp2, cfg.checkpoint, cfg.optimizer
+    m, d, f, o = cfg.model, cfg.ddp, cfg.fsdp2, cfg.optimizer
     mp = cfg.mixed_precision_config
     checks: list[tuple[bool, str, object, str]] = []
     if cfg.dist.use_megatron_fsdp:
         checks += [
-            (c.pretrained_checkpoint is not None, "checkpoint.pretrained_checkpoint", c.pretrained_checkpoint, "None"),
             (m.pipeline_model_parallel_size > 1, "model.pipeline_model_parallel_size", m.pipeline_model_parallel_size,
              f"1 ({_MFSDP_NO_PP})"),
             (m.virtual_pipeline_model_parallel_size is not None, "model.virtual_pipeline_model_parallel_size",
@@ -225,11 +224,6 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
              d.megatron_fsdp_mlp_activation_checkpointing, "False"),
             (mp is not None and mp.fp16, "mixed_precision", cfg.mixed_precision,
              "'bf16_mixed' or 'fp32' (fp16 and its loss scaler are not tested with Megatron FSDP in this version)"),
-            (bool(c.save or c.load) and d.data_parallel_sharding_strategy == "no_shard",
-             "ddp.data_parallel_sharding_strategy", d.data_parallel_sharding_strategy,
-             "'optim', 'optim_grads' or 'optim_grads_params' to save or load checkpoints (megatron-core 0.19's "
-             "fsdp_dtensor SwiGLU split, handle_swiglu_in_state_dict, builds sharded DTensors that no_shard's "
-             "replicated weights do not have)"),
         ]
     if cfg.dist.use_torch_fsdp2:
         checks += [
@@ -264,10 +258,10 @@ def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 @rule("megatron_core_fsdp", ("model.engine", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2"),
       "With engine='megatron_core', Megatron FSDP (megatron-core's adapter) runs without pipeline parallelism, in "
-      "fp32 or bf16_mixed, and checkpoints in fsdp_dtensor (not with no_shard); FSDP2 (megatron-core's "
-      "TorchFullyShardedDataParallel) with torch_dist checkpoints (sync or async, pretrained_checkpoint) and bf16, "
-      "without pipeline parallelism, fp16, the distributed optimizer, tied embeddings or the native engine's "
-      "FSDP2-only options; Megatron FSDP loads no pretrained_checkpoint.")
+      "fp32 or bf16_mixed, with fsdp_dtensor checkpoints (every sharding strategy, pretrained_checkpoint); FSDP2 "
+      "(megatron-core's TorchFullyShardedDataParallel) with torch_dist checkpoints (sync or async, "
+      "pretrained_checkpoint) and bf16, without pipeline parallelism, fp16, the distributed optimizer, tied "
+      "embeddings or the native engine's FSDP2-only options.")
 def _mcore_fsdp(cfg: "ConfigContainer", world_size: int) -> None:
     d = cfg.dist
     if cfg.model.engine != "megatron_core" or not (d.use_megatron_fsdp or d.use_torch_fsdp2):

@@ -169,34 +169,16 @@ def _fp8_local_compat(cfg: "ConfigContainer", world_size: int) -> None:
 _COMPUTE_DTYPE = {(True, False): "bfloat16", (False, True): "float16", (False, False): "float32"}
 
 
-_CHECKPOINT_PATHS = ("checkpoint.save", "checkpoint.load", "checkpoint.pretrained_checkpoint")
-
-_WRAPPERS_WITHOUT_LOW_PRECISION_CHECKPOINTS = ("dist.use_megatron_fsdp",)
-"""The megatron-core FSDP wrappers whose bf16/fp16 checkpoints (fp32 main parameters) are not tested yet (FSDP2's
-are: tests/functional_tests/mcore/test_wrappers.py)."""
-
-
-@rule("megatron_core_precision", ("optimizer.bf16", "optimizer.fp16", "model.params_dtype", *_CHECKPOINT_PATHS,
-                                  *_WRAPPERS_WITHOUT_LOW_PRECISION_CHECKPOINTS),
+@rule("megatron_core_precision", ("optimizer.bf16", "optimizer.fp16", "model.params_dtype"),
       "With engine='megatron_core', model.params_dtype is the compute dtype (bf16/fp16 weights in Float16Module, "
-      "fp32 main weights in megatron-core's optimizer, both in its torch_dist checkpoints): bfloat16 with "
-      "optimizer.bf16, float16 with optimizer.fp16; bf16/fp16 checkpoints with megatron-core DDP and FSDP2, not yet "
-      "with Megatron FSDP.")
+      "fp32 main weights in megatron-core's optimizer, both in its checkpoints): bfloat16 with optimizer.bf16, "
+      "float16 with optimizer.fp16.")
 def _mcore_precision(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine != "megatron_core":
         return
     o, dtype = cfg.optimizer, cfg.model.params_dtype
     if o.bf16 and o.fp16:
         return  # rule precision_exclusive
-    paths = [p for p in _CHECKPOINT_PATHS if getattr(cfg.checkpoint, p.split(".")[1])]
-    wrapper = next((f for f in _WRAPPERS_WITHOUT_LOW_PRECISION_CHECKPOINTS if getattr(cfg.dist, f.split(".")[1])),
-                   None)
-    if (o.bf16 or o.fp16) and paths and wrapper is not None:
-        fail(f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16} with {', '.join(paths)} and {wrapper}=True on "
-             "model.engine='megatron_core': bf16/fp16 checkpoints (fp32 main parameters) are tested with "
-             f"megatron-core DDP and dist.use_torch_fsdp2, not yet with {wrapper} (docs/training/engines.md). Fix: "
-             f"mixed_precision='fp32' with these checkpoints, {wrapper}=False (megatron-core DDP), or no checkpoints",
-             "mixed_precision", wrapper, *paths)
     want = _COMPUTE_DTYPE[(o.bf16, o.fp16)]
     if dtype != want:
         flags = f"optimizer.bf16={o.bf16}, optimizer.fp16={o.fp16}"

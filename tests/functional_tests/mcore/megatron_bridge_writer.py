@@ -8,10 +8,21 @@ Layout (Megatron-Bridge ``training/checkpointing.py``): ``<root>/iter_NNNNNNN/``
 samples), ``rng_state`` (a ``ShardedObject`` over (PP, TP), replica over DP); then ``train_state.pt`` (0-d tensors),
 ``run_config.yaml``, ``<root>/latest_train_state.pt`` and ``latest_checkpointed_iteration.txt`` (no newline). No
 manifest.
+
+:func:`write_megatron_bridge_fsdp_dtensor_checkpoint` writes Megatron-Bridge's ``ckpt_format="fsdp_dtensor"``
+folder under Megatron FSDP (``generate_state_dict``, ``preprocess_fsdp_dtensor_state_dict``,
+``save_fsdp_dtensor_checkpoint``): ``model`` is the adapter's ``state_dict_for_save_checkpoint()``, ``optimizer``
+the optimizer's ``sharded_state_dict`` with ``distrib_optim_sharding_type="fsdp_dtensor"``, ``rng_state`` a plain
+``{"(pp_rank, tp_rank)": [states]}``; megatron-core's own handlers (extra state dropped, SwiGLU split with the
+adapter as the model, uneven-DTensor metadata), then ``torch.distributed.checkpoint.save`` into a plain DCP folder
+(no ``metadata.json``); the same train state, run config and trackers.
 """
 
 import random
 import shutil
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -37,18 +48,31 @@ def _scheduler_state(cfg: Any, step: int) -> dict[str, Any]:
     return scheduler.state_dict()
 
 
+def _rng_states() -> dict[str, Any]:
+    from megatron.core import tensor_parallel
+
+    return {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+            "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": torch.cuda.get_rng_state(),
+            "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+
 def _rng_state() -> Any:
     from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    state = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-             "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": torch.cuda.get_rng_state(),
-             "rng_tracker_states": tensor_parallel.get_cuda_rng_tracker().get_states()}
-    return ShardedObject("rng_state", [state], (ps.get_pipeline_model_parallel_world_size(),
+    return ShardedObject("rng_state", [_rng_states()], (ps.get_pipeline_model_parallel_world_size(),
                                                 ps.get_tensor_model_parallel_world_size()),
                          (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
                          replica_id=ps.get_data_parallel_rank(with_context_parallel=True))
+
+
+def _new_folder(root: Path, step: int) -> Path:
+    folder = root / f"iter_{step:07d}"
+    if dist.get_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    dist.barrier()
+    return folder
 
 
 def write_megatron_bridge_checkpoint(ctx: Any, root: Path) -> Path:
@@ -57,11 +81,7 @@ def write_megatron_bridge_checkpoint(ctx: Any, root: Path) -> Path:
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
     cfg, step = ctx.cfg, ctx.train_state.step
-    folder = root / f"iter_{step:07d}"
-    if dist.get_rank() == 0:
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-    dist.barrier()
+    folder = _new_folder(root, step)
     metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
     if cfg.optimizer.use_distributed_optimizer:
         metadata["distrib_optim_sharding_type"] = "dp_reshardable"
@@ -73,6 +93,86 @@ def write_megatron_bridge_checkpoint(ctx: Any, root: Path) -> Path:
     state["rng_state"] = _rng_state()
     dist_checkpointing.save(state, str(folder), TorchDistSaveShardedStrategy("torch_dist", 1),
                             content_metadata=metadata)
+    _finish(ctx, root, folder)
+    return folder
+
+
+def write_megatron_bridge_fsdp_dtensor_checkpoint(ctx: Any, root: Path) -> Path:
+    """Save the Megatron FSDP run of ``ctx`` at its current step as Megatron-Bridge's fsdp_dtensor save would (all
+    ranks; module docstring)."""
+    import torch.nn.functional as F
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
+        preprocess_state_dict_for_uneven_dtensor,
+    )
+    from megatron.core.transformer.fsdp_dtensor_checkpoint import (
+        handle_fp8_extra_state_case,
+        handle_swiglu_in_state_dict,
+    )
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+
+    cfg, step = ctx.cfg, ctx.train_state.step
+    folder = _new_folder(root, step)
+    model = ctx.backend.chunks[0]  # megatron-core's FullyShardedDataParallel adapter
+    metadata = {"distrib_optim_sharding_type": "fsdp_dtensor", "singleton_local_shards": False,
+                "chained_optim_avoid_prefix": True}
+    state: dict[str, Any] = {"checkpoint_version": 3.0, "iteration": step,
+                             "model": model.state_dict_for_save_checkpoint()}
+    with _every_parameter_has_adam_state(ctx.optimizer.optimizer):
+        state["optimizer"] = ctx.optimizer.sharded_state_dict(state, metadata=metadata)
+    state["opt_param_scheduler"] = _scheduler_state(cfg, step)
+    state["rng_state"] = {f"({ps.get_pipeline_model_parallel_rank()}, {ps.get_tensor_model_parallel_rank()})":
+                          [_rng_states()]}
+    handle_fp8_extra_state_case(state["model"])
+    if model.config.gated_linear_unit and model.config.activation_func is F.silu:
+        state["model"], state["optimizer"] = handle_swiglu_in_state_dict(_Lookup(model), state["model"],
+                                                                         state["optimizer"])
+    preprocess_state_dict_for_uneven_dtensor(state)
+    dcp_save(state, storage_writer=FileSystemWriter(str(folder)))
+    _finish(ctx, root, folder)
+    return folder
+
+
+@contextmanager
+def _every_parameter_has_adam_state(adam: torch.optim.Optimizer) -> Iterator[None]:
+    """Adam state for every parameter, in parameter order, as transformer-engine's FusedAdam keeps it on the GPUs
+    Megatron-Bridge runs on. torch's Adam (megatron-core's CPU fallback) keeps none for a parameter whose shard on
+    this rank is empty (megatron-fsdp shards unevenly), and megatron-core's preprocessing then runs different
+    collectives on the two ranks (measured: a hang). The moments added are empty; the original state returns
+    afterwards."""
+    original = adam.state
+    step = next(s["step"] for s in original.values() if "step" in s)
+    params = [p for group in adam.param_groups for p in group["params"]]
+    adam.state = defaultdict(dict, {p: original[p] if p in original else {
+        "step": step.clone(), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)} for p in params})
+    try:
+        yield
+    finally:
+        adam.state = original
+
+
+class _Lookup(torch.nn.Module):
+    """The adapter as megatron-core 0.19.2's SwiGLU handler needs it. Megatron-Bridge passes the adapter itself, and
+    the handler then resolves the model keys (``module.<name>`` → ``module.module.<name>``) but not the optimizer's
+    (``module.module.<name>`` less one ``module.``; measured: "MegatronFSDP has no attribute `decoder`"), so a
+    SwiGLU model's save with optimizer state fails there upstream. Same parameters, any number of ``module.``."""
+
+    def __init__(self, adapter: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = adapter
+
+    def get_parameter(self, target: str) -> torch.nn.Parameter:
+        gpt = self.module.module.module  # adapter → MegatronFSDP → GPTModel (fp32; no Float16Module here)
+        while target.startswith("module."):
+            target = target[len("module."):]
+        return gpt.get_parameter(target)
+
+
+def _finish(ctx: Any, root: Path, folder: Path) -> None:
+    """Rank 0: ``train_state.pt``, ``run_config.yaml`` and the trackers, after every rank wrote its shards."""
+    cfg, step = ctx.cfg, ctx.train_state.step
+    dist.barrier()
     if dist.get_rank() == 0:
         ts = ctx.train_state
         train_state = {"step": torch.tensor(step), "consumed_train_samples": torch.tensor(ts.consumed_train_samples),
@@ -90,4 +190,3 @@ def write_megatron_bridge_checkpoint(ctx: Any, root: Path) -> Path:
         (folder / "run_config.yaml").write_text(yaml.safe_dump(run_config))
         (root / "latest_checkpointed_iteration.txt").write_text(str(step))
     dist.barrier()
-    return folder

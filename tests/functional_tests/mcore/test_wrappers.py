@@ -21,9 +21,13 @@ from the FSDP2 bf16 folder starts at step 0 with its weights and a fresh optimiz
 CPU: megatron-core and megatron-fsdp run on gloo through the test-only harness
 (tests/functional_tests/mcore_cpu_harness.py, ``install_fsdp``), which makes megatron-fsdp's collectives synchronous.
 
-Megatron FSDP also runs in ``bf16_mixed`` (against a one-process ``bf16_mixed`` run, ``BF16_RTOL``), and its ``optim``
-and ``optim_grads_params`` cases save an ``fsdp_dtensor`` checkpoint at step ``SAVE_AT`` that two later cases of the
-same launch resume: their losses equal the uninterrupted run's bit for bit.
+Megatron FSDP also runs in ``bf16_mixed`` (against a one-process ``bf16_mixed`` run, ``BF16_RTOL``), and its
+``no_shard``, ``optim``, ``optim_grads_params`` and ``bf16_mixed`` cases save an ``fsdp_dtensor`` checkpoint at step
+``SAVE_AT`` that later cases of the same launch resume (``MFSDP_RESUMES``): their losses, and each rank's weights,
+main weights and Adam state after loading and at the end, equal the uninterrupted run's bit for bit
+(mfsdp_checks.py). ``optim_grads_params`` also writes its step-``SAVE_AT`` state as Megatron-Bridge does
+(megatron_bridge_writer.py), which resumes the same way, and its checkpoint folder is a later run's
+``pretrained_checkpoint``.
 
 Launches: the one-process references and the 2-rank cases each share one torchrun launch (``GROUPS``, launcher.py's
 ``LaunchGroups``); the launching process compares the losses the workers wrote. Skipped with CUDA (the harness
@@ -85,6 +89,13 @@ CASES: dict[str, dict[str, Any]] = {
                                                      "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
     "test_megatron_fsdp_optim_resume": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim"},
     "test_megatron_fsdp_bf16_mixed": {**MFSDP, **BF16, "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
+    "test_megatron_fsdp_bf16_mixed_resume": {**MFSDP, **BF16,
+                                             "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
+    "test_megatron_fsdp_no_shard_resume": {**MFSDP, "ddp.data_parallel_sharding_strategy": "no_shard"},
+    "test_megatron_bridge_fsdp_dtensor_checkpoint_resumes": {
+        **MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads_params"},
+    "test_megatron_fsdp_pretrained_checkpoint": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads_params",
+                                                 "train.train_iters": 2},
     "test_fsdp2": {**FSDP2, **_save("fsdp2"), "checkpoint.async_save": True},
     "test_fsdp2_tp2": {**FSDP2, **TP2, **_save("fsdp2_tp2")},
     "test_fsdp2_sync_every_microbatch_no_reshard": {**FSDP2, "fsdp2.defer_fsdp_grad_sync": False,
@@ -114,10 +125,24 @@ RESUMES = {"test_fsdp2_resume_is_bit_exact": ("test_fsdp2", 0.0),
            "test_fsdp2_bf16_checkpoint_resumes_under_megatron_core_ddp": ("test_fsdp2_bf16", BF16_RTOL)}
 """Resumed case → (the case that saved its checkpoint, whose losses after step ``SAVE_AT`` it must give; relative
 tolerance)."""
-CHECKPOINTED = {"test_megatron_fsdp_optim": "test_megatron_fsdp_optim_resume",
-                "test_megatron_fsdp_optim_grads_params": "test_megatron_fsdp_optim_grads_params_resume"}
-"""Megatron FSDP case that saves an fsdp_dtensor checkpoint at step ``SAVE_AT`` → the case resuming it (same launch,
-after it), whose losses must equal the saving run's from that step on, bit for bit."""
+MEGATRON_BRIDGE_FOLDER = "megatron_bridge_fsdp_dtensor"
+"""Where ``test_megatron_fsdp_optim_grads_params`` also writes its step-``SAVE_AT`` state as Megatron-Bridge does."""
+MFSDP_RESUMES = {
+    "test_megatron_fsdp_optim_resume": ("test_megatron_fsdp_optim", "test_megatron_fsdp_optim_ckpt"),
+    "test_megatron_fsdp_optim_grads_params_resume": ("test_megatron_fsdp_optim_grads_params",
+                                                     "test_megatron_fsdp_optim_grads_params_ckpt"),
+    "test_megatron_fsdp_bf16_mixed_resume": ("test_megatron_fsdp_bf16_mixed", "test_megatron_fsdp_bf16_mixed_ckpt"),
+    "test_megatron_fsdp_no_shard_resume": ("test_megatron_fsdp_no_shard", "test_megatron_fsdp_no_shard_ckpt"),
+    "test_megatron_bridge_fsdp_dtensor_checkpoint_resumes": ("test_megatron_fsdp_optim_grads_params",
+                                                             MEGATRON_BRIDGE_FOLDER),
+}
+"""Megatron FSDP case resuming an fsdp_dtensor checkpoint at step ``SAVE_AT`` → (the case of the same launch, before
+it, that saved it; the checkpoint's folder): its losses, and its state after loading and at the end, equal the saving
+run's bit for bit (mfsdp_checks.py)."""
+MFSDP_PRETRAINED = {"test_megatron_fsdp_pretrained_checkpoint": "test_megatron_fsdp_optim_grads_params"}
+"""Megatron FSDP case starting from ``checkpoint.pretrained_checkpoint`` (the saving case's checkpoint folder, its
+latest step) → the saving case."""
+MFSDP_SAVERS = {saver for saver, _ in MFSDP_RESUMES.values()} | set(MFSDP_PRETRAINED.values())
 PRETRAINED = {"test_fsdp2_bf16_pretrained_checkpoint": "test_fsdp2_bf16"}
 """FSDP2 case starting from ``checkpoint.pretrained_checkpoint`` → the case that saved it (its step-``SAVE_AT``
 weights)."""
@@ -157,7 +182,8 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         return None
     wanted = set(selected_groups(request, GROUPS)[2])
     wanted |= {RESUMES[name][0] for name in wanted if name in RESUMES}  # a resumed case needs its saving run
-    wanted |= {saver for saver, resumer in CHECKPOINTED.items() if resumer in wanted}
+    wanted |= {MFSDP_RESUMES[name][0] for name in wanted if name in MFSDP_RESUMES}
+    wanted |= {MFSDP_PRETRAINED[name] for name in wanted if name in MFSDP_PRETRAINED}
     wanted |= {PRETRAINED[name] for name in wanted if name in PRETRAINED}
     if "test_fsdp2_checkpoint_resumes_under_megatron_core_ddp" in wanted:
         wanted.add("test_megatron_core_ddp")  # it compares the two folders' tensors
@@ -180,26 +206,17 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
         dist.init_process_group("gloo")  # kept for the launch's next test; pretrain() reuses it
     work = Path(os.environ["MB_WRAPPERS_DIR"])
     cfg = wrapper_config(**{k: v.format(work=work) if isinstance(v, str) else v for k, v in overrides.items()})
-    saver = next((case for case, resumer in CHECKPOINTED.items() if resumer == name), None)
-    c = cfg.checkpoint
-    if name in CHECKPOINTED:
-        c.ckpt_format, c.save_interval, c.most_recent_k = "fsdp_dtensor", SAVE_AT, -1
-        c.save = str(work / f"{name}_ckpt")
-    if saver is not None:
-        c.ckpt_format, c.load, c.ckpt_step = "fsdp_dtensor", str(work / f"{saver}_ckpt"), SAVE_AT
+    _mfsdp_checkpoints(name, cfg.checkpoint, work)
     bf16 = cfg.mixed_precision_config is not None and cfg.mixed_precision_config.bf16
     callbacks = [_Fp32MainWeights()] if bf16 and cfg.dist.use_megatron_fsdp else []
-    callbacks += _fsdp2_checkpoint_callbacks(name, work)
+    callbacks += _fsdp2_checkpoint_callbacks(name, work) + _mfsdp_callbacks(name, work)
     try:
         result = pretrain(cfg, callbacks=callbacks)
     finally:
         parallel_state.destroy()  # megatron-core's groups: the next test may use another TP size
-    assert result.final_step == STEPS, result
+    assert result.final_step == cfg.train.train_iters, result
     _check_fsdp2_checkpoint_case(name, work, callbacks)
-    if saver is not None:  # resumed at SAVE_AT: the saving run's losses from there on, bit for bit
-        saved = json.loads((work / f"{saver}.json").read_text())["losses"]
-        assert result.losses == saved[SAVE_AT:], (result.losses, saved)
-        assert (work / f"{saver}_ckpt" / f"iter_{SAVE_AT:07d}" / ".metadata").is_file()
+    _check_mfsdp_checkpoint_case(name, work, result.losses, callbacks)
     if dist.get_rank() == 0:
         record = {"backend": result.backend, "losses": result.losses}
         (Path(os.environ["MB_WRAPPERS_DIR"]) / f"{name}.json").write_text(json.dumps(record))
@@ -250,6 +267,48 @@ def _check_fsdp2_checkpoint_case(name: str, work: Path, callbacks: list[Callback
     else:
         same_wrapper = "dist.use_torch_fsdp2" in CASES[name]
         fsdp2_checks.check_resumed(recorded, fsdp2_checks.SNAPSHOTS[saver], name, final=same_wrapper)
+
+
+def _mfsdp_checkpoints(name: str, c: Any, work: Path) -> None:
+    """Worker: the fsdp_dtensor save, resume or pretrained start of a Megatron FSDP checkpoint case."""
+    if name in MFSDP_SAVERS:
+        c.ckpt_format, c.save_interval, c.most_recent_k = "fsdp_dtensor", SAVE_AT, -1
+        c.save = str(work / f"{name}_ckpt")
+    if name in MFSDP_RESUMES:
+        c.ckpt_format, c.load, c.ckpt_step = "fsdp_dtensor", str(work / MFSDP_RESUMES[name][1]), SAVE_AT
+    if name in MFSDP_PRETRAINED:
+        c.ckpt_format, c.pretrained_checkpoint = "fsdp_dtensor", str(work / f"{MFSDP_PRETRAINED[name]}_ckpt")
+
+
+def _mfsdp_callbacks(name: str, work: Path) -> list[Callback]:
+    """Worker: the state recorder of the Megatron FSDP checkpoint cases, and the Megatron-Bridge-style writer."""
+    from tests.functional_tests.mcore import mfsdp_checks
+
+    callbacks: list[Callback] = []
+    if name in MFSDP_SAVERS | set(MFSDP_RESUMES) | set(MFSDP_PRETRAINED):
+        callbacks.append(mfsdp_checks.Recorder(SAVE_AT))
+    if name == MFSDP_RESUMES["test_megatron_bridge_fsdp_dtensor_checkpoint_resumes"][0]:
+        callbacks.append(mfsdp_checks.MegatronBridgeWriter(work / MEGATRON_BRIDGE_FOLDER, SAVE_AT))
+    return callbacks
+
+
+def _check_mfsdp_checkpoint_case(name: str, work: Path, losses: list[float], callbacks: list[Callback]) -> None:
+    """Worker, after ``name`` trained: a saving run keeps its snapshots; a resumed one gives the saving run's losses
+    from step ``SAVE_AT`` on and its state (after loading, at the end), bit for bit; a pretrained start begins at
+    step 0 with the saved weights and a fresh optimizer."""
+    from tests.functional_tests.mcore import mfsdp_checks
+
+    recorded = next((c for c in callbacks if isinstance(c, mfsdp_checks.Recorder)), None)
+    if name in MFSDP_SAVERS:
+        mfsdp_checks.SNAPSHOTS[name] = recorded  # type: ignore[assignment]
+    if name in MFSDP_RESUMES:
+        saver, folder = MFSDP_RESUMES[name]
+        saved = json.loads((work / f"{saver}.json").read_text())["losses"]
+        assert losses == saved[SAVE_AT:], (losses, saved)
+        assert (work / folder / SAVED / ".metadata").is_file()
+        mfsdp_checks.check_resumed(recorded, mfsdp_checks.SNAPSHOTS[saver], name, SAVE_AT)  # type: ignore[arg-type]
+    if name in MFSDP_PRETRAINED:
+        mfsdp_checks.check_pretrained_start(recorded, mfsdp_checks.SNAPSHOTS[MFSDP_PRETRAINED[name]], name)  # type: ignore[arg-type]
 
 
 def compare(launches: LaunchGroups, name: str, backend: str) -> None:
@@ -354,23 +413,74 @@ def test_megatron_fsdp_optim_resume(launches: LaunchGroups | None) -> None:
     _resume_case("test_megatron_fsdp_optim_resume", launches)
 
 
+def test_megatron_fsdp_bf16_mixed_resume(launches: LaunchGroups | None) -> None:
+    """ZeRO-3 in bf16_mixed: the step-4 checkpoint of test_megatron_fsdp_bf16_mixed (its fp32 main weights under the
+    model keys, Adam state) resumes with the saving run's losses, bf16 compute weights, fp32 main weights and Adam
+    state, after loading and at the end, bit for bit."""
+    _resume_case("test_megatron_fsdp_bf16_mixed_resume", launches)
+
+
+def test_megatron_fsdp_no_shard_resume(launches: LaunchGroups | None) -> None:
+    """no_shard (replicated weights and Adam state; the SwiGLU split into replicated halves, mcore_fsdp_preprocess.py):
+    the step-4 checkpoint of test_megatron_fsdp_no_shard resumes bit-exact (losses and state)."""
+    _resume_case("test_megatron_fsdp_no_shard_resume", launches)
+
+
+def test_megatron_bridge_fsdp_dtensor_checkpoint_resumes(launches: LaunchGroups | None) -> None:
+    """A folder written as Megatron-Bridge writes fsdp_dtensor (megatron_bridge_writer.py: megatron-core's API only; no
+    manifest, no metadata.json) at step 4 of test_megatron_fsdp_optim_grads_params resumes bit-exact, and holds the
+    same tensors (keys, global shapes) as this library's own checkpoint of that step."""
+    _resume_case("test_megatron_bridge_fsdp_dtensor_checkpoint_resumes", launches)
+    if is_worker():
+        return
+    from megatron_bridge.checkpoint.reader import read_dcp_metadata
+
+    def tensors(folder: str) -> dict[str, tuple[int, ...]]:
+        metadata = read_dcp_metadata(Path(launches.env["MB_WRAPPERS_DIR"]) / folder / SAVED)  # type: ignore[union-attr]
+        return {k: tuple(v.size) for k, v in metadata.state_dict_metadata.items()
+                if hasattr(v, "size") and k.startswith(("model.", "optimizer.state."))}
+
+    theirs, ours = tensors(MEGATRON_BRIDGE_FOLDER), tensors("test_megatron_fsdp_optim_grads_params_ckpt")
+    assert "model.module.decoder.layers.0.mlp.linear_fc1.weight_w" in theirs, sorted(theirs)[:8]
+    assert theirs == ours, sorted(set(theirs.items()) ^ set(ours.items()))[:8]
+
+
+def test_megatron_fsdp_pretrained_checkpoint(launches: LaunchGroups | None) -> None:
+    """ZeRO-3 from ``checkpoint.pretrained_checkpoint`` (test_megatron_fsdp_optim_grads_params's checkpoint folder:
+    its latest step, 8): step 0 with the saved weights bit for bit and a fresh optimizer; training continues from
+    the trained weights (a first loss well below a fresh start's)."""
+    name = "test_megatron_fsdp_pretrained_checkpoint"
+    if is_worker():
+        train_and_record(name, CASES[name])
+        return
+    launches.check(MFSDP_PRETRAINED[name])  # type: ignore[union-attr]
+    launches.check(name)  # type: ignore[union-attr]
+    folder = Path(launches.env["MB_WRAPPERS_DIR"])  # type: ignore[union-attr]
+    got = json.loads((folder / f"{name}.json").read_text())
+    fresh = json.loads((folder / f"{MFSDP_PRETRAINED[name]}.json").read_text())["losses"]
+    assert got["backend"] == "mcore_megatron_fsdp" and len(got["losses"]) == 2, got
+    assert got["losses"][0] < fresh[0] - 0.2, (got, fresh)
+
+
 def _resume_case(name: str, launches: LaunchGroups | None) -> None:
     if is_worker():
-        train_and_record(name, CASES[name])  # asserts the bit-exact losses on every rank
+        train_and_record(name, CASES[name])  # asserts the bit-exact losses and state on every rank
         return
-    saver = next(case for case, resumer in CHECKPOINTED.items() if resumer == name)
+    saver, checkpoint = MFSDP_RESUMES[name]
     launches.check(saver)  # type: ignore[union-attr]
     launches.check(name)  # type: ignore[union-attr]
     folder = Path(launches.env["MB_WRAPPERS_DIR"])  # type: ignore[union-attr]
-    root = folder / f"{saver}_ckpt"
-    assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
-    step = root / f"iter_{SAVE_AT:07d}"
+    root = folder / checkpoint
+    last = SAVE_AT if checkpoint == MEGATRON_BRIDGE_FOLDER else STEPS
+    assert (root / "latest_checkpointed_iteration.txt").read_text().strip() == str(last)
+    step = root / SAVED
     assert {".metadata", "train_state.pt", "run_config.yaml"} <= {p.name for p in step.iterdir()}
     assert not (step / "metadata.json").exists()  # plain DCP (fsdp_dtensor), not megatron-core's torch_dist
     got = json.loads((folder / f"{name}.json").read_text())["losses"]
     want = json.loads((folder / f"{saver}.json").read_text())["losses"]
     assert got == want[SAVE_AT:], (got, want)
-    print(f"[resume] {name}: losses of steps {SAVE_AT + 1}..{STEPS} equal the uninterrupted run's bit for bit")
+    print(f"[resume] {name}: losses of steps {SAVE_AT + 1}..{STEPS} and the state equal the uninterrupted run's "
+          "bit for bit")
 
 
 def test_fsdp2(launches: LaunchGroups | None) -> None:

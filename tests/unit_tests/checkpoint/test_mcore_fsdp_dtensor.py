@@ -50,22 +50,18 @@ def test_torch_dist_with_megatron_fsdp_is_refused_with_the_reason() -> None:
     assert "checkpoint.ckpt_format" in info.value.paths
 
 
-def test_no_shard_checkpoints_are_refused_naming_the_strategy() -> None:
-    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_fsdp\]") as info:
-        _mfsdp_cfg("no_shard").validate(world_size=2)
-    assert "ddp.data_parallel_sharding_strategy" in info.value.paths
-    assert "ddp.data_parallel_sharding_strategy='optim'" in str(info.value)
-    cfg = _mfsdp_cfg("no_shard")
-    cfg.checkpoint.save = cfg.checkpoint.load = None
-    cfg.validate(world_size=2)  # no_shard trains; only its checkpoints are refused
-
-
-def test_pretrained_checkpoint_stays_refused_with_megatron_fsdp() -> None:
+@pytest.mark.parametrize("setting", [{"ddp.data_parallel_sharding_strategy": "no_shard"},
+                                     {"checkpoint.pretrained_checkpoint": "/tmp/mb-pretrained"},
+                                     {"checkpoint.pretrained_checkpoint": "/tmp/mb-pretrained",
+                                      "checkpoint.load": None, "checkpoint.save": None}])
+def test_no_shard_checkpoints_and_pretrained_checkpoint_pass_validation(setting: dict) -> None:
+    """no_shard checkpoints (their own SwiGLU split, mcore_fsdp_preprocess.py) and pretrained_checkpoint starts
+    resume or load bit-exact (tests/functional_tests/mcore/test_wrappers.py): no rule refuses them."""
     cfg = _mfsdp_cfg()
-    cfg.checkpoint.pretrained_checkpoint = "/tmp/mb-pretrained"
-    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_fsdp\]") as info:
-        cfg.validate(world_size=2)
-    assert "checkpoint.pretrained_checkpoint" in info.value.paths
+    for path, value in setting.items():
+        section, field = path.split(".")
+        setattr(getattr(cfg, section), field, value)
+    cfg.validate(world_size=2)
 
 
 def test_fsdp_dtensor_without_megatron_fsdp_names_torch_dist() -> None:
@@ -134,3 +130,26 @@ def test_checkpoint_of_the_other_wrapper_is_a_named_error(use_megatron_fsdp: boo
         CheckpointManager._check_mcore_format(manager, source)  # type: ignore[arg-type]
     same = "mcore_dist" if not use_megatron_fsdp else loading.MCORE_FSDP_DTENSOR
     CheckpointManager._check_mcore_format(manager, loading.LoadSource("/c", same, 2, False))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------ preprocessing
+@pytest.mark.parametrize("bf16", [False, True])
+def test_swiglu_lookup_resolves_model_and_optimizer_names_through_float16module(bf16: bool) -> None:
+    """megatron-core's SwiGLU split looks model keys up as ``module.<key>`` and optimizer names less one ``module.``;
+    the view resolves both, also through a Float16Module (which the state dict's names skip)."""
+    from megatron.core.transformer.module import Float16Module
+
+    from megatron_bridge.checkpoint.mcore_fsdp_preprocess import _ParameterView
+
+    gpt = torch.nn.Module()
+    gpt.decoder = torch.nn.Linear(2, 2)
+    inner = Float16Module.__new__(Float16Module) if bf16 else gpt
+    if bf16:
+        torch.nn.Module.__init__(inner)
+        inner.module = gpt
+    fsdp = torch.nn.Module()
+    fsdp.module = inner
+    view = _ParameterView(fsdp)
+    assert view.get_parameter("module.module.decoder.weight") is gpt.decoder.weight  # a model key, "module." added
+    optimizer_name = "module." * (4 if bf16 else 3) + "decoder.weight"
+    assert view.get_parameter(optimizer_name[len("module."):]) is gpt.decoder.weight

@@ -152,11 +152,6 @@ def test_fsdp2_units_follow_the_layer_spec() -> None:
     ("dist__use_megatron_fsdp", {"ddp__calculate_per_token_loss": True}, "ddp.calculate_per_token_loss"),
     ("dist__use_megatron_fsdp", {"ddp__megatron_fsdp_mlp_activation_checkpointing": True},
      "ddp.megatron_fsdp_mlp_activation_checkpointing"),
-    ("dist__use_megatron_fsdp", {"checkpoint__pretrained_checkpoint": "/tmp/mb-never-written"},
-     "checkpoint.pretrained_checkpoint"),
-    ("dist__use_megatron_fsdp", {"checkpoint__save": "/tmp/mb-never-written", "checkpoint__ckpt_format": "fsdp_dtensor",
-                                 "ddp__data_parallel_sharding_strategy": "no_shard"},
-     "ddp.data_parallel_sharding_strategy"),
     ("dist__use_torch_fsdp2", {"model__pipeline_model_parallel_size": 2}, "model.pipeline_model_parallel_size"),
     ("dist__use_torch_fsdp2", {"mixed_precision": "fp16_mixed"}, "mixed_precision"),
 ])

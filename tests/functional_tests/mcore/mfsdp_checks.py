@@ -1,0 +1,112 @@
+"""Worker-side checks of test_wrappers.py's Megatron FSDP checkpoint cases (``dist.use_megatron_fsdp`` on megatron-core
+chunks, ``fsdp_dtensor``): snapshots of each rank's part of the state — megatron-fsdp's compute-weight and fp32
+main-weight buffers, the optimizer's parameters (main weights as DTensor shards) and their Adam state — so a resumed
+run compares with the uninterrupted one bit for bit, rank by rank (same layout); the Megatron-Bridge-style writer at
+step ``SAVE_AT``; the start of a run from a ``pretrained_checkpoint``.
+
+A launch runs its cases in one worker process per rank, in order: a saving case records its snapshots in
+:data:`SNAPSHOTS`, a later case of the same launch compares with them.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_bridge.training.callbacks import Callback
+
+
+SNAPSHOTS: dict[str, "Recorder"] = {}
+"""Worker: the snapshots of this launch's saving runs, by case name."""
+
+
+def _local(value: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    return value.detach().clone() if torch.is_tensor(value) else value
+
+
+def snapshot(ctx: Any) -> dict[str, Any]:
+    """This rank's part of the weights (``weights.``: each tensor's piece in every megatron-fsdp buffer — the rest
+    of a sharded buffer is scratch — and the optimizer's parameters) and of the Adam state (``adam.``), by name."""
+    state: dict[str, Any] = {}
+    for i, chunk in enumerate(ctx.backend.chunks):
+        buffer = chunk.module.param_and_grad_buffer
+        for g, group in enumerate(buffer.parameter_groups):
+            for kind in ("model_weight_buffer", "main_weight_buffer"):
+                buf = getattr(group, kind)
+                for item in range(len(group.params) if buf is not None else 0):  # this rank's part of each tensor
+                    piece = buf.get_item(item, only_shard=buf.is_data_distributed)
+                    state[f"weights.{i}.{g}.{kind}.{item}"] = _local(piece)
+        for name, param in buffer.optimizer_named_parameters:
+            state[f"weights.{i}.{name}"] = _local(param)
+            if state[f"weights.{i}.{name}"].numel() == 0:
+                continue  # no piece on this rank: torch's Adam keeps no state, a loaded one holds empty moments
+            for key, value in ctx.optimizer.optimizer.state.get(param, {}).items():
+                state[f"adam.{i}.{name}.{key}"] = _local(value)
+    return state
+
+
+def assert_same(got: dict[str, Any], want: dict[str, Any], label: str) -> None:
+    """Same keys; every tensor equal bit for bit (dtype included), every other value equal."""
+    assert set(got) == set(want), (label, sorted(set(got) ^ set(want))[:8])
+    for key, value in want.items():
+        if torch.is_tensor(value):
+            assert value.dtype == got[key].dtype and torch.equal(got[key], value), (label, key)
+        else:
+            assert got[key] == value, (label, key, got[key], value)
+
+
+class Recorder(Callback):
+    """Snapshots at the start of training (``start``, after any checkpoint load), at the end of step ``step``
+    (``at_step``) and at the end (``final``)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.start: dict[str, Any] = {}
+        self.at_step: dict[str, Any] = {}
+        self.final: dict[str, Any] = {}
+        self.start_step = -1
+
+    def on_train_start(self, ctx: Any) -> None:
+        self.start, self.start_step = snapshot(ctx), ctx.train_state.step
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        if ctx.train_state.step == self.step:
+            self.at_step = snapshot(ctx)
+
+    def on_train_end(self, ctx: Any) -> None:
+        self.final = snapshot(ctx)
+
+
+class MegatronBridgeWriter(Callback):
+    """Writes the run at the end of step ``step`` as Megatron-Bridge's fsdp_dtensor save would, into ``root``
+    (megatron_bridge_writer.py: megatron-core's API, none of this library's checkpoint code)."""
+
+    def __init__(self, root: Path, step: int) -> None:
+        self.root, self.step = root, step
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        from tests.functional_tests.mcore.megatron_bridge_writer import write_megatron_bridge_fsdp_dtensor_checkpoint
+
+        if ctx.train_state.step == self.step:
+            write_megatron_bridge_fsdp_dtensor_checkpoint(ctx, self.root)
+
+
+def check_resumed(recorded: Recorder, saved: Recorder, name: str, step: int) -> None:
+    """Right after loading the step-``step`` checkpoint the state equals the saving run's at that step, and at the
+    end its final state, bit for bit."""
+    assert recorded.start_step == step, (name, recorded.start_step)
+    assert saved.at_step and saved.final, name
+    assert_same(recorded.start, saved.at_step, f"{name}: state after loading step {step}")
+    assert_same(recorded.final, saved.final, f"{name}: final state")
+
+
+def check_pretrained_start(recorded: Recorder, saved: Recorder, name: str) -> None:
+    """A ``pretrained_checkpoint`` start (the saving run's last checkpoint): step 0, the saved weights (compute and
+    main) bit for bit, a fresh optimizer (no Adam state)."""
+    assert recorded.start_step == 0, (name, recorded.start_step)
+    weights = {k: v for k, v in saved.final.items() if k.startswith("weights.")}
+    assert_same(recorded.start, weights, f"{name}: weights after loading")
