@@ -15,6 +15,9 @@ allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron
   ``ddp.data_parallel_sharding_strategy`` (optim → optimizer, optim_grads → + gradients,
   optim_grads_params → + parameters), gradients in fp32 with ``ddp.grad_reduce_in_fp32``, plus fp32 main weights
   when parameters are 16-bit. DDP shards only optimizer state, with ``optimizer.use_distributed_optimizer`` (ZeRO-1).
+  The megatron-core engine under megatron-core DDP counts megatron-core's state instead
+  (:mod:`megatron_bridge.perf.memory_mcore`: compute-dtype weights, the contiguous ``main_grad`` buffer, fp32 main
+  parameters and moments); under its FSDP wrappers the formulas above (a note says so).
 * **Activations**: :mod:`megatron_bridge.perf.activations`.
 * **Buffers**: communication and cast copies that are neither state nor activations (:func:`buffer_bytes`): DDP's
   flat gradient buckets (P per parameter, unless ``ddp.gradient_as_bucket_view``) for the whole run, the rest
@@ -31,6 +34,13 @@ from typing import TYPE_CHECKING
 from megatron_bridge.models.flops import parameter_breakdown
 from megatron_bridge.perf.activations import ActivationEstimate, estimate_activations
 from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, RankStages, cfg_get, layout_of, pipeline_ranks
+from megatron_bridge.perf.memory_mcore import (
+    is_mcore_ddp,
+    mcore_bucket_bytes,
+    mcore_bytes_per_param,
+    mcore_notes,
+    mcore_step_temporary_bytes,
+)
 
 
 if TYPE_CHECKING:
@@ -137,8 +147,10 @@ def rank_params(cfg: "ConfigContainer", layout: Layout, rank: RankStages | None 
     return RankParams(dense, expert, edge, lookup, attn + dense_mlp, model_total)
 
 
-def _bytes_per_param(cfg: "ConfigContainer") -> tuple[int, int, int]:
+def _bytes_per_param(cfg: "ConfigContainer", layout: Layout) -> tuple[int, int, int]:
     """(parameter, gradient, optimizer-state) bytes per parameter before sharding."""
+    if is_mcore_ddp(cfg, layout):
+        return mcore_bytes_per_param(cfg)
     pbytes = DTYPE_BYTES[cfg.model.params_dtype]
     o = cfg.optimizer
     moments = 2 if o.optimizer == "adam" else (1 if o.sgd_momentum else 0)
@@ -161,7 +173,7 @@ def _sharded(cfg: "ConfigContainer", layout: Layout) -> tuple[bool, bool, bool]:
 
 def state_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> tuple[int, int, int]:
     """Per-rank (parameter, gradient, optimizer) bytes, sharded as the backend shards them."""
-    per_param = _bytes_per_param(cfg)
+    per_param = _bytes_per_param(cfg, layout)
     out = []
     # FSDP2 leaves the expert-parallel experts alone (ignored parameters, reduced over the expert-data-parallel
     # group by distributed/expert_parallel.py): every rank keeps its EP shard's experts whole
@@ -175,10 +187,10 @@ def state_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> t
 
 def ddp_bucket_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> int:
     """DDP's flat gradient buckets (allocated at wrap time, kept for the whole run), beside ``param.grad`` unless
-    ``ddp.gradient_as_bucket_view``."""
-    if layout.backend != "ddp" or cfg.ddp.gradient_as_bucket_view:
+    ``ddp.gradient_as_bucket_view``. megatron-core DDP has none beside its gradient buffer (counted as gradients)."""
+    if layout.backend != "ddp" or cfg.ddp.gradient_as_bucket_view or is_mcore_ddp(cfg, layout):
         return 0
-    return _bytes_per_param(cfg)[1] * params.total
+    return _bytes_per_param(cfg, layout)[1] * params.total
 
 
 def compute_bytes(cfg: "ConfigContainer") -> int:
@@ -219,7 +231,9 @@ def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams, n_l
     cbytes, pbytes = compute_bytes(cfg), DTYPE_BYTES[cfg.model.params_dtype]
     hidden = layout.tokens_per_microbatch * cfg.model.hidden_size * cbytes
     total, largest = 0, ("none", 0)
-    if layout.backend == "ddp":
+    if is_mcore_ddp(cfg, layout):  # weights already in the compute dtype; buckets are views of the gradient buffer
+        largest = ("megatron-core DDP gradient bucket", mcore_bucket_bytes(cfg, layout, params.total))
+    elif layout.backend == "ddp":
         total += ddp_bucket_bytes(cfg, layout, params)
         if cbytes < pbytes:
             total += (params.total - params.input_embedding) * cbytes  # the embedding lookup is not autocast
@@ -256,14 +270,18 @@ def _estimate_rank(cfg: "ConfigContainer", layout: Layout, rank: RankStages) -> 
     if layout.backend == "fsdp2" and cfg.fsdp2.offload_policy is not None:
         host, p, g, o = p + g + o, 0, 0, 0
         notes.append("fsdp2.offload_policy: sharded parameters, gradients and optimizer state live in host memory")
-    if layout.backend == "ddp" and cfg.optimizer.use_distributed_optimizer:
+    if layout.backend == "ddp" and cfg.optimizer.use_distributed_optimizer and not is_mcore_ddp(cfg, layout):
         notes.append("optimizer.use_distributed_optimizer with DDP: ZeRO-1, optimizer state sharded over "
                      "data-parallel ranks (ZeroRedundancyOptimizer)")
     acts = estimate_activations(cfg, layout, rank)
     host += acts.host_bytes
     buffers, largest = buffer_bytes(cfg, layout, params, len(rank.layers))
-    opt_params = o // max(1, _bytes_per_param(cfg)[2]) if o else 0
+    opt_params = o // max(1, _bytes_per_param(cfg, layout)[2]) if o else 0
     step_tmp = opt_params * DTYPE_BYTES[cfg.model.params_dtype] if cfg.optimizer.optimizer == "adam" else 0
+    if getattr(cfg.model, "engine", "native") == "megatron_core":
+        notes.extend(mcore_notes(cfg, layout))
+        if is_mcore_ddp(cfg, layout):
+            step_tmp = mcore_step_temporary_bytes(cfg, opt_params)
     notes.extend(acts.notes)
     if layout.pp > 1:
         notes.append(f"pipeline rank {rank.pp_rank} of {layout.pp} is the largest: {len(rank.layers)} layers in "

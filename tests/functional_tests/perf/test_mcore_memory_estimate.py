@@ -1,0 +1,116 @@
+"""The megatron-core engine's memory estimate (src/megatron_bridge/perf/memory_mcore.py) against the bytes megatron-core
+really allocates, on CPU through the test-only harness (tests/functional_tests/mcore_cpu_harness.py).
+
+One plain Python process (no torchrun; the harness is process-wide, so not this pytest process) runs ``pretrain()`` for
+one step of the functional tests' megatron-core config per case — ``GPTModel`` (in ``Float16Module`` with bf16),
+megatron-core DDP and ``get_megatron_optimizer``, all through this library's set-up code — and counts, after the step
+(Adam state exists), the unique storages of the model's parameters, of DDP's gradient buffers (``grad_data``: every
+``main_grad`` is a view of it) and of the optimizer's parameters and state that are neither. The test compares them
+with ``estimate_memory`` of the same validated config: weights and gradients exactly, optimizer state exactly but for
+torch Adam's per-tensor ``step`` scalars (which the estimate leaves out), and each within ±15%.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+
+REPO = Path(__file__).resolve().parents[3]
+TOLERANCE = 0.15
+CASES: dict[str, dict[str, Any]] = {
+    "bf16": {"mixed_precision": "bf16_mixed"},
+    "bf16_distributed_optimizer": {"mixed_precision": "bf16_mixed", "optimizer.use_distributed_optimizer": True},
+    "bf16_grads_in_bf16": {"mixed_precision": None, "optimizer.bf16": True, "model.params_dtype": "bfloat16",
+                           "ddp.grad_reduce_in_fp32": False},  # no preset: the presets reduce in fp32
+    "fp32": {"mixed_precision": "fp32"},
+}
+"""Case → overrides of the functional tests' megatron-core config (one rank, one step)."""
+
+pytestmark = [
+    pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness test (megatron-core runs natively on CUDA)"),
+]
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> dict[int, int]:
+    """Bytes of each distinct storage behind ``tensors`` (views of one buffer count once), by address."""
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+
+def measure(ctx: Any) -> dict[str, int]:
+    """Bytes of the parameters, megatron-core DDP's gradient buffers and the optimizer's own tensors of ``ctx``."""
+    chunks = ctx.backend.chunks
+    params = _storage_bytes([p for chunk in chunks for p in chunk.parameters()])
+    grads = _storage_bytes([b.grad_data for chunk in chunks for b in [*chunk.buffers, *chunk.expert_parallel_buffers]])
+    inner = getattr(ctx.optimizer, "chained_optimizers", [ctx.optimizer])
+    state = [v for o in inner for s in o.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    main = [p for o in inner for group in o.optimizer.param_groups for p in group["params"]]
+    optimizer = {k: v for k, v in _storage_bytes(main + state).items() if k not in params and k not in grads}
+    scalars = sum(v.untyped_storage().nbytes() for v in state if v.numel() == 1)
+    return {"params": sum(params.values()), "grads": sum(grads.values()), "optimizer": sum(optimizer.values()),
+            "step_scalars": scalars, "optimizer_class": type(inner[0]).__name__}
+
+
+def worker(out: str) -> None:
+    """Run every case for one step in this process and write measured and estimated bytes to ``out``."""
+    from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.perf.memory import estimate_memory
+    from megatron_bridge.training.callbacks import Callback
+    from megatron_bridge.training.pretrain import pretrain
+    from tests.functional_tests.mcore_cpu_harness import install
+    from tests.functional_tests.training.test_megatron_core_engine import mcore_config
+
+    class Count(Callback):
+        def on_train_end(self, ctx: Any) -> None:
+            self.record = measure(ctx)
+
+    install()
+    rows = {}
+    for case, overrides in CASES.items():
+        preset = overrides["mixed_precision"]
+        rest = {k: v for k, v in overrides.items() if k != "mixed_precision"}
+        cfg = mcore_config(mixed_precision=preset, **{"train.train_iters": 1, "train.global_batch_size": 2, **rest})
+        est = estimate_memory(cfg.validate(world_size=1), 1)
+        probe = Count()
+        try:
+            pretrain(cfg, callbacks=[probe])
+        finally:
+            parallel_state.destroy()
+        rows[case] = {"measured": probe.record, "estimate": {"params": est.param_bytes, "grads": est.grad_bytes,
+                                                             "optimizer": est.optimizer_bytes}}
+    Path(out).write_text(json.dumps(rows))
+
+
+@pytest.mark.timeout(120)
+def test_estimate_matches_megatron_core_bytes(tmp_path: Path) -> None:
+    out = tmp_path / "bytes.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-m", "tests.functional_tests.perf.test_mcore_memory_estimate", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert set(rows) == set(CASES)
+    classes = {case: row["measured"]["optimizer_class"] for case, row in rows.items()}
+    f16 = "Float16OptimizerWithFloat16Params"
+    assert classes == {"bf16": f16, "bf16_distributed_optimizer": "DistributedOptimizer", "bf16_grads_in_bf16": f16,
+                       "fp32": "FP32Optimizer"}
+    for case, row in rows.items():
+        measured, est = row["measured"], row["estimate"]
+        print(f"[mcore-memory] {case}: measured {measured}, estimate {est}")
+        for part in ("params", "grads", "optimizer"):
+            assert abs(est[part] - measured[part]) <= TOLERANCE * measured[part], (case, part, measured, est)
+        assert (est["params"], est["grads"]) == (measured["params"], measured["grads"]), (case, measured, est)
+        assert est["optimizer"] == measured["optimizer"] - measured["step_scalars"], (case, measured, est)
+    n = rows["fp32"]["measured"]["params"] // 4
+    assert rows["bf16"]["measured"]["params"] == 2 * n and rows["bf16"]["measured"]["grads"] == 4 * n
+    assert rows["bf16_grads_in_bf16"]["measured"]["grads"] == 2 * n
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])
