@@ -69,9 +69,10 @@ local layer spec, and with transformer-engine's spec."""
 ENGINE_PRESET = {"local": "bf16_mixed", "megatron_core": "bf16_mixed", "transformer_engine": "bf16_mixed"}
 """Preset of each engine's case: bf16_mixed everywhere (on megatron-core: bf16 weights, fp32 main parameters)."""
 BACKENDS = ("ddp", "fsdp2", "megatron_fsdp")
-MCORE_FSDP_PRESET = {"fsdp2": "bf16_mixed", "megatron_fsdp": "fp32"}
-"""The preset of the matrix's megatron-core case per FSDP wrapper: FSDP2 in bf16_mixed as Megatron-LM runs it (bf16
-weights and reduce-scatter, fp32 main parameters)."""
+MCORE_FSDP_PRESET = {"fsdp2": "bf16_mixed", "megatron_fsdp": "bf16_mixed"}
+"""The preset of the matrix's megatron-core case per FSDP wrapper, bf16_mixed as Megatron-LM runs them: FSDP2 (bf16
+weights and reduce-scatter, fp32 main parameters) and Megatron FSDP (bf16 compute weights in Float16Module, fp32 main
+weights and gradient reduction in megatron-fsdp)."""
 MFU_SHAPE = {"num_layers": 32, "seq_length": 8192}
 FP8_SHAPE = {"num_layers": 2, "seq_length": 4096, "steps": 12}
 """The FP8 step: two Llama-3-8B blocks (hidden 4096, SwiGLU 14336: every Linear converts), 12 steps of 2 x 4096."""

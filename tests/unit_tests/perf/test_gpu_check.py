@@ -51,6 +51,8 @@ def test_dry_run_plans_every_check(tmp_path: Path) -> None:
     assert {c["preset"] for c in cases if c["engine"] != "local" and c["backend"] == "ddp"} == {"bf16_mixed"}
     assert [c["preset"] for c in cases if c["engine"] == "megatron_core" and c["backend"] == "fsdp2"] == [
         "bf16_mixed"]
+    assert [c["preset"] for c in cases if c["engine"] == "megatron_core" and c["backend"] == "megatron_fsdp"] == [
+        "bf16_mixed"]
     assert all(c["status"] == "planned" or c["status"].startswith("skipped: ") for c in cases)
     mfu = steps["mfu"]
     assert mfu["device"] == "H100" and 1 <= mfu["num_layers"] <= 32
