@@ -15,9 +15,9 @@ allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron
   ``ddp.data_parallel_sharding_strategy`` (optim → optimizer, optim_grads → + gradients,
   optim_grads_params → + parameters), gradients in fp32 with ``ddp.grad_reduce_in_fp32``, plus fp32 main weights
   when parameters are 16-bit. DDP shards only optimizer state, with ``optimizer.use_distributed_optimizer`` (ZeRO-1).
-  The megatron-core engine under megatron-core DDP counts megatron-core's state instead
+  The megatron-core engine under megatron-core DDP or its FSDP2 wrapper counts megatron-core's state instead
   (:mod:`megatron_bridge.perf.memory_mcore`: compute-dtype weights, the contiguous ``main_grad`` buffer, fp32 main
-  parameters and moments); under its FSDP wrappers the formulas above (a note says so).
+  parameters and moments); under its Megatron FSDP adapter the Megatron FSDP formulas above (a note says so).
 * **Activations**: :mod:`megatron_bridge.perf.activations`.
 * **Buffers**: communication and cast copies that are neither state nor activations (:func:`buffer_bytes`): DDP's
   flat gradient buckets (P per parameter, unless ``ddp.gradient_as_bucket_view``) for the whole run, the rest
@@ -35,6 +35,7 @@ from megatron_bridge.models.flops import parameter_breakdown
 from megatron_bridge.perf.activations import ActivationEstimate, estimate_activations
 from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, RankStages, cfg_get, layout_of, pipeline_ranks
 from megatron_bridge.perf.memory_mcore import (
+    counts_mcore_state,
     is_mcore_ddp,
     mcore_bucket_bytes,
     mcore_bytes_per_param,
@@ -149,8 +150,8 @@ def rank_params(cfg: "ConfigContainer", layout: Layout, rank: RankStages | None 
 
 def _bytes_per_param(cfg: "ConfigContainer", layout: Layout) -> tuple[int, int, int]:
     """(parameter, gradient, optimizer-state) bytes per parameter before sharding."""
-    if is_mcore_ddp(cfg, layout):
-        return mcore_bytes_per_param(cfg)
+    if counts_mcore_state(cfg, layout):
+        return mcore_bytes_per_param(cfg, layout)
     pbytes = DTYPE_BYTES[cfg.model.params_dtype]
     o = cfg.optimizer
     moments = 2 if o.optimizer == "adam" else (1 if o.sgd_momentum else 0)
@@ -280,8 +281,8 @@ def _estimate_rank(cfg: "ConfigContainer", layout: Layout, rank: RankStages) -> 
     step_tmp = opt_params * DTYPE_BYTES[cfg.model.params_dtype] if cfg.optimizer.optimizer == "adam" else 0
     if getattr(cfg.model, "engine", "native") == "megatron_core":
         notes.extend(mcore_notes(cfg, layout))
-        if is_mcore_ddp(cfg, layout):
-            step_tmp = mcore_step_temporary_bytes(cfg, opt_params)
+        if counts_mcore_state(cfg, layout):
+            step_tmp = mcore_step_temporary_bytes(cfg, layout, opt_params)
     notes.extend(acts.notes)
     if layout.pp > 1:
         notes.append(f"pipeline rank {rank.pp_rank} of {layout.pp} is the largest: {len(rank.layers)} layers in "

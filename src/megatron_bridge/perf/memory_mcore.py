@@ -1,8 +1,9 @@
-"""State bytes of the megatron-core engine (``model.engine="megatron_core"``) with megatron-core DDP.
+"""State bytes of the megatron-core engine (``model.engine="megatron_core"``) under megatron-core DDP and its FSDP2
+wrapper.
 
-Pure arithmetic (no torch), used by :mod:`megatron_bridge.perf.memory` where the layout's backend is DDP and the engine
-is megatron-core's (:class:`~megatron_bridge.distributed.mcore_ddp.MegatronCoreDDPBackend`). Per parameter, as
-megatron-core 0.19 allocates:
+Pure arithmetic (no torch), used by :mod:`megatron_bridge.perf.memory` where the engine is megatron-core's and the
+backend megatron-core DDP (:class:`~megatron_bridge.distributed.mcore_ddp.MegatronCoreDDPBackend`) or its FSDP2 wrapper
+(:mod:`megatron_bridge.distributed.mcore_fsdp2`). Per parameter, as megatron-core 0.19 allocates under DDP:
 
 * **parameters**: ``model.params_dtype`` bytes (C). On this engine it is the compute dtype (bf16/fp16 under the
   ``bf16_mixed`` / ``fp16_mixed`` presets: ``Float16Module`` casts the weights in place; fp32 otherwise). With the
@@ -20,6 +21,12 @@ megatron-core 0.19 allocates:
   16-bit (``main_grad.float()``), one per optimizer parameter; Adam's own temporaries are not counted (on GPUs
   megatron-core steps with transformer-engine's or apex's fused Adam, which works in place).
 
+Under the **FSDP2 wrapper** (``TorchFullyShardedDataParallel``, no ``MixedPrecisionPolicy``) the same optimizer
+(``Float16OptimizerWithFloat16Params`` / ``FP32Optimizer`` on the local shards), gradients in the weights' dtype
+(``ddp.grad_reduce_in_fp32`` has no effect there), all three sharded over dp × cp; its buffers keep the native FSDP2
+formulas. The **Megatron FSDP adapter** keeps :mod:`megatron_bridge.perf.memory`'s Megatron FSDP formulas: they are
+megatron-fsdp's own, which the adapter uses (measured within 0.6%: its buffer padding).
+
 Not counted: the distributed optimizer's buffer padding (each parameter starts at a multiple of 64 elements, each bucket
 ends at a multiple of lcm(dp, 128)): at most 63 elements per tensor, under 0.1% on the tiny recipe; Adam's per-tensor
 ``step`` scalars. Measured against megatron-core on CPU by tests/functional_tests/perf/test_mcore_memory_estimate.py.
@@ -36,52 +43,65 @@ if TYPE_CHECKING:
 FP32 = 4
 
 
+def _engine(cfg: "ConfigContainer") -> str:
+    return getattr(cfg.model, "engine", "native")
+
+
 def is_mcore_ddp(cfg: "ConfigContainer", layout: Layout) -> bool:
     """True for the megatron-core engine under megatron-core DDP (neither of its FSDP wrappers)."""
-    return getattr(cfg.model, "engine", "native") == "megatron_core" and layout.backend == "ddp"
+    return _engine(cfg) == "megatron_core" and layout.backend == "ddp"
 
 
-def is_mcore_fsdp(cfg: "ConfigContainer", layout: Layout) -> bool:
-    """True for the megatron-core engine under its Megatron FSDP adapter or FSDP2 wrapper."""
-    return getattr(cfg.model, "engine", "native") == "megatron_core" and layout.backend != "ddp"
+def counts_mcore_state(cfg: "ConfigContainer", layout: Layout) -> bool:
+    """True where :func:`mcore_bytes_per_param` replaces the native formulas: the megatron-core engine under
+    megatron-core DDP or its FSDP2 wrapper (its Megatron FSDP adapter keeps megatron-fsdp's formulas)."""
+    return _engine(cfg) == "megatron_core" and layout.backend in ("ddp", "fsdp2")
 
 
-def mcore_bytes_per_param(cfg: "ConfigContainer") -> tuple[int, int, int]:
-    """(parameter, gradient, optimizer-state) bytes per parameter of megatron-core DDP + ``get_megatron_optimizer``,
-    before sharding."""
+def mcore_bytes_per_param(cfg: "ConfigContainer", layout: Layout) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer-state) bytes per parameter of megatron-core DDP or the FSDP2 wrapper with
+    ``get_megatron_optimizer``, before sharding."""
     pbytes = DTYPE_BYTES[cfg.model.params_dtype]
-    grad = FP32 if cfg.ddp.grad_reduce_in_fp32 else pbytes
+    grad = FP32 if cfg.ddp.grad_reduce_in_fp32 and layout.backend == "ddp" else pbytes
     o = cfg.optimizer
     moments = 2 if o.optimizer == "adam" else (1 if o.sgd_momentum else 0)
     main_params = FP32 if pbytes < FP32 else 0
     return pbytes, grad, moments * FP32 + main_params
 
 
-def mcore_step_temporary_bytes(cfg: "ConfigContainer", optimizer_params: int) -> int:
-    """The optimizer step's fp32 copy of 16-bit main gradients (``main_grad.float()``) for ``optimizer_params``
-    parameters (the local shard with the distributed optimizer); 0 when the gradient buffer is fp32."""
-    return 0 if mcore_bytes_per_param(cfg)[1] == FP32 else FP32 * optimizer_params
+def mcore_step_temporary_bytes(cfg: "ConfigContainer", layout: Layout, optimizer_params: int) -> int:
+    """The optimizer step's fp32 copy of 16-bit gradients (``main_grad.float()`` / ``grad.float()``) for
+    ``optimizer_params`` parameters (the local shard with the distributed optimizer or FSDP2); 0 when they are
+    fp32."""
+    return 0 if mcore_bytes_per_param(cfg, layout)[1] == FP32 else FP32 * optimizer_params
 
 
 def mcore_bucket_bytes(cfg: "ConfigContainer", layout: Layout, rank_params: int) -> int:
-    """The largest gradient bucket: one bucket of everything unless ``ddp.overlap_grad_reduce``, then
-    ``ddp.bucket_size`` elements (megatron-core's default: max(40M, 1M × dp))."""
+    """The largest gradient bucket of megatron-core DDP: one bucket of everything unless ``ddp.overlap_grad_reduce``,
+    then ``ddp.bucket_size`` elements (megatron-core's default: max(40M, 1M × dp))."""
     elements = rank_params
     if cfg.ddp.overlap_grad_reduce:
         elements = min(rank_params, cfg.ddp.bucket_size or max(40_000_000, 1_000_000 * layout.dp))
-    return elements * mcore_bytes_per_param(cfg)[1]
+    return elements * mcore_bytes_per_param(cfg, layout)[1]
 
 
 def mcore_notes(cfg: "ConfigContainer", layout: Layout) -> list[str]:
     """What the estimate assumes for the megatron-core engine."""
-    if is_mcore_fsdp(cfg, layout):
-        return ["model.engine=megatron_core with a megatron-core FSDP wrapper: state and buffers are counted with the "
-                "native engine's FSDP formulas (not modelled for megatron-core's wrappers yet); activations as the "
-                "native engine's blocks"]
-    p, g, o = mcore_bytes_per_param(cfg)
+    if _engine(cfg) != "megatron_core":
+        return []
+    if layout.backend == "megatron_fsdp":
+        return ["model.engine=megatron_core with the Megatron FSDP adapter: megatron-fsdp's formulas (as the native "
+                "engine's Megatron FSDP; buffer padding not counted); activations counted as the native engine's "
+                "blocks"]
+    p, g, o = mcore_bytes_per_param(cfg, layout)
+    main = "fp32 main parameters + " if p < FP32 else ""
+    if layout.backend == "fsdp2":
+        return [f"model.engine=megatron_core with the FSDP2 wrapper: weights {p} B/param ({cfg.model.params_dtype}), "
+                f"gradients {g} B/param (no MixedPrecisionPolicy), optimizer {o} B/param ({main}fp32 moments), all "
+                f"sharded over {layout.shard_size} rank(s); buffers as the native FSDP2 backend's; activations "
+                "counted as the native engine's blocks"]
     sharded = (f"sharded over {layout.shard_size} data-parallel rank(s) (distributed optimizer)"
                if cfg.optimizer.use_distributed_optimizer else "replicated")
     return [f"model.engine=megatron_core with megatron-core DDP: weights {p} B/param ({cfg.model.params_dtype}), "
-            f"contiguous main_grad buffer {g} B/param, optimizer {o} B/param "
-            f"({'fp32 main parameters + ' if p < FP32 else ''}fp32 moments) {sharded}; buffer padding not counted; "
-            "activations counted as the native engine's blocks"]
+            f"contiguous main_grad buffer {g} B/param, optimizer {o} B/param ({main}fp32 moments) {sharded}; buffer "
+            "padding not counted; activations counted as the native engine's blocks"]

@@ -71,11 +71,24 @@ def test_native_engine_estimate_is_unchanged() -> None:
     assert not any("megatron_core" in n for n in est.notes)
 
 
-def test_megatron_core_fsdp_wrappers_keep_the_fsdp_formulas_with_a_note() -> None:
-    """Not modelled yet: megatron-core's FSDP2 wrapper is counted as the native FSDP2 backend, and the note says so."""
-    cfg = _mcore(2, cfg__mixed_precision="fp32", dist__use_torch_fsdp2=True)
+def test_fsdp2_wrapper_bf16_dp2_hand_count() -> None:
+    """megatron-core's FSDP2 wrapper: bf16 weights and bf16 gradients (no MixedPrecisionPolicy, so
+    ddp.grad_reduce_in_fp32 has no effect), fp32 main parameters + moments, all sharded over DP = 2; the step's fp32
+    copy of the local bf16 gradients."""
+    cfg = _mcore(2, cfg__mixed_precision="bf16_mixed", dist__use_torch_fsdp2=True)
+    assert cfg.ddp.grad_reduce_in_fp32
     est = estimate_memory(cfg, 2)
-    assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (4 * N // 2, 4 * N // 2, 8 * N // 2)
-    assert any("megatron-core FSDP wrapper" in n and "not modelled" in n for n in est.notes)
+    assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (2 * N // 2, 2 * N // 2, 12 * N // 2)
+    assert est.optimizer_step_bytes == 4 * N // 2
+    assert any("FSDP2 wrapper" in n and "sharded over 2 rank(s)" in n for n in est.notes)
+
+
+def test_megatron_fsdp_adapter_keeps_the_megatron_fsdp_formulas_with_a_note() -> None:
+    """megatron-core's Megatron FSDP adapter is counted with megatron-fsdp's formulas (the native engine's Megatron
+    FSDP backend uses the same library), and the note says so."""
+    cfg = _mcore(2, cfg__mixed_precision="bf16_mixed", dist__use_megatron_fsdp=True,
+                 ddp__data_parallel_sharding_strategy="optim_grads_params")
+    est = estimate_memory(cfg, 2)
+    assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (2 * N // 2, 4 * N // 2, 12 * N // 2)
     report = dry_run_report(cfg, 2)
-    assert "# note: model.engine=megatron_core with a megatron-core FSDP wrapper" in report
+    assert "# note: model.engine=megatron_core with the Megatron FSDP adapter: megatron-fsdp's formulas" in report
