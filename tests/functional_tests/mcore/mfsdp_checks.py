@@ -8,6 +8,7 @@ A launch runs its cases in one worker process per rank, in order: a saving case 
 :data:`SNAPSHOTS`, a later case of the same launch compares with them.
 """
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,25 @@ import torch
 
 from megatron_bridge.training.callbacks import Callback
 
+
+MEGATRON_BRIDGE_FOLDER = "megatron_bridge_fsdp_dtensor"
+"""Where ``test_megatron_fsdp_optim_grads_params`` also writes its step-``SAVE_AT`` state as Megatron-Bridge does."""
+MFSDP_RESUMES = {
+    "test_megatron_fsdp_optim_resume": ("test_megatron_fsdp_optim", "test_megatron_fsdp_optim_ckpt"),
+    "test_megatron_fsdp_optim_grads_params_resume": ("test_megatron_fsdp_optim_grads_params",
+                                                     "test_megatron_fsdp_optim_grads_params_ckpt"),
+    "test_megatron_fsdp_bf16_mixed_resume": ("test_megatron_fsdp_bf16_mixed", "test_megatron_fsdp_bf16_mixed_ckpt"),
+    "test_megatron_fsdp_no_shard_resume": ("test_megatron_fsdp_no_shard", "test_megatron_fsdp_no_shard_ckpt"),
+    "test_megatron_bridge_fsdp_dtensor_checkpoint_resumes": ("test_megatron_fsdp_optim_grads_params",
+                                                             MEGATRON_BRIDGE_FOLDER),
+}
+"""Megatron FSDP case resuming an fsdp_dtensor checkpoint at step ``SAVE_AT`` → (the case of the same launch, before
+it, that saved it; the checkpoint's folder): its losses, and its state after loading and at the end, equal the saving
+run's bit for bit (:func:`check_case`)."""
+MFSDP_PRETRAINED = {"test_megatron_fsdp_pretrained_checkpoint": "test_megatron_fsdp_optim_grads_params"}
+"""Megatron FSDP case starting from ``checkpoint.pretrained_checkpoint`` (the saving case's checkpoint folder, its
+latest step) → the saving case."""
+MFSDP_SAVERS = {saver for saver, _ in MFSDP_RESUMES.values()} | set(MFSDP_PRETRAINED.values())
 
 SNAPSHOTS: dict[str, "Recorder"] = {}
 """Worker: the snapshots of this launch's saving runs, by case name."""
@@ -110,3 +130,42 @@ def check_pretrained_start(recorded: Recorder, saved: Recorder, name: str) -> No
     assert recorded.start_step == 0, (name, recorded.start_step)
     weights = {k: v for k, v in saved.final.items() if k.startswith("weights.")}
     assert_same(recorded.start, weights, f"{name}: weights after loading")
+
+
+# ------------------------------------------------------------------------------------------ the cases
+def configure_checkpoints(name: str, c: Any, work: Path, save_at: int) -> None:
+    """Worker: the fsdp_dtensor save, resume or pretrained start of a Megatron FSDP checkpoint case."""
+    if name in MFSDP_SAVERS:
+        c.ckpt_format, c.save_interval, c.most_recent_k = "fsdp_dtensor", save_at, -1
+        c.save = str(work / f"{name}_ckpt")
+    if name in MFSDP_RESUMES:
+        c.ckpt_format, c.load, c.ckpt_step = "fsdp_dtensor", str(work / MFSDP_RESUMES[name][1]), save_at
+    if name in MFSDP_PRETRAINED:
+        c.ckpt_format, c.pretrained_checkpoint = "fsdp_dtensor", str(work / f"{MFSDP_PRETRAINED[name]}_ckpt")
+
+
+def case_callbacks(name: str, work: Path, save_at: int) -> list[Callback]:
+    """Worker: the state recorder of the Megatron FSDP checkpoint cases, and the Megatron-Bridge-style writer."""
+    callbacks: list[Callback] = []
+    if name in MFSDP_SAVERS | set(MFSDP_RESUMES) | set(MFSDP_PRETRAINED):
+        callbacks.append(Recorder(save_at))
+    if name == MFSDP_RESUMES["test_megatron_bridge_fsdp_dtensor_checkpoint_resumes"][0]:
+        callbacks.append(MegatronBridgeWriter(work / MEGATRON_BRIDGE_FOLDER, save_at))
+    return callbacks
+
+
+def check_case(name: str, work: Path, losses: list[float], callbacks: list[Callback], save_at: int) -> None:
+    """Worker, after ``name`` trained: a saving run keeps its snapshots; a resumed one gives the saving run's losses
+    from step ``save_at`` on and its state (after loading, at the end), bit for bit; a pretrained start begins at
+    step 0 with the saved weights and a fresh optimizer."""
+    recorded = next((c for c in callbacks if isinstance(c, Recorder)), None)
+    if name in MFSDP_SAVERS:
+        SNAPSHOTS[name] = recorded  # type: ignore[assignment]
+    if name in MFSDP_RESUMES:
+        saver, folder = MFSDP_RESUMES[name]
+        saved = json.loads((work / f"{saver}.json").read_text())["losses"]
+        assert losses == saved[save_at:], (losses, saved)
+        assert (work / folder / f"iter_{save_at:07d}" / ".metadata").is_file()
+        check_resumed(recorded, SNAPSHOTS[saver], name, save_at)  # type: ignore[arg-type]
+    if name in MFSDP_PRETRAINED:
+        check_pretrained_start(recorded, SNAPSHOTS[MFSDP_PRETRAINED[name]], name)  # type: ignore[arg-type]

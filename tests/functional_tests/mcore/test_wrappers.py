@@ -44,6 +44,8 @@ import torch
 
 from megatron_bridge.training.callbacks import Callback
 from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
+from tests.functional_tests.mcore import mfsdp_checks
+from tests.functional_tests.mcore.mfsdp_checks import MEGATRON_BRIDGE_FOLDER, MFSDP_PRETRAINED, MFSDP_RESUMES
 from tests.functional_tests.mcore.test_checkpoint import (  # noqa: F401 (autouse: the checkpoint cases save)
     _stop_megatron_core_writer_process,
 )
@@ -125,24 +127,6 @@ RESUMES = {"test_fsdp2_resume_is_bit_exact": ("test_fsdp2", 0.0),
            "test_fsdp2_bf16_checkpoint_resumes_under_megatron_core_ddp": ("test_fsdp2_bf16", BF16_RTOL)}
 """Resumed case → (the case that saved its checkpoint, whose losses after step ``SAVE_AT`` it must give; relative
 tolerance)."""
-MEGATRON_BRIDGE_FOLDER = "megatron_bridge_fsdp_dtensor"
-"""Where ``test_megatron_fsdp_optim_grads_params`` also writes its step-``SAVE_AT`` state as Megatron-Bridge does."""
-MFSDP_RESUMES = {
-    "test_megatron_fsdp_optim_resume": ("test_megatron_fsdp_optim", "test_megatron_fsdp_optim_ckpt"),
-    "test_megatron_fsdp_optim_grads_params_resume": ("test_megatron_fsdp_optim_grads_params",
-                                                     "test_megatron_fsdp_optim_grads_params_ckpt"),
-    "test_megatron_fsdp_bf16_mixed_resume": ("test_megatron_fsdp_bf16_mixed", "test_megatron_fsdp_bf16_mixed_ckpt"),
-    "test_megatron_fsdp_no_shard_resume": ("test_megatron_fsdp_no_shard", "test_megatron_fsdp_no_shard_ckpt"),
-    "test_megatron_bridge_fsdp_dtensor_checkpoint_resumes": ("test_megatron_fsdp_optim_grads_params",
-                                                             MEGATRON_BRIDGE_FOLDER),
-}
-"""Megatron FSDP case resuming an fsdp_dtensor checkpoint at step ``SAVE_AT`` → (the case of the same launch, before
-it, that saved it; the checkpoint's folder): its losses, and its state after loading and at the end, equal the saving
-run's bit for bit (mfsdp_checks.py)."""
-MFSDP_PRETRAINED = {"test_megatron_fsdp_pretrained_checkpoint": "test_megatron_fsdp_optim_grads_params"}
-"""Megatron FSDP case starting from ``checkpoint.pretrained_checkpoint`` (the saving case's checkpoint folder, its
-latest step) → the saving case."""
-MFSDP_SAVERS = {saver for saver, _ in MFSDP_RESUMES.values()} | set(MFSDP_PRETRAINED.values())
 PRETRAINED = {"test_fsdp2_bf16_pretrained_checkpoint": "test_fsdp2_bf16"}
 """FSDP2 case starting from ``checkpoint.pretrained_checkpoint`` → the case that saved it (its step-``SAVE_AT``
 weights)."""
@@ -206,17 +190,17 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
         dist.init_process_group("gloo")  # kept for the launch's next test; pretrain() reuses it
     work = Path(os.environ["MB_WRAPPERS_DIR"])
     cfg = wrapper_config(**{k: v.format(work=work) if isinstance(v, str) else v for k, v in overrides.items()})
-    _mfsdp_checkpoints(name, cfg.checkpoint, work)
+    mfsdp_checks.configure_checkpoints(name, cfg.checkpoint, work, SAVE_AT)
     bf16 = cfg.mixed_precision_config is not None and cfg.mixed_precision_config.bf16
     callbacks = [_Fp32MainWeights()] if bf16 and cfg.dist.use_megatron_fsdp else []
-    callbacks += _fsdp2_checkpoint_callbacks(name, work) + _mfsdp_callbacks(name, work)
+    callbacks += _fsdp2_checkpoint_callbacks(name, work) + mfsdp_checks.case_callbacks(name, work, SAVE_AT)
     try:
         result = pretrain(cfg, callbacks=callbacks)
     finally:
         parallel_state.destroy()  # megatron-core's groups: the next test may use another TP size
     assert result.final_step == cfg.train.train_iters, result
     _check_fsdp2_checkpoint_case(name, work, callbacks)
-    _check_mfsdp_checkpoint_case(name, work, result.losses, callbacks)
+    mfsdp_checks.check_case(name, work, result.losses, callbacks, SAVE_AT)
     if dist.get_rank() == 0:
         record = {"backend": result.backend, "losses": result.losses}
         (Path(os.environ["MB_WRAPPERS_DIR"]) / f"{name}.json").write_text(json.dumps(record))
@@ -267,48 +251,6 @@ def _check_fsdp2_checkpoint_case(name: str, work: Path, callbacks: list[Callback
     else:
         same_wrapper = "dist.use_torch_fsdp2" in CASES[name]
         fsdp2_checks.check_resumed(recorded, fsdp2_checks.SNAPSHOTS[saver], name, final=same_wrapper)
-
-
-def _mfsdp_checkpoints(name: str, c: Any, work: Path) -> None:
-    """Worker: the fsdp_dtensor save, resume or pretrained start of a Megatron FSDP checkpoint case."""
-    if name in MFSDP_SAVERS:
-        c.ckpt_format, c.save_interval, c.most_recent_k = "fsdp_dtensor", SAVE_AT, -1
-        c.save = str(work / f"{name}_ckpt")
-    if name in MFSDP_RESUMES:
-        c.ckpt_format, c.load, c.ckpt_step = "fsdp_dtensor", str(work / MFSDP_RESUMES[name][1]), SAVE_AT
-    if name in MFSDP_PRETRAINED:
-        c.ckpt_format, c.pretrained_checkpoint = "fsdp_dtensor", str(work / f"{MFSDP_PRETRAINED[name]}_ckpt")
-
-
-def _mfsdp_callbacks(name: str, work: Path) -> list[Callback]:
-    """Worker: the state recorder of the Megatron FSDP checkpoint cases, and the Megatron-Bridge-style writer."""
-    from tests.functional_tests.mcore import mfsdp_checks
-
-    callbacks: list[Callback] = []
-    if name in MFSDP_SAVERS | set(MFSDP_RESUMES) | set(MFSDP_PRETRAINED):
-        callbacks.append(mfsdp_checks.Recorder(SAVE_AT))
-    if name == MFSDP_RESUMES["test_megatron_bridge_fsdp_dtensor_checkpoint_resumes"][0]:
-        callbacks.append(mfsdp_checks.MegatronBridgeWriter(work / MEGATRON_BRIDGE_FOLDER, SAVE_AT))
-    return callbacks
-
-
-def _check_mfsdp_checkpoint_case(name: str, work: Path, losses: list[float], callbacks: list[Callback]) -> None:
-    """Worker, after ``name`` trained: a saving run keeps its snapshots; a resumed one gives the saving run's losses
-    from step ``SAVE_AT`` on and its state (after loading, at the end), bit for bit; a pretrained start begins at
-    step 0 with the saved weights and a fresh optimizer."""
-    from tests.functional_tests.mcore import mfsdp_checks
-
-    recorded = next((c for c in callbacks if isinstance(c, mfsdp_checks.Recorder)), None)
-    if name in MFSDP_SAVERS:
-        mfsdp_checks.SNAPSHOTS[name] = recorded  # type: ignore[assignment]
-    if name in MFSDP_RESUMES:
-        saver, folder = MFSDP_RESUMES[name]
-        saved = json.loads((work / f"{saver}.json").read_text())["losses"]
-        assert losses == saved[SAVE_AT:], (losses, saved)
-        assert (work / folder / SAVED / ".metadata").is_file()
-        mfsdp_checks.check_resumed(recorded, mfsdp_checks.SNAPSHOTS[saver], name, SAVE_AT)  # type: ignore[arg-type]
-    if name in MFSDP_PRETRAINED:
-        mfsdp_checks.check_pretrained_start(recorded, mfsdp_checks.SNAPSHOTS[MFSDP_PRETRAINED[name]], name)  # type: ignore[arg-type]
 
 
 def compare(launches: LaunchGroups, name: str, backend: str) -> None:
