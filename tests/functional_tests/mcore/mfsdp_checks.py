@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from megatron_bridge.training.callbacks import Callback
+from tests.functional_tests.mcore.test_checkpoint import assert_same_state
 
 
 MEGATRON_BRIDGE_FOLDER = "megatron_bridge_fsdp_dtensor"
@@ -69,16 +70,6 @@ def snapshot(ctx: Any) -> dict[str, Any]:
     return state
 
 
-def assert_same(got: dict[str, Any], want: dict[str, Any], label: str) -> None:
-    """Same keys; every tensor equal bit for bit (dtype included), every other value equal."""
-    assert set(got) == set(want), (label, sorted(set(got) ^ set(want))[:8])
-    for key, value in want.items():
-        if torch.is_tensor(value):
-            assert value.dtype == got[key].dtype and torch.equal(got[key], value), (label, key)
-        else:
-            assert got[key] == value, (label, key, got[key], value)
-
-
 class Recorder(Callback):
     """Snapshots at the start of training (``start``, after any checkpoint load), at the end of step ``step``
     (``at_step``) and at the end (``final``)."""
@@ -120,8 +111,8 @@ def check_resumed(recorded: Recorder, saved: Recorder, name: str, step: int) -> 
     end its final state, bit for bit."""
     assert recorded.start_step == step, (name, recorded.start_step)
     assert saved.at_step and saved.final, name
-    assert_same(recorded.start, saved.at_step, f"{name}: state after loading step {step}")
-    assert_same(recorded.final, saved.final, f"{name}: final state")
+    assert_same_state(recorded.start, saved.at_step, f"{name}: state after loading step {step}")
+    assert_same_state(recorded.final, saved.final, f"{name}: final state")
 
 
 def check_pretrained_start(recorded: Recorder, saved: Recorder, name: str) -> None:
@@ -129,7 +120,7 @@ def check_pretrained_start(recorded: Recorder, saved: Recorder, name: str) -> No
     main) bit for bit, a fresh optimizer (no Adam state)."""
     assert recorded.start_step == 0, (name, recorded.start_step)
     weights = {k: v for k, v in saved.final.items() if k.startswith("weights.")}
-    assert_same(recorded.start, weights, f"{name}: weights after loading")
+    assert_same_state(recorded.start, weights, f"{name}: weights after loading")
 
 
 # ------------------------------------------------------------------------------------------ the cases
