@@ -37,7 +37,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint import save as dcp_save
 
-from megatron_bridge.checkpoint import mcore_state
+from megatron_bridge.checkpoint import mcore_state, saved_run
 from megatron_bridge.checkpoint.mcore_fsdp_preprocess import complete_optimizer_state, preprocess
 from megatron_bridge.checkpoint.mcore_reader import SafeMegatronLoadPlanner
 from megatron_bridge.checkpoint.reader import (
@@ -153,12 +153,15 @@ def load(parts: "McoreParts", folder: str | Path, *, load_optim: bool, load_rng:
     fsdp_dtensor folder. Returns True when the RNG states were restored. Collective (every rank).
 
     Raises:
-        CheckpointError: incomplete, corrupt, disallowed objects, or the checkpoint does not fit the model.
+        CheckpointError: incomplete, corrupt, disallowed objects, or the checkpoint does not fit the model;
+            PrecisionMismatchError (with ``load_optim``): its run_config.yaml records another mixed_precision.
     """
     from megatron.core import parallel_state as ps
 
     metadata = read_dcp_metadata(folder)
     check_dcp_storage(folder, metadata)
+    if load_optim:  # run_config.yaml decides: megatron-fsdp's model tensors need not be in the compute dtype
+        saved_run.check_precision(parts.cfg, folder)
     stored = metadata.state_dict_metadata
     key = f"({ps.get_pipeline_model_parallel_rank()}, {ps.get_tensor_model_parallel_rank()})"
     with_rng = load_rng and any(k.startswith(f"{mcore_state.RNG_KEY}.{key}.") for k in stored)

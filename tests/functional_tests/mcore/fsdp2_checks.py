@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from megatron_bridge.training.callbacks import Callback
+from tests.functional_tests.mcore.state_recorder import StateRecorder
 from tests.functional_tests.mcore.test_checkpoint import assert_same_state, snapshot
 
 
@@ -28,26 +29,11 @@ def full_snapshot(ctx: Any) -> dict[str, Any]:
     return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in snapshot(ctx).items()}
 
 
-class Recorder(Callback):
-    """Full snapshots at the start of training (``start``), at the end of step ``step`` (``at_step``) and at the end
-    (``final``); every rank records (gathering is collective)."""
+class Recorder(StateRecorder):
+    """Full snapshots (:func:`full_snapshot`) at the start, at step ``step`` and at the end."""
 
     def __init__(self, step: int) -> None:
-        self.step = step
-        self.start: dict[str, Any] = {}
-        self.at_step: dict[str, Any] = {}
-        self.final: dict[str, Any] = {}
-        self.start_step = -1
-
-    def on_train_start(self, ctx: Any) -> None:
-        self.start, self.start_step = full_snapshot(ctx), ctx.train_state.step
-
-    def on_step_end(self, ctx: Any, metrics: Any) -> None:
-        if ctx.train_state.step == self.step:
-            self.at_step = full_snapshot(ctx)
-
-    def on_train_end(self, ctx: Any) -> None:
-        self.final = full_snapshot(ctx)
+        super().__init__(step, full_snapshot)
 
 
 def check_precision(recorded: Recorder, name: str) -> None:

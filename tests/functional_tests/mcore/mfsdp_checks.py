@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from megatron_bridge.training.callbacks import Callback
+from tests.functional_tests.mcore.state_recorder import StateRecorder
 from tests.functional_tests.mcore.test_checkpoint import assert_same_state
 
 
@@ -70,26 +71,11 @@ def snapshot(ctx: Any) -> dict[str, Any]:
     return state
 
 
-class Recorder(Callback):
-    """Snapshots at the start of training (``start``, after any checkpoint load), at the end of step ``step``
-    (``at_step``) and at the end (``final``)."""
+class Recorder(StateRecorder):
+    """Per-rank snapshots (:func:`snapshot`) at the start, at step ``step`` and at the end."""
 
     def __init__(self, step: int) -> None:
-        self.step = step
-        self.start: dict[str, Any] = {}
-        self.at_step: dict[str, Any] = {}
-        self.final: dict[str, Any] = {}
-        self.start_step = -1
-
-    def on_train_start(self, ctx: Any) -> None:
-        self.start, self.start_step = snapshot(ctx), ctx.train_state.step
-
-    def on_step_end(self, ctx: Any, metrics: Any) -> None:
-        if ctx.train_state.step == self.step:
-            self.at_step = snapshot(ctx)
-
-    def on_train_end(self, ctx: Any) -> None:
-        self.final = snapshot(ctx)
+        super().__init__(step, snapshot)
 
 
 class MegatronBridgeWriter(Callback):

@@ -153,3 +153,20 @@ def test_swiglu_lookup_resolves_model_and_optimizer_names_through_float16module(
     assert view.get_parameter("module.module.decoder.weight") is gpt.decoder.weight  # a model key, "module." added
     optimizer_name = "module." * (4 if bf16 else 3) + "decoder.weight"
     assert view.get_parameter(optimizer_name[len("module."):]) is gpt.decoder.weight
+
+
+# --------------------------------------------------------------------------------------------------- precision
+def test_optimizer_of_another_precision_is_refused_before_reading(tmp_path: Path) -> None:
+    """A bf16_mixed fsdp_dtensor checkpoint's optimizer (its run_config.yaml says so) into an fp32 run: the named
+    precision error (checkpoint/saved_run.py), before any key is compared or tensor read."""
+    import yaml
+
+    from megatron_bridge.checkpoint.saved_run import PrecisionMismatchError
+    from megatron_bridge.config.container import ConfigContainer
+
+    folder = tmp_path / "iter_0000002"
+    _write_megatron_bridge_like(folder)
+    (folder / "run_config.yaml").write_text(yaml.safe_dump({"optimizer": {"bf16": True, "fp16": False}}))
+    parts = SimpleNamespace(cfg=ConfigContainer())  # fp32: optimizer.bf16 = optimizer.fp16 = False
+    with pytest.raises(PrecisionMismatchError, match="checkpoint.load_optim=False"):
+        mcore_fsdp_dtensor.load(parts, folder, load_optim=True, load_rng=False)  # type: ignore[arg-type]
