@@ -119,6 +119,19 @@ def test_warning_names_the_knobs_that_help() -> None:
     assert "WARNING" not in dry_run_report(tiny_llama_pretrain_config().validate(world_size=1), 1)
 
 
+@pytest.mark.parametrize(("world_size", "distributed_optimizer", "named"), [(2, False, True), (2, True, False),
+                                                                           (1, False, False)])
+def test_knobs_name_the_distributed_optimizer_for_ddp(world_size: int, distributed_optimizer: bool,
+                                                      named: bool) -> None:
+    """With DDP over more than one data-parallel rank and no distributed optimizer, the knobs name it (ZeRO-1);
+    with it already on, or with one rank, they do not."""
+    cfg = tiny_llama_pretrain_config()
+    cfg.optimizer.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer = distributed_optimizer
+    cfg = cfg.validate(world_size=world_size)
+    listed = [k for k in knobs(cfg, estimate_memory(cfg, world_size)) if k.startswith("optimizer.use_distributed")]
+    assert bool(listed) is named, listed
+
+
 def test_layout_reads_missing_fields_as_off() -> None:
     """A model section without the parallelism fields (an older or newer config) reads as 1 / off."""
     cfg = tiny_llama_pretrain_config().validate(world_size=2)
