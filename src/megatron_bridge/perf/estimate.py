@@ -106,7 +106,7 @@ def knobs(cfg: "ConfigContainer", est: MemoryEstimate) -> list[str]:
     state = []
     if lay.backend == "ddp":
         state.append("dist.use_torch_fsdp2=true (shards parameters, gradients and optimizer state over dp)")
-        if lay.dp * lay.cp > 1 and not (cfg.optimizer.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer):
+        if lay.dp * lay.cp > 1 and not cfg.optimizer.use_distributed_optimizer:  # kept equal to ddp's by validate()
             state.append("optimizer.use_distributed_optimizer=true (shards the optimizer state over dp, ZeRO-1)")
     elif lay.backend == "megatron_fsdp" and cfg.ddp.data_parallel_sharding_strategy != "optim_grads_params":
         state.append("ddp.data_parallel_sharding_strategy=optim_grads_params")

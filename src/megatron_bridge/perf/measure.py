@@ -120,12 +120,18 @@ def state_storage_bytes(chunks: list[torch.nn.Module], optimizer: torch.optim.Op
                 tensors.append(param.grad)
     for state in optimizer.state.values():
         tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return sum(storage_bytes(tensors).values())
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> dict[int, int]:
+    """Bytes of each distinct storage behind ``tensors`` (local shards of DTensors; views of one buffer count once;
+    meta tensors have none), by address."""
     storages = {}
     for tensor in tensors:
         storage = _local(tensor).untyped_storage()
         if storage.device.type != "meta":
             storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
+    return storages
 
 
 def running_sum_stats(allocs: list[tuple[int, int, int]], marks: list[tuple[int, str]]) -> MeasuredMemory:

@@ -36,11 +36,13 @@ from megatron_bridge.perf.activations import ActivationEstimate, estimate_activa
 from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, RankStages, cfg_get, layout_of, pipeline_ranks
 from megatron_bridge.perf.memory_mcore import (
     counts_mcore_state,
+    fp32_optimizer_bytes,
     is_mcore_ddp,
     mcore_bucket_bytes,
     mcore_bytes_per_param,
     mcore_notes,
     mcore_step_temporary_bytes,
+    optimizer_moments,
 )
 
 
@@ -153,13 +155,9 @@ def _bytes_per_param(cfg: "ConfigContainer", layout: Layout) -> tuple[int, int, 
     if counts_mcore_state(cfg, layout):
         return mcore_bytes_per_param(cfg, layout)
     pbytes = DTYPE_BYTES[cfg.model.params_dtype]
-    o = cfg.optimizer
-    moments = 2 if o.optimizer == "adam" else (1 if o.sgd_momentum else 0)
-    grad, opt = pbytes, moments * pbytes
-    if cfg.dist.use_megatron_fsdp:
-        grad = 4 if cfg.ddp.grad_reduce_in_fp32 else pbytes
-        opt = moments * 4 + (4 if pbytes < 4 else 0)  # fp32 moments, fp32 main weights for 16-bit parameters
-    return pbytes, grad, opt
+    if cfg.dist.use_megatron_fsdp:  # fp32 moments, fp32 main weights for 16-bit parameters
+        return pbytes, 4 if cfg.ddp.grad_reduce_in_fp32 else pbytes, fp32_optimizer_bytes(cfg)
+    return pbytes, pbytes, optimizer_moments(cfg) * pbytes
 
 
 def _sharded(cfg: "ConfigContainer", layout: Layout) -> tuple[bool, bool, bool]:
@@ -279,10 +277,9 @@ def _estimate_rank(cfg: "ConfigContainer", layout: Layout, rank: RankStages) -> 
     buffers, largest = buffer_bytes(cfg, layout, params, len(rank.layers))
     opt_params = o // max(1, _bytes_per_param(cfg, layout)[2]) if o else 0
     step_tmp = opt_params * DTYPE_BYTES[cfg.model.params_dtype] if cfg.optimizer.optimizer == "adam" else 0
-    if getattr(cfg.model, "engine", "native") == "megatron_core":
-        notes.extend(mcore_notes(cfg, layout))
-        if counts_mcore_state(cfg, layout):
-            step_tmp = mcore_step_temporary_bytes(cfg, layout, opt_params)
+    notes.extend(mcore_notes(cfg, layout))  # none for the native engine
+    if counts_mcore_state(cfg, layout):
+        step_tmp = mcore_step_temporary_bytes(cfg, layout, opt_params)
     notes.extend(acts.notes)
     if layout.pp > 1:
         notes.append(f"pipeline rank {rank.pp_rank} of {layout.pp} is the largest: {len(rank.layers)} layers in "

@@ -58,15 +58,25 @@ def counts_mcore_state(cfg: "ConfigContainer", layout: Layout) -> bool:
     return _engine(cfg) == "megatron_core" and layout.backend in ("ddp", "fsdp2")
 
 
+def optimizer_moments(cfg: "ConfigContainer") -> int:
+    """Buffers per parameter the optimizer keeps: Adam's two moments, SGD's momentum (or none)."""
+    o = cfg.optimizer
+    return 2 if o.optimizer == "adam" else (1 if o.sgd_momentum else 0)
+
+
+def fp32_optimizer_bytes(cfg: "ConfigContainer") -> int:
+    """Optimizer bytes per parameter of megatron-core's optimizer and megatron-fsdp's main-weight buffers: fp32
+    moments, plus fp32 main weights when the parameters are 16-bit."""
+    main_params = FP32 if DTYPE_BYTES[cfg.model.params_dtype] < FP32 else 0
+    return optimizer_moments(cfg) * FP32 + main_params
+
+
 def mcore_bytes_per_param(cfg: "ConfigContainer", layout: Layout) -> tuple[int, int, int]:
     """(parameter, gradient, optimizer-state) bytes per parameter of megatron-core DDP or the FSDP2 wrapper with
     ``get_megatron_optimizer``, before sharding."""
     pbytes = DTYPE_BYTES[cfg.model.params_dtype]
     grad = FP32 if cfg.ddp.grad_reduce_in_fp32 and layout.backend == "ddp" else pbytes
-    o = cfg.optimizer
-    moments = 2 if o.optimizer == "adam" else (1 if o.sgd_momentum else 0)
-    main_params = FP32 if pbytes < FP32 else 0
-    return pbytes, grad, moments * FP32 + main_params
+    return pbytes, grad, fp32_optimizer_bytes(cfg)
 
 
 def mcore_step_temporary_bytes(cfg: "ConfigContainer", layout: Layout, optimizer_params: int) -> int:

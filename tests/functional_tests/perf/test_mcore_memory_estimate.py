@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import torch
 
+from megatron_bridge.perf.measure import storage_bytes
+
 
 REPO = Path(__file__).resolve().parents[3]
 TOLERANCE = 0.15
@@ -46,15 +48,6 @@ pytestmark = [
 ]
 
 
-def _storage_bytes(tensors: list[torch.Tensor]) -> dict[int, int]:
-    """Bytes of each distinct storage behind ``tensors`` (local shards of DTensors; views of one buffer count once),
-    by address."""
-    from torch.distributed.tensor import DTensor
-
-    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in local}
-
-
 def _params(ctx: Any) -> list[torch.nn.Parameter]:
     return [p for chunk in ctx.backend.chunks for p in chunk.parameters()]
 
@@ -63,16 +56,16 @@ def grad_bytes(ctx: Any) -> int:
     """Bytes of the gradients (``main_grad`` buffers, else ``grad``) as the optimizer step starts."""
     params = _params(ctx)
     grads = [g for p in params for g in (getattr(p, "main_grad", None), p.grad) if g is not None]
-    return sum(_storage_bytes(grads).values())
+    return sum(storage_bytes(grads).values())
 
 
 def measure(ctx: Any, grads: int) -> dict[str, Any]:
     """Bytes of the parameters and the optimizer's own tensors of ``ctx`` after the step; ``grads`` as measured."""
-    params = _storage_bytes(_params(ctx))
+    params = storage_bytes(_params(ctx))
     inner = getattr(ctx.optimizer, "chained_optimizers", [ctx.optimizer])
     state = [v for o in inner for s in o.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     main = [p for o in inner for group in o.optimizer.param_groups for p in group["params"]]
-    optimizer = {k: v for k, v in _storage_bytes(main + state).items() if k not in params}
+    optimizer = {k: v for k, v in storage_bytes(main + state).items() if k not in params}
     scalars = sum(v.untyped_storage().nbytes() for v in state if v.numel() == 1)
     return {"params": sum(params.values()), "grads": grads, "optimizer": sum(optimizer.values()),
             "step_scalars": scalars, "optimizer_class": type(inner[0]).__name__}
