@@ -38,6 +38,7 @@ def complete_optimizer_state(optimizer: Any, state: dict[str, Any]) -> None:
     if not isinstance(entries, dict):
         return
     template = next((v for v in entries.values() if isinstance(v, dict) and "step" in v), None)
+    moments = [k for k, v in (template or {}).items() if k != "step" and isinstance(v, torch.Tensor)]
     ordered: dict[str, Any] = {}
     for optimizer_ in getattr(optimizer, "chained_optimizers", [optimizer]):
         for group in optimizer_.optimizer.param_groups:
@@ -46,7 +47,6 @@ def complete_optimizer_state(optimizer: Any, state: dict[str, Any]) -> None:
                 if name in entries:
                     ordered[name] = entries.pop(name)
                     continue
-                moments = [k for k, v in (template or {}).items() if k != "step" and isinstance(v, torch.Tensor)]
                 step = template["step"].clone() if template is not None else torch.tensor(0.0)
                 ordered[name] = {"step": step, **{k: _empty_like_shard(param) for k in moments or
                                                   ("exp_avg", "exp_avg_sq")}}
