@@ -50,6 +50,11 @@ class DiskFullError(CheckpointError):
     """Not enough free space to write a checkpoint (the previous checkpoint stays intact)."""
 
 
+class LaunchError(MegatronBridgeError):
+    """A launch flag is invalid (node count, node rank, rendezvous endpoint, restart budget), or the nodes of one job
+    cannot meet (nobody answers at the rendezvous endpoint, a node runs another config)."""
+
+
 class DataError(MegatronBridgeError):
     """A dataset file is missing or malformed, or a data config does not fit the files."""
 

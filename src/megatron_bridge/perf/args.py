@@ -14,6 +14,7 @@ from typing import Any
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.launcher.nodes import add_node_arguments
 from megatron_bridge.recipes import RECIPES, get_recipe
 from megatron_bridge.recipes.perf import common_perf_overrides, megatron_fsdp_overrides
 from megatron_bridge.recipes.perf_configs import (
@@ -85,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("-g", "--gpu", type=str.lower, choices=GPUS, default=None,
                       help="GPU type: selects the per-GPU perf config when one is registered, and the dry-run "
                       "memory estimate's device")
-    what.add_argument("-ng", "--num_gpus", type=positive_int, default=1, help="processes (GPUs, or CPU ranks)")
+    what.add_argument("-ng", "--num_gpus", type=positive_int, default=1,
+                      help="processes of the whole job (GPUs, or CPU ranks)")
+    what.add_argument("-gn", "--gpus_per_node", type=positive_int, default=None,
+                      help="processes per node (Megatron-Bridge's flag); -ng must be a multiple of it, the job spans "
+                      "-ng / -gn nodes (default: all -ng on one node)")
     par = p.add_argument_group("parallelism and batch")
     for short, long, help_ in (("-tp", "--tensor_model_parallel_size", "TP (sets sequence parallel to TP > 1)"),
                                ("-pp", "--pipeline_model_parallel_size", "PP"),
@@ -119,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("-d", "--dryrun", action="store_true", help="print the final YAML and estimate; no run")
     out.add_argument("--output_dir", default=None, help="where results.json and the plot go")
     out.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="print the ratio table of two runs")
+    add_node_arguments(p)
     p.add_argument("overrides", nargs="*", help="key=value config overrides (flags win over them)")
     return p
 
