@@ -85,7 +85,7 @@ def port_number(value: str) -> int:
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     """The node and restart flags (torch's names; both ``--node_rank`` and ``--node-rank`` spellings)."""
-    from megatron_bridge.perf.args import positive_int
+    from megatron_bridge.utils.cli import positive_int
 
     g = parser.add_argument_group("nodes and restarts (torch.distributed.run's flags; docs/training/multi-node.md)")
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes of the job (run the same command on each)")

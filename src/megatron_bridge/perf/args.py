@@ -24,6 +24,7 @@ from megatron_bridge.recipes.perf_configs import (
     get_perf_config,
     precision_config,
 )
+from megatron_bridge.utils.cli import positive_int
 
 
 _TRUE = {"true", "1", "yes", "y", "t", "on"}
@@ -51,17 +52,6 @@ def bool_arg(value: str | bool) -> bool:
     if v in _FALSE:
         return False
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false/1/0/yes/no), got {value!r}")
-
-
-def positive_int(value: str) -> int:
-    """An integer >= 1 (process counts, parallel sizes, batch sizes, steps)."""
-    try:
-        number = int(value, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
 
 
 def optional_positive_int(value: str) -> int | None:

@@ -18,6 +18,7 @@ torchrun every worker ends with ``os._exit`` after flushing (torch 2.13's gloo c
 a failed job may also leave threads blocked on an aborted process group).
 """
 
+import argparse
 import inspect
 import os
 import re
@@ -97,3 +98,14 @@ def finish(code: int) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def positive_int(value: str) -> int:
+    """An integer >= 1 (process counts, parallel sizes, batch sizes, steps)."""
+    try:
+        number = int(value, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
