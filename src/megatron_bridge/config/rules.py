@@ -1,6 +1,9 @@
 """Cross-field validation rules: one small function each, registered with an id and a one-line summary.
 
-``check_rules`` runs them all and raises one ConfigValidationError listing every violation. The table of rules in
+``check_rules`` runs them all and raises one ConfigValidationError listing every violation: a rule reports each of
+its violations with :func:`fail` and goes on checking (it returns early only where a later check reads a value an
+earlier one refused). Rules never divide or allocate by a size before checking it: :func:`layout_sizes_ok` and
+:func:`positive` tell a rule whether the sizes it reads are ones rule ``positive_sizes`` accepts. The table of rules in
 docs/training/config-container.md is checked against ``RULES`` by a test, so the docs cannot drift.
 Rules about the data-parallel backends and checkpoint formats live in :mod:`.rules_distributed`, those of pipeline
 parallelism in :mod:`.rules_pipeline`, those of the FP8/FP4 presets in :mod:`.rules_precision`, those of quantization
@@ -10,6 +13,7 @@ and distillation in :mod:`.rules_model_optimization`, those of the model engine 
 """
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,22 +73,43 @@ def enforce(cfg: "ConfigContainer", *rule_ids: str) -> None:
     check_rules(cfg, get_world_size(), only=rule_ids)
 
 
+_REPORTED: ContextVar[list[RuleViolation] | None] = ContextVar("megatron_bridge_rule_violations", default=None)
+"""The violations the running rule reported so far (None outside :func:`check_rules`)."""
+
+
 def fail(message: str, *paths: str) -> None:
-    """Report a violation of the running rule."""
-    raise RuleViolation(message, *paths)
+    """Report a violation of the running rule, which goes on checking (``return`` after it where later checks read
+    the refused value). Outside :func:`check_rules` it raises RuleViolation."""
+    violation = RuleViolation(message, *paths)
+    reported = _REPORTED.get()
+    if reported is None:
+        raise violation
+    reported.append(violation)
+
+
+def _run(r: Rule, cfg: "ConfigContainer", world_size: int) -> list[RuleViolation]:
+    reported: list[RuleViolation] = []
+    token = _REPORTED.set(reported)
+    try:
+        r.check(cfg, world_size)
+    except RuleViolation as v:  # a rule may still raise its last violation
+        reported.append(v)
+    finally:
+        _REPORTED.reset(token)
+    return reported
 
 
 def check_rules(cfg: "ConfigContainer", world_size: int, only: tuple[str, ...] | None = None) -> None:
-    """Run every rule (or the rules whose ids are in ``only``); raise one ConfigValidationError listing all
-    violations. Build and wrap time call it with ``only`` to enforce the same rule, with the same message."""
+    """Run every rule (or the rules whose ids are in ``only``); raise one ConfigValidationError listing every
+    violation of every rule. Build and wrap time call it with ``only`` to enforce the same rule, with the same
+    message."""
+    if not positive(world_size):
+        raise ConfigValidationError(f"the world size must be an int >= 1 (got {world_size!r}): it is the number of "
+                                    "processes (validate(world_size=N), run_recipe.py --nproc N)", ("world_size",))
     problems: list[tuple[str, RuleViolation]] = []
     for r in RULES:
-        if only is not None and r.id not in only:
-            continue
-        try:
-            r.check(cfg, world_size)
-        except RuleViolation as v:
-            problems.append((r.id, v))
+        if only is None or r.id in only:
+            problems += [(r.id, v) for v in _run(r, cfg, world_size)]
     if not problems:
         return
     paths = tuple(dict.fromkeys(p for _, v in problems for p in v.paths))
@@ -102,9 +127,8 @@ def check_rules(cfg: "ConfigContainer", world_size: int, only: tuple[str, ...] |
 def _field_types(cfg: "ConfigContainer", world_size: int) -> None:
     from megatron_bridge.config.typecheck import dataclass_problems
 
-    found = dataclass_problems(cfg)
-    if found:
-        fail("; ".join(message for _, message in found), *(path for path, _ in found))
+    for path, message in dataclass_problems(cfg):
+        fail(message, path)
 
 
 # ------------------------------------------------------------------------------------------------ basic ranges
@@ -144,6 +168,11 @@ _POSITIVE_OR_NONE_FIELDS = (
 )
 
 
+MAX_SIZE = 2**31 - 1
+"""The largest size, count or interval (int32, as Megatron's): larger ones overflow the model build, the layer lists
+and the timeouts. ``train.train_samples`` may exceed it (rule ``run_length_fits`` bounds it)."""
+
+
 def _get(cfg: "ConfigContainer", path: str) -> object:
     obj: object = cfg
     for part in path.split("."):
@@ -151,7 +180,22 @@ def _get(cfg: "ConfigContainer", path: str) -> object:
     return obj
 
 
-@rule("positive_sizes", _POSITIVE_FIELDS + _POSITIVE_OR_NONE_FIELDS, "Sizes, counts and intervals are > 0.")
+def positive(*values: object) -> bool:
+    """Whether every value is an int in 1..MAX_SIZE: rules check the sizes they divide or allocate by with it first
+    (rule ``positive_sizes`` names the bad ones)."""
+    return all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_SIZE for v in values)
+
+
+def layout_sizes_ok(cfg: "ConfigContainer", world_size: int) -> bool:
+    """Whether TP, PP and CP are ints > 0 that divide ``world_size``: then ``cfg.data_parallel_size(world_size)``
+    and ``cfg.num_microbatches`` are exact (rules ``positive_sizes`` and ``world_size_divisible`` name the rest)."""
+    m = cfg.model
+    sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size)
+    return positive(world_size, *sizes) and world_size % (sizes[0] * sizes[1] * sizes[2]) == 0
+
+
+@rule("positive_sizes", _POSITIVE_FIELDS + _POSITIVE_OR_NONE_FIELDS,
+      "Sizes, counts and intervals are > 0 (and at most 2**31 - 1, but train.train_samples).")
 def _positive(cfg: "ConfigContainer", world_size: int) -> None:
     for path in _POSITIVE_FIELDS + _POSITIVE_OR_NONE_FIELDS:
         value = _get(cfg, path)
@@ -159,6 +203,9 @@ def _positive(cfg: "ConfigContainer", world_size: int) -> None:
             continue
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
             fail(f"{path} must be > 0 (got {value!r})", path)
+        elif value > MAX_SIZE and path != "train.train_samples":
+            fail(f"{path}={value!r} is beyond {MAX_SIZE} (2**31 - 1), the largest size this library builds: use a "
+                 "smaller value", path)
 
 
 @rule("nonnegative_values", ("optimizer.weight_decay", "validation.eval_iters", "optimizer.clip_grad"),
@@ -170,7 +217,7 @@ def _nonnegative(cfg: "ConfigContainer", world_size: int) -> None:
         value = _get(cfg, path)
         if value < 0:  # type: ignore[operator]
             fail(f"{path} must be >= 0 (got {value!r})", path)
-    if cfg.optimizer.min_lr > cfg.optimizer.lr:
+    if 0 <= cfg.optimizer.lr < cfg.optimizer.min_lr:
         fail(f"optimizer.min_lr ({cfg.optimizer.min_lr}) must be <= optimizer.lr ({cfg.optimizer.lr})",
              "optimizer.min_lr", "optimizer.lr")
 
@@ -181,6 +228,8 @@ def _nonnegative(cfg: "ConfigContainer", world_size: int) -> None:
       "The world size is divisible by TP × PP × CP.")
 def _world_size(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
+    if not positive(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size):
+        return  # positive_sizes names them
     model_size = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
     if world_size % model_size:
         fail(f"world size {world_size} is not divisible by TP×PP×CP = {m.tensor_model_parallel_size}×"
@@ -193,9 +242,11 @@ def _world_size(cfg: "ConfigContainer", world_size: int) -> None:
 @rule("global_batch_divisible", ("train.global_batch_size", "train.micro_batch_size"),
       "train.global_batch_size is divisible by train.micro_batch_size × data-parallel size.")
 def _global_batch(cfg: "ConfigContainer", world_size: int) -> None:
-    dp = cfg.data_parallel_size(world_size)
     mbs, gbs = cfg.train.micro_batch_size, cfg.train.global_batch_size
-    if mbs > 0 and gbs % (mbs * dp):
+    if not (layout_sizes_ok(cfg, world_size) and positive(mbs, gbs)):
+        return  # positive_sizes and world_size_divisible name them
+    dp = cfg.data_parallel_size(world_size)
+    if gbs % (mbs * dp):
         fail(f"train.global_batch_size={gbs} is not divisible by train.micro_batch_size × data-parallel size = "
              f"{mbs}×{dp} = {mbs * dp}: use a multiple of {mbs * dp}", "train.global_batch_size",
              "train.micro_batch_size")
@@ -225,6 +276,8 @@ def _cp_seq(cfg: "ConfigContainer", world_size: int) -> None:
 def _tp_heads(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     tp = m.tensor_model_parallel_size
+    if not positive(m.num_attention_heads, m.num_kv_heads, tp):
+        return  # positive_sizes names them
     if m.num_attention_heads % m.num_kv_heads:
         fail(f"model.num_attention_heads={m.num_attention_heads} must be divisible by model.num_query_groups="
              f"{m.num_kv_heads}", "model.num_attention_heads", "model.num_query_groups")
@@ -303,6 +356,36 @@ def _train_length(cfg: "ConfigContainer", world_size: int) -> None:
     elif samples is not None and samples < cfg.train.global_batch_size:
         fail(f"train.train_samples={samples} is less than one global batch ({cfg.train.global_batch_size})",
              "train.train_samples")
+
+
+INT64_MAX = 2**63 - 1
+"""The largest token offset the data index (int64) and a Python sequence length hold."""
+
+
+def run_samples(cfg: "ConfigContainer") -> tuple[int, int]:
+    """The samples the run reads: (train, valid), as ``pretrain`` asks the data loaders for them (sizes must be
+    positive: check with :func:`positive` first)."""
+    v, gbs = cfg.validation, cfg.train.global_batch_size
+    n_evals = cfg.train_iters // v.eval_interval + 1 if v.eval_interval else 0
+    return cfg.train_iters * gbs, n_evals * v.eval_iters * gbs
+
+
+@rule("run_length_fits", ("train.train_iters", "train.train_samples", "validation.eval_iters",
+                          "train.global_batch_size", "dataset.seq_length"),
+      "The samples the run reads × (dataset.seq_length + 1) tokens fit in int64 (the data index's offsets).")
+def _run_length(cfg: "ConfigContainer", world_size: int) -> None:
+    t, v = cfg.train, cfg.validation
+    if (not positive(t.global_batch_size, cfg.dataset.seq_length) or cfg.train_iters <= 0 or v.eval_iters < 0
+            or (v.eval_interval is not None and not positive(v.eval_interval))):
+        return  # positive_sizes, nonnegative_values and train_length name them
+    seq = cfg.dataset.seq_length + 1
+    train, valid = run_samples(cfg)
+    length = "train.train_samples" if t.train_samples is not None else "train.train_iters"
+    for what, samples, fix in (("train", train, length), ("validation", valid, f"validation.eval_iters or {length}")):
+        if samples * seq > INT64_MAX:
+            fail(f"{length}={getattr(t, length.split('.')[1])} reads {samples} {what} samples of dataset.seq_length"
+                 f"+1={seq} tokens = {samples * seq} tokens, more than the data index's int64 offsets hold "
+                 f"({INT64_MAX}): lower {fix}", length, *(("validation.eval_iters",) if what == "validation" else ()))
 
 
 @rule("model_dataset_seq_length", ("model.seq_length", "dataset.seq_length"),

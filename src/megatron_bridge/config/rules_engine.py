@@ -12,7 +12,7 @@ they do not have (the zero-bubble and V schedules, P2P overlap without virtual s
 
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.rules import fail, rule
+from megatron_bridge.config.rules import fail, layout_sizes_ok, positive, rule
 
 
 if TYPE_CHECKING:
@@ -180,9 +180,9 @@ def _mcore_pipeline(cfg: "ConfigContainer", world_size: int) -> None:
              "number of middle pipeline ranks, which is 0 (ZeroDivisionError); set only one of the two (the other "
              "rank holds the rest), e.g. model.num_layers_in_last_pipeline_stage=None",
              "model.num_layers_in_first_pipeline_stage", "model.num_layers_in_last_pipeline_stage")
-    layout = m.tensor_model_parallel_size * pp * m.context_parallel_size
-    if vp is None or cfg.train.micro_batch_size <= 0 or world_size % max(1, layout):
-        return  # other rules report a bad layout
+    if vp is None or not (layout_sizes_ok(cfg, world_size) and positive(cfg.train.micro_batch_size,
+                                                                        cfg.train.global_batch_size)):
+        return  # positive_sizes and world_size_divisible name a bad layout
     n_micro = cfg.num_microbatches(world_size)
     if n_micro < pp or n_micro % pp:
         per_micro = cfg.train.global_batch_size // max(1, n_micro)  # micro_batch_size × data-parallel size

@@ -9,7 +9,7 @@ The layout rule states what the engine builds today; context and expert parallel
 import importlib.util
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.rules import check_rules, fail, rule
+from megatron_bridge.config.rules import check_rules, fail, positive, rule
 
 
 if TYPE_CHECKING:
@@ -40,6 +40,9 @@ def is_importable(module_name: str) -> bool:
       "Without model.kv_channels, hidden_size is divisible by num_attention_heads; the head width is even (RoPE).")
 def _head_dim(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
+    if not positive(m.hidden_size, m.num_attention_heads) or (m.kv_channels is not None and not positive(
+            m.kv_channels)):
+        return  # positive_sizes names them
     if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
         fail(f"model.hidden_size={m.hidden_size} is not divisible by model.num_attention_heads="
              f"{m.num_attention_heads}: change one of them, or set model.kv_channels", "model.num_attention_heads",

@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.rules import fail, rule
+from megatron_bridge.config.rules import fail, layout_sizes_ok, positive, rule
 
 
 if TYPE_CHECKING:
@@ -98,8 +98,8 @@ def _dropless(cfg: "ConfigContainer", world_size: int) -> None:
 def _ep_layout(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     ep = m.expert_model_parallel_size
-    if ep <= 1 or m.num_moe_experts is None:
-        return
+    if not positive(ep) or ep == 1 or not positive(m.num_moe_experts) or not layout_sizes_ok(cfg, world_size):
+        return  # positive_sizes, moe_router and world_size_divisible name bad sizes
     if m.num_moe_experts % ep:
         fail(f"model.num_moe_experts={m.num_moe_experts} is not divisible by model.expert_model_parallel_size={ep}: "
              "every expert-parallel rank holds the same number of experts", "model.num_moe_experts",

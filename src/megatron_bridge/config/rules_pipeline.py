@@ -16,7 +16,7 @@ from megatron_bridge.config.pipeline_layout import (
     resolve_schedule,
     stage_layer_counts,
 )
-from megatron_bridge.config.rules import fail, rule
+from megatron_bridge.config.rules import fail, layout_sizes_ok, positive, rule
 
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ def _pipeline_layers(cfg: "ConfigContainer", world_size: int) -> None:
     vp = m.virtual_pipeline_model_parallel_size
     if vp is not None and m.pipeline_model_parallel_size <= 1:
         fail(f"{_VP}={vp} needs {_PP} > 1 (got {m.pipeline_model_parallel_size}); set it to None", _VP)
+        return
     if m.pipeline_model_parallel_size < 1 or (vp is not None and vp < 1) or m.num_layers < 1:
         return  # positive_sizes reports it
     try:
@@ -58,6 +59,9 @@ def _pipeline_schedule(cfg: "ConfigContainer", world_size: int) -> None:
     pp, vp = m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size
     if m.pipeline_schedule is not None and m.pipeline_schedule not in SCHEDULES:
         fail(f"{_SCHED}={m.pipeline_schedule!r} is not a schedule; use one of {list(SCHEDULES)} or None", _SCHED)
+        return
+    if not positive(pp) or (vp is not None and not positive(vp)):
+        return  # positive_sizes names them
     if pp <= 1:
         if m.pipeline_schedule is not None:
             fail(f"{_SCHED}={m.pipeline_schedule!r} needs {_PP} > 1 (got {pp}): set it to None", _SCHED, _PP)
@@ -72,9 +76,8 @@ def _pipeline_schedule(cfg: "ConfigContainer", world_size: int) -> None:
     if schedule in V_SCHEDULES and vp is not None and vp != 2:
         fail(f"{_SCHED}={schedule!r} places exactly 2 stages per rank (V shape) and needs {_VP}=2 (got {vp})",
              _SCHED, _VP)
-    if cfg.train.micro_batch_size <= 0 or world_size % max(1, m.tensor_model_parallel_size * pp *
-                                                           m.context_parallel_size):
-        return  # other rules report it
+    if not (layout_sizes_ok(cfg, world_size) and positive(cfg.train.micro_batch_size, cfg.train.global_batch_size)):
+        return  # positive_sizes and world_size_divisible name them
     _check_microbatches(cfg, schedule, cfg.num_microbatches(world_size), pp * (vp or 1))
 
 

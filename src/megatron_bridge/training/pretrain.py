@@ -102,14 +102,13 @@ def _build_tokenizer_and_check_vocab(cfg: ConfigContainer) -> Any:
 
 def _build_data(cfg: ConfigContainer, tokenizer: Any, state: TrainState, dp_rank: int, dp_size: int,
                 cp_rank: int) -> Any:
+    from megatron_bridge.config.rules import run_samples
     from megatron_bridge.data.loaders import build_pretraining_data_loaders
 
-    gbs = cfg.train.global_batch_size
-    v = cfg.validation
-    n_evals = (cfg.train_iters // v.eval_interval + 1) if v.eval_interval else 0
+    train_samples, valid_samples = run_samples(cfg)  # rule run_length_fits checked they fit
     return build_pretraining_data_loaders(
         cfg.dataset, tokenizer, micro_batch_size=cfg.train.micro_batch_size,
-        train_samples=cfg.train_iters * gbs, valid_samples=n_evals * v.eval_iters * gbs, test_samples=0,
+        train_samples=train_samples, valid_samples=valid_samples, test_samples=0,
         data_parallel_rank=dp_rank, data_parallel_size=dp_size,
         consumed_train_samples=state.consumed_train_samples, consumed_valid_samples=state.consumed_valid_samples,
         context_parallel_size=cfg.model.context_parallel_size, context_parallel_rank=cp_rank,

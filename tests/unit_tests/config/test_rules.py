@@ -88,6 +88,8 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                 model__recompute_num_layers=2)),
     "train_length": (_set(train__train_samples=1600), 1, "train.train_samples",
                      _set(train__train_iters=None, train__train_samples=1600)),
+    "run_length_fits": (_set(train__train_iters=None, train__train_samples=10**20), 1, "train.train_samples",
+                        _set(train__train_iters=None, train__train_samples=10**9)),
     "model_dataset_seq_length": (_set(dataset__seq_length=64), 1, "dataset.seq_length",
                                  _set(dataset__seq_length=64, model__seq_length=64)),
     "dataset_source": (_set(dataset__data_path=["x"]), 1, "dataset.data_path",
