@@ -80,7 +80,7 @@ class ConfigContainer:
         """Type-check every field, finalize, then check every rule for ``world_size`` (default: the process
         group's, else ``WORLD_SIZE``, else 1). Raises ConfigValidationError naming every violated rule. Returns
         self."""
-        from megatron_bridge.config.rules import check_rules
+        from megatron_bridge.config.rule_set import check_rules
 
         ws = world_size if world_size is not None else get_world_size()
         check_rules(self, ws, only=("field_types",))  # adjustments and rules may assume well-typed values

@@ -1,123 +1,25 @@
 """Cross-field validation rules: one small function each, registered with an id and a one-line summary.
 
-``check_rules`` runs them all and raises one ConfigValidationError listing every violation: a rule reports each of
-its violations with :func:`fail` and goes on checking (it returns early only where a later check reads a value an
-earlier one refused). Rules never divide or allocate by a size before checking it: :func:`layout_sizes_ok` and
-:func:`positive` tell a rule whether the sizes it reads are ones rule ``positive_sizes`` accepts. The table of rules in
-docs/training/config-container.md is checked against ``RULES`` by a test, so the docs cannot drift.
-Rules about the data-parallel backends and checkpoint formats live in :mod:`.rules_distributed`, those of pipeline
-parallelism in :mod:`.rules_pipeline`, those of the FP8/FP4 presets in :mod:`.rules_precision`, those of quantization
-and distillation in :mod:`.rules_model_optimization`, those of the model engine (``model.engine``,
-``model.transformer_impl``) in :mod:`.rules_engine`, those about the machine (CUDA, accelerator) in
-:mod:`.rules_device`.
+This module holds the basic rules (types, sizes, batch, run length, scheduler). :mod:`.rule_set` registers every rule
+module in one explicit order; its ``check_rules`` runs them all and raises one ConfigValidationError listing every
+violation: a rule reports each of its violations with :func:`~.rule_registry.fail` and goes on checking (it returns
+early only where a later check reads a value an earlier one refused). Rules never divide or allocate by a size before
+checking it: :func:`layout_sizes_ok` and :func:`~.rule_registry.positive` tell a rule whether the sizes it reads are
+ones rule ``positive_sizes`` accepts. The table of rules in docs/training/config-container.md is checked against
+``RULES`` by a test, so the docs cannot drift. Rules about the data-parallel backends and checkpoint formats live in
+:mod:`.rules_distributed`, those of pipeline parallelism in :mod:`.rules_pipeline`, those of the FP8/FP4 presets in
+:mod:`.rules_precision`, those of quantization and distillation in :mod:`.rules_model_optimization`, those of the
+model engine (``model.engine``, ``model.transformer_impl``) in :mod:`.rules_engine`, those about the machine (CUDA,
+accelerator) in :mod:`.rules_device`.
 """
 
-from collections.abc import Callable
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.config.rule_registry import MAX_SIZE, fail, positive, rule
 
 
 if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
-
-
-class RuleViolation(Exception):
-    """Raised inside a rule; collected by ``check_rules``."""
-
-    def __init__(self, message: str, *paths: str) -> None:
-        super().__init__(message)
-        self.paths = paths
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A validation rule: its id, the config paths it reads, a one-line summary, and its check."""
-
-    id: str
-    paths: tuple[str, ...]
-    summary: str
-    check: Callable[["ConfigContainer", int], None]
-
-
-RULES: list[Rule] = []
-_MODULE_ORDER = ("megatron_bridge.config.rules", "megatron_bridge.config.rules_model",
-                 "megatron_bridge.config.rules_engine", "megatron_bridge.config.rules_distributed",
-                 "megatron_bridge.config.rules_pipeline", "megatron_bridge.config.rules_moe")
-"""Rules run (and the docs table lists them) module by module in this order, whatever the import order."""
-
-
-def _module_rank(r: "Rule") -> int:
-    module = r.check.__module__
-    return _MODULE_ORDER.index(module) if module in _MODULE_ORDER else len(_MODULE_ORDER)
-
-
-def rule(id: str, paths: tuple[str, ...], summary: str) -> Callable:
-    """Register a rule function ``check(cfg, world_size)`` that raises RuleViolation when violated."""
-
-    def wrap(fn: Callable[["ConfigContainer", int], None]) -> Callable[["ConfigContainer", int], None]:
-        RULES.append(Rule(id, paths, summary, fn))
-        RULES.sort(key=_module_rank)  # stable: registration order within a module
-        return fn
-
-    return wrap
-
-
-def enforce(cfg: "ConfigContainer", *rule_ids: str) -> None:
-    """Run the named rules at build or wrap time (for callers that skipped ``validate()``): the same check and
-    message as ``validate()``, never a second copy of it."""
-    from megatron_bridge.utils.dist_env import get_world_size
-
-    check_rules(cfg, get_world_size(), only=rule_ids)
-
-
-_REPORTED: ContextVar[list[RuleViolation] | None] = ContextVar("megatron_bridge_rule_violations", default=None)
-"""The violations the running rule reported so far (None outside :func:`check_rules`)."""
-
-
-def fail(message: str, *paths: str) -> None:
-    """Report a violation of the running rule, which goes on checking (``return`` after it where later checks read
-    the refused value). Outside :func:`check_rules` it raises RuleViolation."""
-    violation = RuleViolation(message, *paths)
-    reported = _REPORTED.get()
-    if reported is None:
-        raise violation
-    reported.append(violation)
-
-
-def _run(r: Rule, cfg: "ConfigContainer", world_size: int) -> list[RuleViolation]:
-    reported: list[RuleViolation] = []
-    token = _REPORTED.set(reported)
-    try:
-        r.check(cfg, world_size)
-    except RuleViolation as v:  # a rule may still raise its last violation
-        reported.append(v)
-    finally:
-        _REPORTED.reset(token)
-    return reported
-
-
-def check_rules(cfg: "ConfigContainer", world_size: int, only: tuple[str, ...] | None = None) -> None:
-    """Run every rule (or the rules whose ids are in ``only``); raise one ConfigValidationError listing every
-    violation of every rule. Build and wrap time call it with ``only`` to enforce the same rule, with the same
-    message."""
-    if not positive(world_size):
-        raise ConfigValidationError(f"the world size must be an int >= 1 (got {world_size!r}): it is the number of "
-                                    "processes (validate(world_size=N), run_recipe.py --nproc N)", ("world_size",))
-    problems: list[tuple[str, RuleViolation]] = []
-    for r in RULES:
-        if only is None or r.id in only:
-            problems += [(r.id, v) for v in _run(r, cfg, world_size)]
-    if not problems:
-        return
-    paths = tuple(dict.fromkeys(p for _, v in problems for p in v.paths))
-    if len(problems) == 1:
-        rule_id, v = problems[0]
-        raise ConfigValidationError(f"{v} [rule {rule_id}]", paths)
-    lines = "\n".join(f"  - {v} [rule {rule_id}]" for rule_id, v in problems)
-    raise ConfigValidationError(f"{len(problems)} config problems:\n{lines}", paths)
 
 
 # ------------------------------------------------------------------------------------------------ field types
@@ -168,22 +70,11 @@ _POSITIVE_OR_NONE_FIELDS = (
 )
 
 
-MAX_SIZE = 2**31 - 1
-"""The largest size, count or interval (int32, as Megatron's): larger ones overflow the model build, the layer lists
-and the timeouts. ``train.train_samples`` may exceed it (rule ``run_length_fits`` bounds it)."""
-
-
 def _get(cfg: "ConfigContainer", path: str) -> object:
     obj: object = cfg
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-def positive(*values: object) -> bool:
-    """Whether every value is an int in 1..MAX_SIZE: rules check the sizes they divide or allocate by with it first
-    (rule ``positive_sizes`` names the bad ones)."""
-    return all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_SIZE for v in values)
 
 
 def layout_sizes_ok(cfg: "ConfigContainer", world_size: int) -> bool:
@@ -493,14 +384,3 @@ def _precision(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.optimizer.bf16 and cfg.optimizer.fp16:
         fail("optimizer.bf16 and optimizer.fp16 are both True: choose one (or a mixed_precision preset)",
              "optimizer.bf16", "optimizer.fp16")
-
-
-# The other rule modules register after this one's rules, in a fixed order (the docs table follows it).
-import megatron_bridge.config.rules_model  # noqa: E402, F401, I001
-import megatron_bridge.config.rules_engine  # noqa: E402, F401
-import megatron_bridge.config.rules_distributed  # noqa: E402, F401
-import megatron_bridge.config.rules_pipeline  # noqa: E402, F401
-import megatron_bridge.config.rules_moe  # noqa: E402, F401
-import megatron_bridge.config.rules_model_optimization  # noqa: E402, F401
-import megatron_bridge.config.rules_precision  # noqa: E402, F401
-import megatron_bridge.config.rules_device  # noqa: E402, F401

@@ -7,7 +7,7 @@ dry run on the same machine already names the problem. The probes (``cuda_capabi
 
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.rules import fail, rule
+from megatron_bridge.config.rule_registry import fail, rule
 
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 import os
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.rules import fail, positive, rule
+from megatron_bridge.config.rule_registry import fail, positive, rule
 
 
 if TYPE_CHECKING:
@@ -215,12 +215,12 @@ def _tp_plan_model(cfg: "ConfigContainer", world_size: int) -> None:
     if tp_plan_problems(cfg.fsdp2.tp_plan, sequence_parallel=m.sequence_parallel):
         return  # rule tp_plan_styles names those
     if not positive(m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.vocab_size):
-        return  # positive_sizes names them (the check builds the model on the meta device)
-    from megatron_bridge.distributed.tensor_parallel import check_custom_plan
+        return  # positive_sizes names them (the check lists the model's modules)
+    from megatron_bridge.config.tp_plan import check_custom_plan
     from megatron_bridge.errors import ConfigValidationError
 
     try:
-        check_custom_plan(cfg)
+        check_custom_plan(m, cfg.fsdp2.tp_plan)
     except ConfigValidationError as exc:
         fail(str(exc).rstrip("."), *exc.paths)
 

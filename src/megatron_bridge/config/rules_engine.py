@@ -12,7 +12,8 @@ they do not have (the zero-bubble and V schedules, P2P overlap without virtual s
 
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.rules import fail, layout_sizes_ok, positive, rule
+from megatron_bridge.config.rule_registry import fail, positive, rule
+from megatron_bridge.config.rules import layout_sizes_ok
 
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
 """Validation rules of the model build: architecture the local engine can form, engines and parallel layouts it can
-build. ``build_model_chunks`` enforces the same rules (:func:`check_model_buildable`), so ``validate()`` and
+build. ``build_model_chunks`` enforces the same rules
+(:func:`megatron_bridge.models.validation.check_model_buildable`), so ``validate()`` and
 ``--dry-run`` refuse exactly what the build would refuse.
 
 The layout rule states what the engine builds today; context and expert parallelism relax it as they land
@@ -9,12 +10,11 @@ The layout rule states what the engine builds today; context and expert parallel
 import importlib.util
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.rules import check_rules, fail, positive, rule
+from megatron_bridge.config.rule_registry import fail, positive, rule
 
 
 if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
-    from megatron_bridge.config.model import ModelConfig
 
 ARCHITECTURE_RULES = ("field_types", "positive_sizes", "model_head_dim", "tensor_parallel_heads", "rope_scaling",
                       "cpu_offloading_weights", "cpu_offloading_num_layers", "transformer_impl_available")
@@ -89,16 +89,3 @@ def _engine_layout(cfg: "ConfigContainer", world_size: int) -> None:
         fixes = ", ".join(f"{path}={fix!r}" for path, _, fix in bad)
         fail(f"{what}: not supported by the local engine in this version (use data, tensor, pipeline or context "
              f"parallelism or FSDP): set {fixes}", *(path for path, _, _ in bad))
-
-
-def check_model_buildable(model: "ModelConfig", rules: tuple[str, ...] = ARCHITECTURE_RULES + LAYOUT_RULES) -> None:
-    """Enforce ``rules`` on ``model`` alone (model builds without ``validate()``), with the errors ``validate()``
-    gives for them.
-
-    Raises:
-        ConfigValidationError: a violated rule, naming the field and the fix.
-    """
-    from megatron_bridge.config.container import ConfigContainer
-
-    cfg = ConfigContainer(model=model)
-    check_rules(cfg, 1, only=rules)

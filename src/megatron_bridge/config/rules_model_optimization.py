@@ -7,7 +7,7 @@ Package and CUDA probes run only when a section is switched on, so other configs
 from typing import TYPE_CHECKING
 
 from megatron_bridge.config.model_optimization import CPU_QUANT_FORMATS
-from megatron_bridge.config.rules import fail, rule
+from megatron_bridge.config.rule_registry import fail, rule
 
 
 if TYPE_CHECKING:

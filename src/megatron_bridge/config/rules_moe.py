@@ -2,7 +2,8 @@
 
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.rules import fail, layout_sizes_ok, positive, rule
+from megatron_bridge.config.rule_registry import fail, positive, rule
+from megatron_bridge.config.rules import layout_sizes_ok
 
 
 if TYPE_CHECKING:

@@ -16,7 +16,8 @@ from megatron_bridge.config.pipeline_layout import (
     resolve_schedule,
     stage_layer_counts,
 )
-from megatron_bridge.config.rules import fail, layout_sizes_ok, positive, rule
+from megatron_bridge.config.rule_registry import fail, positive, rule
+from megatron_bridge.config.rules import layout_sizes_ok
 
 
 if TYPE_CHECKING:

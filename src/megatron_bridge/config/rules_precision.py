@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from megatron_bridge.config.fp8_local import local_engine_problems
 from megatron_bridge.config.mixed_precision import FP8_RECIPES, MixedPrecisionConfig, base_preset_of, preset_name_of
-from megatron_bridge.config.rules import fail, rule
+from megatron_bridge.config.rule_registry import fail, rule
 
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from megatron_bridge.config.rules import enforce
+from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.distributed.common import BlockRef, find_decoder_blocks, has_trainable_params, unwrap_checkpoint
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once

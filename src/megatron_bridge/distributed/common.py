@@ -104,7 +104,7 @@ def resolve_autocast_dtype(
     Raises:
         ConfigValidationError: ``explicit`` is float32 (rule ``autocast_dtype``).
     """
-    from megatron_bridge.config.rules import enforce
+    from megatron_bridge.config.rule_set import enforce
 
     enforce(cfg, "autocast_dtype")
     dtype = to_torch_dtype(explicit)

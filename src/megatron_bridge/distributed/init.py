@@ -162,7 +162,7 @@ def build_device_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
         ConfigValidationError: a layout the engine does not build (rule ``engine_parallel_layout``), or the
             world size is not a multiple of TP × CP × PP.
     """
-    from megatron_bridge.config.rules import enforce
+    from megatron_bridge.config.rule_set import enforce
 
     enforce(cfg, "engine_parallel_layout")
     m = cfg.model

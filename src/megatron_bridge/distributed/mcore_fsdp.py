@@ -136,7 +136,7 @@ class MegatronCoreFSDPBackend(MegatronCoreDDPBackend):
         from megatron.core.distributed.fsdp import FullyShardedDataParallel
 
         from megatron_bridge.config.adjustments import apply_adjustment
-        from megatron_bridge.config.rules import enforce
+        from megatron_bridge.config.rule_set import enforce
 
         for adjustment in ("megatron_fsdp_flags", "megatron_fsdp_distributed_optimizer",
                            "megatron_fsdp_average_in_collective"):

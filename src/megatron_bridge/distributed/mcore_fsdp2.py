@@ -94,7 +94,7 @@ class MegatronCoreFSDP2Backend(MegatronCoreDDPBackend):
         from megatron.core.distributed import TorchFullyShardedDataParallel
         from megatron.core.transformer.transformer_layer import TransformerLayer
 
-        from megatron_bridge.config.rules import enforce
+        from megatron_bridge.config.rule_set import enforce
 
         enforce(self.cfg, "megatron_core_fsdp")
         config = torch_fsdp2_ddp_config(self.cfg)

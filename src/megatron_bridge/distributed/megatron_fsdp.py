@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from megatron_bridge.config.adjustments import apply_adjustment
-from megatron_bridge.config.rules import enforce
+from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.distributed import megatron_fsdp_compat as compat
 from megatron_bridge.distributed.activation_checkpointing import ACSettings, ac_settings, apply_ac_settings
 from megatron_bridge.distributed.base import DataParallelBackend, _by_chunk, _from_chunks

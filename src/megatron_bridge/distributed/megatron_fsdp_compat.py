@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from megatron_bridge.config.adjustments import apply_adjustment
-from megatron_bridge.config.rules import enforce
+from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.distributed.common import no_split_module_names
 from megatron_bridge.errors import MegatronBridgeError, MissingDependencyError
 from megatron_bridge.utils.logging import get_logger, log_rank_0

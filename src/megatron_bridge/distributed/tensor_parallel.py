@@ -33,7 +33,6 @@ Attention modules whose ``q_proj`` is column-wise get their head counts (``num_h
 TP, so the model's reshapes use the local heads.
 """
 
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,8 +50,9 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn import functional as F
 
-from megatron_bridge.config.rules import enforce
+from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.config.rules_distributed import TP_STYLES, tp_plan_problems
+from megatron_bridge.config.tp_plan import check_attention_split, match_patterns
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.moe import MoELayer
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
@@ -272,24 +272,15 @@ def plan_from_patterns(model: nn.Module, patterns: dict[str, str], *, sequence_p
     """Resolve a custom ``fsdp2.tp_plan`` (module docstring) against ``model``: fully qualified name → style.
 
     Patterns matching no module are logged once. Modules left out that own parameters are replicated (logged unless
-    ``log`` is False, as in the dry check of :func:`check_custom_plan`).
+    ``log`` is False).
 
     Raises:
         ConfigValidationError: a bad entry (see :func:`validate_tp_plan`) or the plan matches no module.
     """
     validate_tp_plan(patterns, sequence_parallel=sequence_parallel)
-    names: dict[str, str] = {}
-    used: set[str] = set()
-    for name, _ in model.named_modules():
-        pattern = next((p for p in patterns if name and fnmatchcase(name, p)), None)
-        if pattern is not None:
-            names[name] = patterns[pattern]
-            used.add(pattern)
-    if not names:
-        raise ConfigValidationError(
-            f"fsdp2.tp_plan={patterns!r} matches no module of {type(model).__name__}: patterns are matched with "
-            "fnmatch against fully qualified names such as 'layers.*.self_attn.q_proj'.", ("fsdp2.tp_plan",),
-        )
+    matched = match_patterns([name for name, _ in model.named_modules()], patterns, type(model).__name__)
+    names = {name: patterns[p] for name, p in matched.items()}
+    used = set(matched.values())
     for pattern in patterns.keys() - used if log else ():
         warn_once(logger, f"tp_plan_unused:{pattern}", "fsdp2.tp_plan pattern %r matches no module", pattern)
     modules = dict(model.named_modules())
@@ -307,21 +298,13 @@ def plan_from_patterns(model: nn.Module, patterns: dict[str, str], *, sequence_p
     return plan
 
 
-def check_custom_plan(cfg: "ConfigContainer") -> None:
-    """Resolve ``fsdp2.tp_plan`` against the native model built on the meta device (no memory, no process group) and
-    check the head split, as :func:`apply_tensor_parallel` will (rule ``tp_plan_matches_model`` of ``validate()``).
-
-    Raises:
-        ConfigValidationError: the plan matches no module, shards an attention partly, or heads do not divide by TP.
-    """
-    from megatron_bridge.models.llama import LlamaModel
-
-    model = LlamaModel(cfg.model, device="meta")
-    plan = plan_from_patterns(model, cfg.fsdp2.tp_plan, sequence_parallel=cfg.model.sequence_parallel, log=False)
-    divide_attention_heads(model, plan, cfg.model.tensor_model_parallel_size)
-
-
 # -------------------------------------------------------------------------------------------------- applying
+def _style_name(style: object) -> str | None:
+    if isinstance(style, ColwiseParallel):
+        return "colwise"
+    return "rowwise" if isinstance(style, RowwiseParallel) else None
+
+
 def divide_attention_heads(model: nn.Module, plan: dict[str, Any], tp: int) -> int:
     """Divide ``num_heads``/``num_kv_heads`` by ``tp`` on attention modules whose ``q_proj`` is column-wise;
     returns how many modules changed.
@@ -333,22 +316,11 @@ def divide_attention_heads(model: nn.Module, plan: dict[str, Any], tp: int) -> i
     for name, module in model.named_modules():
         if not (hasattr(module, "num_heads") and hasattr(module, "num_kv_heads")):
             continue
-        styles = {p: plan.get(f"{name}.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
-        if not any(isinstance(s, ColwiseParallel) for s in styles.values()):
+        styles = {p: _style_name(plan.get(f"{name}.{p}")) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        heads = {attr: getattr(module, attr) for attr in ("num_heads", "num_kv_heads")}
+        if not check_attention_split(name, styles, heads, tp):
             continue
-        if not (all(isinstance(styles[p], ColwiseParallel) for p in ("q_proj", "k_proj", "v_proj"))
-                and isinstance(styles["o_proj"], RowwiseParallel)):
-            raise ConfigValidationError(
-                f"fsdp2.tp_plan shards {name} partly: q_proj, k_proj and v_proj must all be 'colwise' and o_proj "
-                "'rowwise' (heads are split over the TP group), or none of them sharded.", ("fsdp2.tp_plan",),
-            )
-        for attr in ("num_heads", "num_kv_heads"):
-            value = getattr(module, attr)
-            if value % tp:
-                raise ConfigValidationError(
-                    f"{name}.{attr}={value} is not divisible by model.tensor_model_parallel_size={tp}.",
-                    ("model.tensor_model_parallel_size",),
-                )
+        for attr, value in heads.items():
             setattr(module, attr, value // tp)
         changed += 1
     return changed

@@ -4,9 +4,9 @@ import torch
 from torch import nn
 
 from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.config.rules_model import check_model_buildable
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.llama import LlamaModel
+from megatron_bridge.models.validation import check_model_buildable
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 

@@ -3,11 +3,8 @@
 import re
 from pathlib import Path
 
-import megatron_bridge.config.rules_distributed  # noqa: F401  (registers its rules)
-import megatron_bridge.config.rules_moe  # noqa: F401  (registers its rules)
-import megatron_bridge.config.rules_pipeline  # noqa: F401  (registers its rules)
 from megatron_bridge.config.adjustments import ADJUSTMENTS
-from megatron_bridge.config.rules import RULES
+from megatron_bridge.config.rule_set import RULES
 
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "training" / "config-container.md"

@@ -49,7 +49,7 @@ def test_refusals_name_field_value_and_fix(vp: int | None, model: dict[str, Any]
 def test_overlap_with_batched_p2p_is_refused() -> None:
     """finalize() turns batch_p2p_comm off only with virtual stages; a config reaching the rule with both on (built
     without finalize's adjustment, e.g. PP without VP is refused first) names both fields."""
-    from megatron_bridge.config.rules import check_rules
+    from megatron_bridge.config.rule_set import check_rules
 
     cfg = mcore_pp(2, overlap_p2p_comm=True)
     with pytest.raises(ConfigValidationError, match=r"model.batch_p2p_comm=False") as info:

@@ -13,7 +13,7 @@ from megatron_bridge.config.mixed_precision import (
     bf16_with_fp8_current_scaling_mixed,
     bf16_with_mxfp8_mixed,
 )
-from megatron_bridge.config.rules import RULES, check_rules
+from megatron_bridge.config.rule_set import RULES, check_rules
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import tiny_llama_pretrain_config
 

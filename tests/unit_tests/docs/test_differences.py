@@ -8,10 +8,9 @@ import re
 import textwrap
 import typing
 
-import megatron_bridge.config.rules  # noqa: F401  (registers every rule)
 from megatron_bridge.config.adjustments import ADJUSTMENTS
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.config.rules import RULES
+from megatron_bridge.config.rule_set import RULES  # registers every rule
 from tests.unit_tests.docs.doc_refs import REPO, _dataclass_of, config_key_exists
 
 

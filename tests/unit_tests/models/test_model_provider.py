@@ -7,10 +7,10 @@ import torch
 from tests.unit_tests.models.configs import tiny
 from torch import nn
 
-from megatron_bridge.config import rules_model
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models import build_model_chunks, materialize_meta_model
 from megatron_bridge.models.llama import LlamaModel
+from megatron_bridge.models.validation import check_model_buildable
 
 
 def test_one_chunk_on_cpu() -> None:
@@ -128,8 +128,8 @@ def test_missing_transformer_engine_names_the_install(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(packages, "import_problem", lambda name: "not installed")
     with pytest.raises(ConfigValidationError) as err:
-        rules_model.check_model_buildable(tiny(engine="megatron_core", transformer_impl="transformer_engine"),
-                                          ("transformer_impl_available",))
+        check_model_buildable(tiny(engine="megatron_core", transformer_impl="transformer_engine"),
+                              ("transformer_impl_available",))
     message = str(err.value)
     assert "transformer-engine" in message and "not installed" in message
     assert "pip install 'megatron-bridge[te]'" in message

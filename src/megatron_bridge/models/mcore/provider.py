@@ -118,7 +118,7 @@ def build_gpt_chunks(cfg: "ConfigContainer", device: torch.device) -> list[torch
         ConfigValidationError: a model rule of ``validate()`` fails (e.g. a feature rule ``megatron_core_features``).
         MegatronCoreNeedsCudaError: ``device`` is not a CUDA device.
     """
-    from megatron_bridge.config.rules import enforce
+    from megatron_bridge.config.rule_set import enforce
     from megatron_bridge.models.mcore import parallel_state
     from megatron_bridge.models.mcore.precision import transformer_precision, wrap_float16
 
