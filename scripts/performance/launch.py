@@ -6,6 +6,7 @@
     python scripts/performance/launch.py --recipe tiny_llama -ng 2 -ms 20          # on a CPU, gloo
     python scripts/performance/launch.py --use_megatron_fsdp true --dryrun          # the final YAML + memory estimate
     python scripts/performance/launch.py --compare runA/results.json runB/results.json
+    python scripts/performance/launch.py -mr tiny_llama -ng 2 -gn 1 -a ACCOUNT -p PARTITION --detach false  # Slurm
 
 Precedence (Megatron-Bridge's): recipe < per-GPU perf config (-g) < benchmark defaults < trailing key=value overrides
 < flags; the flags are defined and applied in src/megatron_bridge/perf/args.py. See docs/performance.md.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse, build the config, dry-run / compare / launch / train."""
-    from megatron_bridge.perf.args import build_config, build_parser, environment, recipe_name
+    from megatron_bridge.perf.args import build_config, build_parser, environment
     from megatron_bridge.perf.results import compare
 
     argv = sys.argv[1:] if argv is None else argv
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg = build_config(args)
     env = environment(args, cfg)
+    from megatron_bridge.launcher import slurm
+
+    if slurm.requested(args):
+        return slurm_run(args, argv, cfg, env)
     for key, value in env.items():  # the perf config's process environment (Megatron-Bridge's env_vars)
         os.environ.setdefault(key, value)
     if args.dryrun:
@@ -43,23 +48,74 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun
 
-    output_dir = args.output_dir or f"runs/perf/{recipe_name(args)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    output_dir = args.output_dir or default_output_dir(args)
     if args.num_gpus > 1 and not running_under_torchrun():
         return relaunch_with_torchrun(args.num_gpus, [os.path.abspath(__file__), *argv, "--output_dir", output_dir])
     return run(cfg, output_dir)
+
+
+def slurm_run(args, argv: list[str], cfg, env: dict[str, str]) -> int:  # noqa: ANN001
+    """-a/-p: write the sbatch script into the run folder and submit it (a node of the job: train); -d prints it."""
+    from megatron_bridge.launcher import slurm
+    from megatron_bridge.utils.launch import running_under_torchrun
+
+    run_dir = Path(args.output_dir or default_output_dir(args)).resolve()
+    options = slurm.options_from_args(args, env)
+    slurm.prepare_config(cfg, run_dir, options)
+    if running_under_torchrun():  # a worker on one of the job's nodes
+        for key, value in env.items():
+            os.environ.setdefault(key, value)
+        return run(cfg, str(run_dir))
+    cfg.validate(world_size=args.num_gpus)
+    job = slurm.SlurmJob(options=options, run_dir=run_dir, job_name=f"mb-{run_dir.name}",
+                         command=(os.path.abspath(__file__), *(a for a in argv if a not in ("-d", "--dryrun")),
+                                  "--output_dir", str(run_dir)),
+                         python="python" if args.container_image else sys.executable, workdir=Path.cwd(),
+                         train_iters=cfg.train_iters, checkpoint_dir=cfg.checkpoint.save,
+                         exit_signal=cfg.train.exit_signal)
+    script = slurm.render_script(job)
+    if args.dryrun:
+        print(script, end="")
+        return 0
+    slurm.require_sbatch()
+    job_id = slurm.submit(slurm.write_script(job, script))
+    (run_dir / slurm.JOBS_FILE).write_text(f"{job_id}\n")
+    print(f"submitted Slurm job {job_id}; run folder {run_dir}, log {run_dir / f'slurm-{job_id}.out'}", flush=True)
+    if args.detach:
+        return 0
+    from megatron_bridge.launcher.slurm_follow import follow
+
+    code = follow(run_dir, job_id)
+    results = run_dir / "results.json"
+    if code == 0 and results.exists():
+        from megatron_bridge.perf.results import summary_line
+
+        print(f"results: {results}")
+        print(summary_line(json.loads(results.read_text())))
+    return code
+
+
+def default_output_dir(args) -> str:  # noqa: ANN001
+    """runs/perf/<recipe>-<date>-<time>."""
+    from megatron_bridge.perf.args import recipe_name
+
+    return f"runs/perf/{recipe_name(args)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def run(cfg, output_dir: str) -> int:  # noqa: ANN001
     """Train and write results (rank 0)."""
     import torch
 
-    from megatron_bridge.perf.results import build_results, summary_line, write_results
+    from megatron_bridge.perf.results import build_results, join_slices, summary_line, write_results
     from megatron_bridge.training.pretrain import pretrain
 
     result = pretrain(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         results = build_results(cfg, result, device_name=device)
+        earlier = Path(output_dir) / "results.json"
+        if earlier.exists():  # a resumed run (e.g. the next Slurm job): the earlier steps' entries stay
+            results = join_slices(json.loads(earlier.read_text()), results)
         json_path, plot_path = write_results(results, output_dir)
         print(f"results: {json_path}" + (f", plot: {plot_path}" if plot_path else ""))
         print(summary_line(results))

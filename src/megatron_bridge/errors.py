@@ -61,3 +61,8 @@ class DataError(MegatronBridgeError):
 
 class TrainingError(RuntimeError):
     """Training cannot go on, e.g. the loss became NaN or Inf."""
+
+
+class SlurmError(MegatronBridgeError):
+    """A Slurm job cannot be written, submitted or followed: a launcher flag that does not fit (``-ng``/``-gn``,
+    ``--preempt_time``/``-t``), Slurm's clients missing, or ``sbatch`` refusing the job (its message quoted)."""

@@ -15,6 +15,7 @@ from typing import Any
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.launcher.nodes import add_node_arguments
+from megatron_bridge.launcher.slurm import add_slurm_arguments
 from megatron_bridge.recipes import RECIPES, get_recipe
 from megatron_bridge.recipes.perf import common_perf_overrides, megatron_fsdp_overrides
 from megatron_bridge.recipes.perf_configs import (
@@ -111,10 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     feat.add_argument("--min_lr", type=float, default=None, help="final learning rate")
     feat.add_argument("--warmup_iters", type=int, default=10, help="LR warmup steps (capped below the run length)")
     out = p.add_argument_group("output")
-    out.add_argument("-d", "--dryrun", action="store_true", help="print the final YAML and estimate; no run")
+    out.add_argument("-d", "--dryrun", action="store_true",
+                     help="print the final YAML and estimate (with -a/-p: the sbatch script); no run")
     out.add_argument("--output_dir", default=None, help="where results.json and the plot go")
     out.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), help="print the ratio table of two runs")
     add_node_arguments(p)
+    add_slurm_arguments(p)
     p.add_argument("overrides", nargs="*", help="key=value config overrides (flags win over them)")
     return p
 

@@ -54,6 +54,7 @@ def build_results(cfg: ConfigContainer, result: Any, *, device_name: str | None,
         "global_batch_size": cfg.train.global_batch_size,
         "seq_length": cfg.model.seq_length,
         "steps": len(result.step_times),
+        "first_step": result.steps[0] if result.steps else None,
         "step_times_s": result.step_times,
         "median_step_time_s": step_time,
         "tokens_per_s_per_device": tokens_per_s_device,
@@ -64,6 +65,23 @@ def build_results(cfg: ConfigContainer, result: Any, *, device_name: str | None,
         "losses": result.losses,
         "final_loss": result.final_loss,
     }
+
+
+def join_slices(earlier: dict, later: dict) -> dict:
+    """``later`` (a run resumed from a checkpoint) with the per-step entries of ``earlier`` (the same config's
+    results.json from before the resume) for the steps before ``later``'s first: one loss curve over a run that
+    Slurm jobs or restarts cut into slices. ``later`` unchanged when ``earlier`` is another config's or leaves a gap."""
+    first, start = later.get("first_step"), earlier.get("first_step")
+    if first is None or start is None or earlier.get("recipe_digest") != later.get("recipe_digest"):
+        return later
+    keep = first - start
+    if keep <= 0 or len(earlier["losses"]) < keep or len(earlier["step_times_s"]) < keep:
+        return later
+    joined = dict(later)
+    joined["losses"] = earlier["losses"][:keep] + later["losses"]
+    joined["step_times_s"] = earlier["step_times_s"][:keep] + later["step_times_s"]
+    joined["steps"], joined["first_step"] = len(joined["losses"]), start
+    return joined
 
 
 def write_results(results: dict, output_dir: str | Path) -> tuple[Path, Path | None]:

@@ -12,7 +12,7 @@ import yaml
 
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.perf.args import bool_arg, build_config, build_parser, environment, recipe_name
-from megatron_bridge.perf.results import build_results, compare, peak_tflops, summary_line
+from megatron_bridge.perf.results import build_results, compare, join_slices, peak_tflops, summary_line
 
 
 REPO = Path(__file__).resolve().parents[3]
@@ -216,8 +216,9 @@ def test_results_mfu_and_compare(tmp_path: Path) -> None:
     cfg = _cfg("--recipe", "tiny_llama", "-c", "bf16")
     run = SimpleNamespace(step_times=[1.0, 1.0, 1.0, 0.5, 0.5], world_size=2, tokens_per_step=1000,
                           flops_per_step=989e12, backend="ddp", peak_memory_bytes=2**30,
-                          losses=[3.0, 2.0, 1.0, 0.9, 0.8], final_loss=0.8)
+                          losses=[3.0, 2.0, 1.0, 0.9, 0.8], final_loss=0.8, steps=[1, 2, 3, 4, 5])
     res = build_results(cfg, run, device_name="NVIDIA H100 80GB HBM3")
+    assert res["first_step"] == 1
     assert res["median_step_time_s"] == 0.5 and res["tokens_per_s_per_device"] == 1000
     assert res["model_tflops_per_s_per_device"] == pytest.approx(989.0)
     assert res["mfu"] == pytest.approx(1.0)
@@ -227,6 +228,17 @@ def test_results_mfu_and_compare(tmp_path: Path) -> None:
     table = compare(res, {**res, "median_step_time_s": 1.0})
     assert "median_step_time_s" in table and "2.000" in table
     json.dumps(res)
+
+
+def test_join_slices_keeps_the_earlier_steps_of_a_resumed_run() -> None:
+    earlier = {"recipe_digest": "d", "first_step": 1, "losses": [5.0, 4.0, 3.0], "step_times_s": [1.0, 1.0, 1.0]}
+    later = {"recipe_digest": "d", "first_step": 3, "losses": [2.9, 2.0], "step_times_s": [0.5, 0.5], "steps": 2}
+    joined = join_slices(earlier, later)
+    assert joined["losses"] == [5.0, 4.0, 2.9, 2.0] and joined["step_times_s"] == [1.0, 1.0, 0.5, 0.5]
+    assert joined["first_step"] == 1 and joined["steps"] == 4
+    assert join_slices({**earlier, "recipe_digest": "other"}, later) is later  # another config's results
+    assert join_slices({**earlier, "losses": [5.0]}, later) is later  # a gap: steps 2 unknown
+    assert join_slices(earlier, {**later, "first_step": 1}) == {**later, "first_step": 1}  # a fresh run
 
 
 def test_peak_table_prefers_longest_match() -> None:

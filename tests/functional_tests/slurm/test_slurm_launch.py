@@ -1,0 +1,261 @@
+"""launch.py -a/-p on a real two-node Slurm cluster started by the test (cluster.py): the job's losses equal a local
+2-process run's (1e-5 relative), -d prints the script and submits nothing, --detach true returns a job id, the
+pre-time-limit signal in the middle of a job saves a checkpoint and a new job finishes the run with the uninterrupted
+losses, a job whose worker dies is resubmitted and resumes (--max_retries), a partition Slurm does not know is
+refused with Slurm's message.
+
+Fast: one module-scoped cluster; the local reference and the three training runs start together (``runs``), each test
+waits for its own; tiny_llama, 10 steps. Skipped where Slurm is not installed (the reason names the install command).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.functional_tests.slurm.cluster import INSTALL_HINT, SlurmCluster, missing_programs
+
+
+REPO = Path(__file__).resolve().parents[3]
+LAUNCH = [sys.executable, "scripts/performance/launch.py"]
+RUN = ["-mr", "tiny_llama", "-ng", "2", "-ms", "10"]
+SLURM = ["-gn", "1", "-a", "ACCOUNT", "-p", "PARTITION", "-t", "00:10:00"]
+RTOL = 1e-5
+TIMEOUT_S = 400
+
+_missing = missing_programs()
+pytestmark = [
+    pytest.mark.skipif(bool(_missing), reason=f"Slurm is not installed (missing {_missing}): {INSTALL_HINT}"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the test cluster runs slurmd as root (SlurmUser=root)"),
+    pytest.mark.timeout(TIMEOUT_S + 60),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"), partition="PARTITION")
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+@dataclass
+class Launch:
+    """One launch.py process started by the ``runs`` fixture."""
+
+    proc: subprocess.Popen
+    run_dir: Path
+    log: Path
+    events: list[str] = field(default_factory=list)
+    """What a watcher thread did to the job (for the assertions)."""
+
+    def wait(self) -> tuple[int, str]:
+        try:
+            self.proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"launch.py did not end within {TIMEOUT_S} s:\n{self.output()[-6000:]}")
+        return self.proc.returncode, self.output()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def losses(self) -> list[float]:
+        return json.loads((self.run_dir / "results.json").read_text())["losses"]
+
+
+def _env(cluster: SlurmCluster) -> dict[str, str]:
+    return {**cluster.env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def _start(cluster: SlurmCluster, root: Path, name: str, argv: list[str]) -> Launch:
+    run_dir, log = root / name, root / f"{name}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*LAUNCH, *argv, "--output_dir", str(run_dir)], cwd=REPO, env=_env(cluster),
+                                stdout=out, stderr=subprocess.STDOUT)
+    return Launch(proc, run_dir, log)
+
+
+def _first_job(run_dir: Path, deadline: float) -> str:
+    jobs = run_dir / "slurm_jobs.txt"
+    while time.monotonic() < deadline:
+        if jobs.exists() and jobs.read_text().strip():
+            return jobs.read_text().split()[0]
+        time.sleep(0.05)
+    raise TimeoutError(f"no job id in {jobs}")
+
+
+def _wait_for(predicate, deadline: float, what: str) -> None:  # noqa: ANN001
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+def _checkpoint_step(run_dir: Path) -> int:
+    try:
+        return int((run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _preempt_mid_run(cluster: SlurmCluster, launch: Launch) -> None:
+    """Once the first job logged step 3: Slurm's pre-time-limit signal (SIGTERM to every process of its step)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        job = _first_job(launch.run_dir, deadline)
+        log = launch.run_dir / f"slurm-{job}.out"
+        _wait_for(lambda: log.exists() and "iteration      3/10" in log.read_text(errors="replace"), deadline,
+                  "step 3 of the first job")
+        cluster.run(["scancel", "--signal=TERM", job])
+        launch.events.append(f"signalled job {job}")
+    except (TimeoutError, subprocess.SubprocessError) as exc:
+        launch.events.append(f"watcher: {exc}")
+
+
+def _workers(run_dir: Path) -> dict[int, int]:
+    """rank -> pid of the training workers of this run (their command names the run folder; torch set RANK)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            env = dict(v.split(b"=", 1) for v in (entry / "environ").read_bytes().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmd and b"-u" in cmd[:2] and b"RANK" in env:
+            found[int(env[b"RANK"])] = int(entry.name)
+    return found
+
+
+def _kill_worker_mid_run(launch: Launch) -> None:
+    """Once the run has a checkpoint (step 2): SIGKILL the rank-1 worker (on node 1)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        _wait_for(lambda: _checkpoint_step(launch.run_dir) >= 2, deadline, "the checkpoint of step 2")
+        step, pid = _checkpoint_step(launch.run_dir), _workers(launch.run_dir).get(1)
+        if pid is None:
+            raise TimeoutError(f"no rank-1 worker found at checkpoint step {step}")
+        os.kill(pid, signal.SIGKILL)
+        launch.events.append(f"killed rank 1 (pid {pid}) after checkpoint step {step}")
+    except (TimeoutError, OSError) as exc:
+        launch.events.append(f"watcher: {exc}")
+
+
+@pytest.fixture(scope="module")
+def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launch]]:
+    """Start together: the local reference, the plain Slurm run, the preempted one and the one whose worker dies."""
+    root = tmp_path_factory.mktemp("runs")
+    launches = {
+        "local": _start(cluster, root, "local", RUN),
+        "slurm": _start(cluster, root, "slurm", [*RUN, *SLURM, "--detach", "false"]),
+        "preempted": _start(cluster, root, "preempted", [*RUN, *SLURM, "--detach", "false", "--max_retries", "0"]),
+        "failed": _start(cluster, root, "failed", [*RUN, *SLURM, "--detach", "false", "--max_retries", "1",
+                                                   "checkpoint.save_interval=2"]),
+    }
+    watchers = [threading.Thread(target=_preempt_mid_run, args=(cluster, launches["preempted"]), daemon=True),
+                threading.Thread(target=_kill_worker_mid_run, args=(launches["failed"],), daemon=True)]
+    for w in watchers:
+        w.start()
+    yield launches
+    for launch in launches.values():
+        if launch.proc.poll() is None:
+            launch.proc.kill()
+            launch.proc.wait()
+
+
+def _assert_close(losses: list[float], reference: list[float], first_step: int = 1) -> None:
+    """``losses`` of steps ``first_step``..10 equal the reference's within RTOL."""
+    assert len(reference) == 10 and len(losses) == 11 - first_step
+    for step, a in enumerate(losses, start=first_step):
+        b = reference[step - 1]
+        assert abs(a - b) <= RTOL * abs(b), f"step {step}: {a} vs the local run's {b}"
+
+
+@pytest.fixture(scope="module")
+def reference(runs: dict[str, Launch]) -> list[float]:
+    rc, out = runs["local"].wait()
+    assert rc == 0, out[-4000:]
+    return runs["local"].losses()
+
+
+def test_two_node_job_matches_local_run(runs: dict[str, Launch], reference: list[float]) -> None:
+    rc, out = runs["slurm"].wait()
+    assert rc == 0, out[-6000:]
+    assert "2 node(s) x 1 process(es), node 0 at 127.0.0.1" in out
+    assert "COMPLETED (exit code 0)" in out and out.strip().splitlines()[-1].startswith("SUMMARY backend=ddp world=2")
+    _assert_close(runs["slurm"].losses(), reference)
+
+
+def test_pre_time_limit_signal_saves_and_next_job_resumes(runs: dict[str, Launch], reference: list[float]) -> None:
+    launch = runs["preempted"]
+    rc, out = launch.wait()
+    assert launch.events and launch.events[0].startswith("signalled job"), (launch.events, out[-6000:])
+    assert rc == 0, (launch.events, out[-6000:])
+    assert "(signal)" in out and "the pre-time-limit signal" in out, out[-6000:]  # a stop, not a failure (0 retries)
+    assert "resumes from checkpoint step" in out and "loaded checkpoint" in out
+    assert len((launch.run_dir / "slurm_jobs.txt").read_text().split()) == 2
+    results = json.loads((launch.run_dir / "results.json").read_text())
+    assert results["first_step"] == 1  # the slices' results.json joined
+    _assert_close(results["losses"], reference)
+
+
+def test_failed_job_is_resubmitted_and_resumes(runs: dict[str, Launch], reference: list[float]) -> None:
+    launch = runs["failed"]
+    rc, out = launch.wait()
+    assert launch.events and launch.events[0].startswith("killed rank 1"), (launch.events, out[-6000:])
+    assert rc == 0, (launch.events, out[-6000:])
+    assert "retry 1 of 1" in out and "loaded checkpoint" in out, out[-6000:]
+    results = json.loads((launch.run_dir / "results.json").read_text())
+    assert results["first_step"] > 2  # the second job started from a checkpoint, not from step 0
+    _assert_close(results["losses"], reference, first_step=results["first_step"])
+
+
+def test_dryrun_prints_the_script_and_submits_nothing(cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "dry"
+    proc = subprocess.run([*LAUNCH, *RUN, *SLURM, "-d", "--output_dir", str(run_dir)], cwd=REPO, env=_env(cluster),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --account=ACCOUNT",
+                 "#SBATCH --partition=PARTITION", "#SBATCH --time=00:10:00", "#SBATCH --signal=TERM@60"):
+        assert line in proc.stdout
+    assert not run_dir.exists()
+    assert cluster.run(["squeue", "-h", "-n", "mb-dry"]).stdout.strip() == ""
+
+
+def test_detach_returns_a_job_id_within_seconds(cluster: SlurmCluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "detached"
+    start = time.monotonic()
+    proc = subprocess.run([*LAUNCH, *RUN, *SLURM, "--output_dir", str(run_dir)], cwd=REPO, env=_env(cluster),
+                          capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = proc.stdout.split("submitted Slurm job ")[1].split(";")[0]
+    try:
+        assert cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED")
+        assert (run_dir / "sbatch.sh").exists() and (run_dir / "slurm_jobs.txt").read_text().split() == [job]
+        assert elapsed < 30, f"--detach true took {elapsed:.1f} s"  # python start-up and imports under load
+    finally:
+        cluster.run(["scancel", job])
+        _wait_for(lambda: cluster.job_state(job) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"),
+                  time.monotonic() + 60, f"job {job} to end")
+
+
+def test_unknown_partition_shows_slurms_message(cluster: SlurmCluster, tmp_path: Path) -> None:
+    proc = subprocess.run([*LAUNCH, *RUN, *SLURM[:-4], "-p", "nosuchpartition", "--output_dir", str(tmp_path / "p")],
+                          cwd=REPO, env=_env(cluster), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: sbatch refused the job") and "invalid partition" in line.lower(), line

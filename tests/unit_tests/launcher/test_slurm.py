@@ -1,0 +1,141 @@
+"""launch.py's Slurm flags and the sbatch script (no cluster here: tests/functional_tests/slurm runs the jobs)."""
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_bridge.errors import LaunchError, SlurmError
+from megatron_bridge.launcher import slurm
+from megatron_bridge.perf.args import build_config, build_parser
+
+
+REPO = Path(__file__).resolve().parents[3]
+RUN = ["-mr", "tiny_llama", "-ng", "2", "-gn", "1", "-ms", "10"]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args([*RUN, *argv])
+
+
+def _job(args: argparse.Namespace, run_dir: Path = Path("/shared/run")) -> slurm.SlurmJob:
+    options = slurm.options_from_args(args, {"NCCL_X": "1"})
+    cfg = build_config(args)
+    slurm.prepare_config(cfg, run_dir, options)
+    return slurm.SlurmJob(options=options, run_dir=run_dir, job_name="mb-run", command=("/repo/launch.py", "-ng", "2"),
+                          python="/venv/bin/python", workdir=Path("/repo"), train_iters=cfg.train_iters,
+                          checkpoint_dir=cfg.checkpoint.save, exit_signal=cfg.train.exit_signal)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("00:30:00", 1800), ("30", 1800), ("10:30", 630),
+                                               ("1-02", 93600), ("1-00:00:10", 86410), ("2-01:30", 178200)])
+def test_time_limit_in_slurms_formats(text: str, seconds: int) -> None:
+    assert slurm.time_limit_seconds(text) == seconds
+
+
+def test_bad_time_limit_is_named() -> None:
+    with pytest.raises(SlurmError, match="-t/--time_limit '1h' is not a Slurm time"):
+        slurm.time_limit_seconds("1h")
+
+
+def test_flag_value_parsers() -> None:
+    assert slurm.list_of_strings("/a:/a,/b:/c") == ["/a:/a", "/b:/c"]
+    assert slurm.env_vars("A=1,B=x=y") == {"A": "1", "B": "x=y"}
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=VALUE"):
+        slurm.env_vars("A")
+    assert slurm.slurm_params("nodelist=n001,n002;constraint=gpu;exclusive") == {
+        "nodelist": "n001,n002", "constraint": "gpu", "exclusive": True}
+    assert slurm.slurm_params("reservation=r qos=high") == {"reservation": "r", "qos": "high"}
+
+
+def test_megatron_bridge_defaults() -> None:
+    args = _args()
+    assert (args.time_limit, args.max_retries, args.preempt_time, args.detach) == ("00:30:00", 2, 60, True)
+    assert not slurm.requested(args)
+    assert slurm.requested(_args("-a", "acct")) and slurm.requested(_args("-p", "part"))
+    assert slurm.requested(_args("--executor", "slurm"))
+    assert not slurm.requested(_args("-a", "x", "--executor", "local"))
+
+
+def test_gpus_per_node_default_follows_the_gpu_type() -> None:
+    args = build_parser().parse_args(["-mr", "tiny_llama", "-ng", "16", "-g", "h100", "-p", "x"])
+    options = slurm.options_from_args(args, {})
+    assert (options.nodes, options.nproc_per_node) == (2, 8)
+    one_node = slurm.options_from_args(build_parser().parse_args(["-mr", "tiny_llama", "-ng", "4", "-p", "x"]), {})
+    assert (one_node.nodes, one_node.nproc_per_node) == (1, 4)
+
+
+@pytest.mark.parametrize(("argv", "error", "message"), [
+    (["-ng", "3", "-gn", "2"], LaunchError, "-ng 3 is not a multiple of -gn 2"),
+    (["-t", "00:01:00", "--preempt_time", "60"], SlurmError, "--preempt_time 60 must be below the time limit"),
+    (["--preempt_time", "-5"], SlurmError, "--preempt_time -5"),
+    (["--max_retries", "-1"], SlurmError, "--max_retries -1"),
+    (["-cm", "/data:/data"], SlurmError, "give the image too"),
+    (["--nnodes", "2"], SlurmError, "set by the Slurm job itself"),
+])
+def test_bad_combinations_are_named(argv: list[str], error: type, message: str) -> None:
+    with pytest.raises(error, match=message.replace("(", r"\(")):
+        slurm.options_from_args(_args("-p", "x", *argv), {})
+
+
+def test_prepare_config_resumes_from_the_run_folder(tmp_path: Path) -> None:
+    args = _args("-p", "x")
+    cfg = build_config(args)
+    slurm.prepare_config(cfg, tmp_path, slurm.options_from_args(args, {}))
+    assert cfg.checkpoint.save == cfg.checkpoint.load == str(tmp_path / "checkpoints")
+    assert cfg.train.exit_signal_handler and cfg.train.exit_signal == "SIGTERM"
+    own = _args("-p", "x", "--preempt_time", "0", "checkpoint.save=/ck", "train.exit_signal=SIGUSR1")
+    cfg = build_config(own)
+    slurm.prepare_config(cfg, tmp_path, slurm.options_from_args(own, {}))
+    assert cfg.checkpoint.save == cfg.checkpoint.load == "/ck" and not cfg.train.exit_signal_handler
+
+
+def test_script_holds_the_flags() -> None:
+    args = _args("-a", "acct", "-p", "batch", "-t", "01:00:00", "--gres", "gpu:8", "-ce", "A=1,B=two words",
+                 "--custom_srun_args=--mpi=pmix,--exclusive", "--additional_slurm_params", "constraint=h100;exclusive",
+                 "--max_retries", "3", "--preempt_time", "120", "--max_restarts", "1")
+    text = slurm.render_script(_job(args))
+    for line in ("#SBATCH --job-name=mb-run", "#SBATCH --account=acct", "#SBATCH --partition=batch",
+                 "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=01:00:00",
+                 "#SBATCH --output=/shared/run/slurm-%j.out", "#SBATCH --chdir=/repo", "#SBATCH --signal=TERM@120",
+                 "#SBATCH --gres=gpu:8", "#SBATCH --constraint=h100", "#SBATCH --exclusive",
+                 "export NCCL_X=1", "export A=1", "export B='two words'", "MAX_RETRIES=3", "TRAIN_ITERS=10",
+                 "CHECKPOINT_DIR=/shared/run/checkpoints", "--nnodes=2 --nproc_per_node=1 --max_restarts=1",
+                 '--node_rank="$SLURM_NODEID"', "--mpi=pmix --exclusive", 'trap "" TERM', "/venv/bin/python",
+                 "/repo/launch.py -ng 2"):
+        assert line in text, line
+    assert "{{" not in text and "--container" not in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # valid bash
+
+
+def test_script_with_container_and_without_signal() -> None:
+    args = _args("-p", "x", "-i", "nvcr.io/nvidia/nemo:dev", "-cm", "/data:/data", "--preempt_time", "0",
+                 "--master_addr", "10.0.0.1")
+    text = slurm.render_script(_job(args))
+    assert "--container-image=nvcr.io/nvidia/nemo:dev" in text
+    assert f"--container-mounts=/shared/run:/shared/run,{REPO}:{REPO},/data:/data" in text
+    assert "#SBATCH --signal" not in text and "MASTER_ADDR=10.0.0.1" in text
+
+
+def test_sbatch_missing_is_one_error_line(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    proc = subprocess.run([sys.executable, "scripts/performance/launch.py", *RUN, "-a", "acct", "-p", "part",
+                           "--output_dir", str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[-1]]
+    assert proc.stderr.startswith("error: -a/-p (or --executor slurm) submit a Slurm job, but `sbatch` is not on PATH")
+    assert not (tmp_path / "run").exists()
+
+
+def test_dryrun_prints_the_script_without_sbatch(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    proc = subprocess.run([sys.executable, "scripts/performance/launch.py", *RUN, "-a", "acct", "-p", "part", "-d",
+                           "--output_dir", str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash") and "#SBATCH --partition=part" in proc.stdout
+    assert " -d " not in proc.stdout and not (tmp_path / "run").exists()
