@@ -30,7 +30,7 @@ from typing import Any
 
 from megatron_bridge.errors import SlurmError
 from megatron_bridge.launcher.nodes import processes_per_node
-from megatron_bridge.utils.cli import EXIT_USER_ERROR
+from megatron_bridge.utils.cli import EXIT_USER_ERROR, bool_arg
 
 
 TEMPLATE = Path(__file__).with_name("sbatch_template.sh")
@@ -82,8 +82,6 @@ def slurm_params(value: str) -> dict[str, str | bool]:
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     """Megatron-Bridge's Slurm flags (names, defaults and meanings; docs/training/multi-node.md, "Slurm")."""
-    from megatron_bridge.perf.args import bool_arg
-
     g = parser.add_argument_group("Slurm (with -a/-p or --executor slurm; docs/training/multi-node.md)")
     g.add_argument("--executor", choices=("local", "slurm"), default=None,
                    help="where to run (default: slurm with -a or -p, else local)")

@@ -25,11 +25,9 @@ from megatron_bridge.recipes.perf_configs import (
     get_perf_config,
     precision_config,
 )
-from megatron_bridge.utils.cli import positive_int
+from megatron_bridge.utils.cli import bool_arg, positive_int
 
 
-_TRUE = {"true", "1", "yes", "y", "t", "on"}
-_FALSE = {"false", "0", "no", "n", "f", "off"}
 COMPUTE_DTYPES = tuple(COMPUTE_DTYPE_PRESETS)
 """``-c`` values: Megatron-Bridge's (bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4) plus fp16 and fp32; each selects the preset
 of :data:`~megatron_bridge.recipes.perf_configs.COMPUTE_DTYPE_PRESETS`."""
@@ -41,18 +39,6 @@ RECOMPUTE_MODULES = {"core_attn": "selective"}
 """``--recompute_modules`` entries this version recomputes, and the recompute_granularity they select."""
 DEFAULT_STEPS = 50
 """Steps of a benchmark run without ``-ms`` (Megatron-Bridge's ``_benchmark_common``)."""
-
-
-def bool_arg(value: str | bool) -> bool:
-    """Parse true/false/1/0/yes/no/t/f (any case), as Megatron-Bridge's ``bool_arg``."""
-    if isinstance(value, bool):
-        return value
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false/1/0/yes/no), got {value!r}")
 
 
 def optional_positive_int(value: str) -> int | None:

@@ -109,3 +109,19 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
     return number
+
+
+_TRUE = {"true", "1", "yes", "y", "t", "on"}
+_FALSE = {"false", "0", "no", "n", "f", "off"}
+
+
+def bool_arg(value: str | bool) -> bool:
+    """Parse true/false/1/0/yes/no/t/f (any case), as Megatron-Bridge's ``bool_arg``."""
+    if isinstance(value, bool):
+        return value
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false/1/0/yes/no), got {value!r}")
