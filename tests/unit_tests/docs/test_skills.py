@@ -11,7 +11,7 @@ from tests.unit_tests.docs.doc_refs import REPO, code_blocks, config_key_exists,
 
 SKILLS = sorted(p for p in (REPO / "skills").iterdir() if p.is_dir())
 EXPECTED = {"megatron-fsdp", "fsdp2", "activation-checkpointing-offloading", "checkpoint-conversion",
-            "adding-a-model-recipe", "low-precision", "model-optimization"}
+            "adding-a-model-recipe", "low-precision", "model-optimization", "multi-node-slurm"}
 
 
 def test_expected_skills_exist() -> None:
