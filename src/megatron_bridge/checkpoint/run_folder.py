@@ -4,10 +4,11 @@ left behind, and a named error when the disk is full.
 All functions here run on rank 0 (the manager calls them through :func:`~megatron_bridge.checkpoint.comm.run_on_rank0`
 so every rank raises the same error).
 
-* :func:`acquire_lock` writes ``run.lock`` (pid, host, start time) with ``O_EXCL``. A lock of a live process, or of
-  another host, is a :class:`~megatron_bridge.errors.RunFolderLockedError` naming the holder; a lock whose pid is dead
-  on this host is stale and taken over (logged). The same process may lock a folder again (several managers in one
-  process, as tests do).
+* :func:`acquire_lock` writes ``run.lock`` (pid, host, start time; the Slurm job id under Slurm, so the Slurm
+  launcher's script can remove a lock of an earlier, ended job of the same run) with ``O_EXCL``. A lock of a live
+  process, or of another host, is a :class:`~megatron_bridge.errors.RunFolderLockedError` naming the holder; a lock
+  whose pid is dead on this host is stale and taken over (logged). The same process may lock a folder again
+  (several managers in one process, as tests do).
 * :func:`check_overwrite` refuses to write into a folder that holds checkpoints this run did not resume from
   (another run's, or steps after the resumed one) unless ``checkpoint.overwrite`` is set, which deletes them.
 * :func:`clean_interrupted_saves` removes ``.tmp-``/``.trash-`` folders of interrupted saves at start-up (they may
@@ -54,7 +55,7 @@ def _process_start(pid: int) -> str | None:
 
 def _lock_record() -> dict[str, Any]:
     return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "process_start": _process_start(os.getpid())}
+            "process_start": _process_start(os.getpid()), "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
 
 
 def _holder_alive(holder: dict[str, Any]) -> bool:

@@ -20,6 +20,15 @@ checkpoint_step() {  # the step of the last complete checkpoint of this run (0: 
     echo "$step"
 }
 
+clear_stale_lock() {  # a lock an earlier job of this run left behind (its rank 0 killed, maybe on another host)
+    local lock="$CHECKPOINT_DIR/run.lock" holder
+    [[ -f "$lock" ]] || return 0
+    holder=$(grep -o '"slurm_job_id": *"[0-9]*"' "$lock" | sed 's/.*"\([0-9]*\)"$/\1/')
+    if [[ -n "$holder" && "$holder" != "$SLURM_JOB_ID" ]] && grep -qx "$holder" "$RUN_DIR/{{JOBS_FILE}}" 2>/dev/null; then
+        rm -f "$lock" && say "removed the checkpoint lock of job $holder, which has ended"
+    fi
+}
+
 # Node 0's address: the first node's NodeAddr from Slurm (node names need not resolve), unless given (--master_addr).
 if [[ -z "$MASTER_ADDR" ]]; then
     FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
@@ -34,6 +43,7 @@ while timeout 2 bash -c "exec 3<>/dev/tcp/$MASTER_ADDR/$MASTER_PORT" 2>/dev/null
 done
 export MASTER_ADDR MASTER_PORT
 
+clear_stale_lock  # the jobs of this run run one after another (afterany): an earlier one's lock is stale
 STEP_BEFORE=$(checkpoint_step)
 say "$SLURM_JOB_NUM_NODES node(s) x {{NPROC_PER_NODE}} process(es), node 0 at $MASTER_ADDR:$MASTER_PORT," \
     "checkpoint step $STEP_BEFORE of $TRAIN_ITERS, retries used $RETRIES_USED of $MAX_RETRIES"

@@ -1,13 +1,16 @@
 """launch.py's Slurm flags and the sbatch script (no cluster here: tests/functional_tests/slurm runs the jobs)."""
 
 import argparse
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from megatron_bridge.checkpoint import run_folder
 from megatron_bridge.errors import LaunchError, SlurmError
 from megatron_bridge.launcher import slurm
 from megatron_bridge.perf.args import build_config, build_parser
@@ -139,3 +142,35 @@ def test_dryrun_prints_the_script_without_sbatch(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("#!/bin/bash") and "#SBATCH --partition=part" in proc.stdout
     assert " -d " not in proc.stdout and not (tmp_path / "run").exists()
+
+
+def _run_lock_clearing(tmp_path: Path, lock: dict, jobs: list[str], job_id: str) -> subprocess.CompletedProcess:
+    """Run the script's clear_stale_lock() in a run folder holding ``lock`` and the jobs file ``jobs``."""
+    text = slurm.render_script(_job(_args("-p", "x"), run_dir=tmp_path))
+    function = re.search(r"^clear_stale_lock\(\) \{.*?^\}$", text, re.S | re.M).group(0)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "run.lock").write_text(json.dumps(lock))
+    (tmp_path / slurm.JOBS_FILE).write_text("".join(f"{j}\n" for j in jobs))
+    script = (f"say() {{ echo \"$*\"; }}\n{function}\nRUN_DIR={tmp_path}\nCHECKPOINT_DIR={tmp_path}/checkpoints\n"
+              f"SLURM_JOB_ID={job_id}\nclear_stale_lock\n")
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+
+
+def test_a_lock_of_an_ended_job_of_the_run_is_removed(tmp_path: Path) -> None:
+    # what acquire_lock writes under Slurm: rank 0 of job 7 was killed on another host
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_JOB_ID", "7")
+        run_folder.acquire_lock(tmp_path / "probe")
+    lock = json.loads((tmp_path / "probe" / run_folder.LOCK_FILENAME).read_text())
+    assert lock["slurm_job_id"] == "7"
+    lock["host"] = "another-node"
+    proc = _run_lock_clearing(tmp_path, lock, ["7", "8"], job_id="8")
+    assert "removed the checkpoint lock of job 7" in proc.stdout
+    assert not (tmp_path / "checkpoints" / "run.lock").exists()
+
+
+@pytest.mark.parametrize(("holder", "jobs"), [("5", ["7", "8"]), ("8", ["7", "8"]), (None, ["7", "8"])],
+                         ids=["another-run", "this-job", "no-slurm-id"])
+def test_other_locks_stay(tmp_path: Path, holder: str | None, jobs: list[str]) -> None:
+    proc = _run_lock_clearing(tmp_path, {"pid": 1, "host": "h", "slurm_job_id": holder}, jobs, job_id="8")
+    assert proc.stdout == "" and (tmp_path / "checkpoints" / "run.lock").exists()
