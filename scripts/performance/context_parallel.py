@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> None:
 
     from megatron_bridge.config.container import ConfigContainer
     from megatron_bridge.config.model import ModelConfig
-    from megatron_bridge.distributed.context_parallel import apply_context_parallel, zigzag_slice
+    from megatron_bridge.data.zigzag import zigzag_slice
+    from megatron_bridge.distributed.context_parallel import apply_context_parallel
     from megatron_bridge.models.llama import LlamaModel
 
     dist.init_process_group("gloo")

@@ -153,7 +153,7 @@ def write_streaming_checkpoint(root: Path, cfg: ConfigContainer, shapes: dict[st
     """Write ``root/iter_0000000`` (``torch_dist``, model only, step 0) plus trackers; ``extra(folder)`` may add
     files before the commit. Returns the committed folder."""
     from megatron_bridge.checkpoint.save import serialize
-    from megatron_bridge.training.state import TrainState
+    from megatron_bridge.checkpoint.train_state import TrainState
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = layout.temporary_dir(root, 0, layout.new_save_id())

@@ -34,10 +34,11 @@ from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    from megatron_bridge.checkpoint.train_state import TrainState
     from megatron_bridge.config.container import ConfigContainer
     from megatron_bridge.distributed.base import DataParallelBackend
-    from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
-    from megatron_bridge.training.state import TrainState
 
 logger = get_logger(__name__)
 
@@ -56,7 +57,7 @@ class CheckpointManager:
         cfg: the run config; ``cfg.checkpoint`` drives everything, the whole config is saved as run_config.yaml.
         backend: the data-parallel backend (provides DCP-ready model and optimizer state dicts).
         optimizer: the optimizer (as returned by ``backend.prepare_optimizer``).
-        scheduler: the learning-rate scheduler.
+        scheduler: the learning-rate scheduler (anything with state_dict() and load_state_dict()).
         train_state: the run's counters; restored in place by :meth:`load`, saved by :meth:`save`.
         extra_files: returns more rank-0 files (name → bytes) to store in every checkpoint, e.g. the modelopt state
             of a quantized model (read back before the model is wrapped, see megatron_bridge.optimization).
@@ -67,7 +68,7 @@ class CheckpointManager:
         cfg: "ConfigContainer",
         backend: "DataParallelBackend",
         optimizer: torch.optim.Optimizer,
-        scheduler: "OptimizerParamScheduler",
+        scheduler: "Stateful",
         train_state: "TrainState",
         extra_files: Callable[[], dict[str, bytes]] | None = None,
     ) -> None:

@@ -28,8 +28,8 @@ from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
 if TYPE_CHECKING:
+    from megatron_bridge.checkpoint.train_state import TrainState
     from megatron_bridge.config.container import ConfigContainer
-    from megatron_bridge.training.state import TrainState
 
 logger = get_logger(__name__)
 

@@ -155,8 +155,8 @@ def write_mcore_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContain
     """
     from megatron_bridge.bridge.output import staged_output_dir
     from megatron_bridge.checkpoint.save import serialize
+    from megatron_bridge.checkpoint.train_state import TrainState
     from megatron_bridge.models.mcore.weights import native_to_megatron_core
-    from megatron_bridge.training.state import TrainState
 
     out_cfg = copy.deepcopy(cfg)
     out_cfg.model.engine = "megatron_core"

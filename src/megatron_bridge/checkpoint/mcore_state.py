@@ -35,8 +35,8 @@ from megatron_bridge.errors import CheckpointError
 
 
 if TYPE_CHECKING:
+    from megatron_bridge.checkpoint.train_state import TrainState
     from megatron_bridge.config.container import ConfigContainer
-    from megatron_bridge.training.state import TrainState
 
 CHECKPOINT_VERSION = 3.0
 """Megatron-LM's ``checkpoint_version`` of torch_dist checkpoints."""

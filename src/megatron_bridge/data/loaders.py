@@ -21,7 +21,7 @@ from megatron_bridge.data.indexed import IndexedDataset, bin_path_of, idx_path_o
 from megatron_bridge.data.mock import MockGPTDataset
 from megatron_bridge.data.samplers import PretrainingSampler
 from megatron_bridge.data.tokenizers import Tokenizer
-from megatron_bridge.distributed.context_parallel import ContextParallelCollate
+from megatron_bridge.data.zigzag import ContextParallelCollate
 from megatron_bridge.errors import ConfigValidationError, DataError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 

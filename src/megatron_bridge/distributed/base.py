@@ -140,7 +140,7 @@ class DataParallelBackend(ABC):
         """
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        from megatron_bridge.optimization.state import without_quantizer_keys
+        from megatron_bridge.models.quantizer_keys import without_quantizer_keys
 
         states = [without_quantizer_keys(get_model_state_dict(chunk)) for chunk in self.chunks]
         if self.expert_parallel is not None:
@@ -153,7 +153,7 @@ class DataParallelBackend(ABC):
         """Load what ``model_state_dict`` returned (after DCP filled it in place); quantizer buffers are kept."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-        from megatron_bridge.optimization.state import is_quantizer_key
+        from megatron_bridge.models.quantizer_keys import is_quantizer_key
 
         if self.expert_parallel is not None:
             state = self.expert_parallel.localize(state)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from megatron_bridge.distributed.context_parallel import gathered_positions, query_blocks, zigzag_chunk_ids
+from megatron_bridge.data.zigzag import gathered_positions, query_blocks, zigzag_chunk_ids
 from megatron_bridge.errors import ConfigValidationError
 
 

@@ -27,7 +27,7 @@ from megatron_bridge.config.pipeline_layout import (
     stages_of_rank,
 )
 from megatron_bridge.errors import ConfigValidationError
-from megatron_bridge.training.gpt_step import masked_next_token_loss
+from megatron_bridge.models.loss import masked_next_token_loss
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 

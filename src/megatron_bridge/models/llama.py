@@ -288,7 +288,7 @@ class LlamaModel(nn.Module):
 
 
 def _zigzag_positions(seq_local: int, layout: tuple[int, int], device: torch.device) -> torch.Tensor:
-    from megatron_bridge.distributed.context_parallel import zigzag_positions
+    from megatron_bridge.data.zigzag import zigzag_positions
 
     cp, rank = layout
     return zigzag_positions(seq_local * cp, cp, rank, device=device)

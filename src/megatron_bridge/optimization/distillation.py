@@ -207,7 +207,7 @@ def _loss_func(distiller: Distiller, batch: dict[str, torch.Tensor], teacher_log
 def distillation_forward_step(state: Any, data_iterator: Any, model: nn.Module) -> tuple[torch.Tensor, Any]:
     """The forward step ``pretrain`` uses with ``cfg.distillation``: teacher (training only) and student logits,
     then :func:`_loss_func`. The loop reports the balanced objective as the step's loss ("total loss")."""
-    from megatron_bridge.training.gpt_step import get_batch, module_device
+    from megatron_bridge.models.loss import get_batch, module_device
 
     distiller: Distiller = state.distiller
     distiller.clear()

@@ -15,20 +15,14 @@ import torch
 from torch import nn
 
 from megatron_bridge.errors import CheckpointError
+from megatron_bridge.models.quantizer_keys import is_quantizer_key, without_quantizer_keys
 
+
+__all__ = ["MODELOPT_STATE_FILENAME", "is_quantized", "is_quantizer_key", "modelopt_state_bytes", "quantizer_state",
+           "read_modelopt_state", "restore_modelopt_state", "without_quantizer_keys"]
 
 MODELOPT_STATE_FILENAME = "modelopt_state.pt"
 """File of a checkpoint folder holding {"modelopt_state": ..., "quantizer_state": {key: tensor}}."""
-
-
-def is_quantizer_key(key: str) -> bool:
-    """A state-dict key that belongs to a modelopt quantizer (``...q_proj.weight_quantizer._amax``)."""
-    return any(part.endswith("_quantizer") for part in key.split(".")[:-1])
-
-
-def without_quantizer_keys(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` without the quantizer entries (the model weights only)."""
-    return {k: v for k, v in state.items() if not is_quantizer_key(k)}
 
 
 def is_quantized(module: nn.Module) -> bool:

@@ -1,4 +1,4 @@
-"""The default GPT forward step: masked next-token loss.
+"""The default GPT forward step: masked next-token loss (:mod:`megatron_bridge.models.loss`).
 
 A forward step has Megatron's shape: ``forward_step(data_iterator, model)`` (or ``forward_step(state,
 data_iterator, model)``) returns ``(output_tensor, loss_func)``, and ``loss_func(output_tensor)`` returns
@@ -13,25 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-
-Batch = dict[str, torch.Tensor]
-LossFunc = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+from megatron_bridge.models.loss import Batch, LossFunc, get_batch, masked_next_token_loss, module_device
 
 
-def get_batch(data_iterator: Iterator[Batch], device: torch.device) -> Batch:
-    """Next micro-batch moved to ``device`` (tokens, labels, loss_mask, position_ids)."""
-    batch = next(data_iterator)
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
-def masked_next_token_loss(
-    loss_mask: torch.Tensor, output_tensor: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Sum of per-token losses where ``loss_mask`` is 1, the number of such tokens, and the report for logging."""
-    mask = loss_mask.to(torch.float32).reshape(-1)
-    loss_sum = torch.sum(output_tensor.to(torch.float32).reshape(-1) * mask)
-    num_tokens = mask.sum()
-    return loss_sum, num_tokens, {"lm loss": torch.stack([loss_sum.detach(), num_tokens.detach()])}
+__all__ = ["Batch", "LossFunc", "call_forward_step", "forward_step", "get_batch", "masked_next_token_loss",
+           "megatron_core_forward_step", "module_device"]
 
 
 def forward_step(data_iterator: Iterator[Batch], model: nn.Module) -> tuple[torch.Tensor, LossFunc]:
@@ -50,14 +36,6 @@ def megatron_core_forward_step(data_iterator: Iterator[Batch], model: nn.Module)
     batch = get_batch(data_iterator, device)
     output = model(batch["tokens"], batch.get("position_ids"), None, labels=batch["labels"])
     return output, partial(masked_next_token_loss, batch["loss_mask"])
-
-
-def module_device(model: nn.Module) -> torch.device:
-    """The device of the model's first materialized parameter (CPU when all are on the meta device)."""
-    for p in model.parameters():
-        if p.device.type != "meta":
-            return p.device
-    return torch.device("cpu")
 
 
 def call_forward_step(step: Callable[..., Any], state: Any, data_iterator: Iterator[Batch], model: nn.Module) -> Any:

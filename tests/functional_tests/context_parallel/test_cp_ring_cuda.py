@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from megatron_bridge.distributed.context_parallel import zigzag_slice
+from megatron_bridge.data.zigzag import zigzag_slice
 from megatron_bridge.distributed.cp_attention import ContextParallelAttention
 from tests.functional_tests.launcher import is_worker, launch
 

@@ -342,7 +342,7 @@ def _check_precision_mismatch(ctx: Any) -> None:
 
     from megatron_bridge.checkpoint import CheckpointManager
     from megatron_bridge.checkpoint.saved_run import PrecisionMismatchError
-    from megatron_bridge.training.state import TrainState
+    from megatron_bridge.checkpoint.train_state import TrainState
 
     fp32 = _STRAIGHT["dp2_fp32"][1].at_step
     loaded = snapshot(ctx)

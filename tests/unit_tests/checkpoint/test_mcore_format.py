@@ -14,9 +14,9 @@ import torch
 
 from megatron_bridge.checkpoint import load as loading
 from megatron_bridge.checkpoint import mcore_reader, mcore_state
+from megatron_bridge.checkpoint.train_state import TrainState
 from megatron_bridge.errors import CheckpointError, ConfigValidationError
 from megatron_bridge.recipes import tiny_llama_pretrain_config
-from megatron_bridge.training.state import TrainState
 
 
 pytest.importorskip("megatron.core", reason="megatron-core engine (Python 3.12 environment)")

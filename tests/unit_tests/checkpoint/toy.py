@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from megatron_bridge.checkpoint import CheckpointManager
+from megatron_bridge.checkpoint.train_state import TrainState
 from megatron_bridge.config.checkpoint import CheckpointConfig
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
@@ -14,7 +15,6 @@ from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.models import build_model_chunks
 from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
 from megatron_bridge.training.optim import build_optimizer
-from megatron_bridge.training.state import TrainState
 from megatron_bridge.utils.dist_env import get_rank
 
 

@@ -7,15 +7,14 @@ from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.data import DatasetConfig, TokenizerConfig
 from megatron_bridge.data.loaders import build_pretraining_data_loaders
 from megatron_bridge.data.tokenizers import build_tokenizer
-from megatron_bridge.distributed.context_parallel import (
-    apply_context_parallel,
+from megatron_bridge.data.zigzag import (
     attention_work,
-    context_parallel_rank,
     gathered_positions,
     slice_batch_for_context_parallel,
     zigzag_chunk_ids,
     zigzag_positions,
 )
+from megatron_bridge.distributed.context_parallel import apply_context_parallel, context_parallel_rank
 from megatron_bridge.distributed.init import data_parallel_rank
 from megatron_bridge.errors import ConfigValidationError
 
