@@ -1,8 +1,8 @@
 """launch.py -a/-p on a real two-node Slurm cluster started by the test (cluster.py): the job's losses equal a local
 2-process run's (1e-5 relative), -d prints the script and submits nothing, --detach true returns a job id, the
 pre-time-limit signal in the middle of a job saves a checkpoint and a new job finishes the run with the uninterrupted
-losses, a job whose worker dies is resubmitted and resumes (--max_retries), a partition Slurm does not know is
-refused with Slurm's message.
+losses, a job whose worker dies is resubmitted and resumes (--max_retries), retries end after --max_retries, a user
+error (exit 2) is not retried, a partition Slurm does not know is refused with Slurm's message.
 
 Fast: one module-scoped cluster; the local reference and the three training runs start together (``runs``), each test
 waits for its own; tiny_llama, 10 steps. Skipped where Slurm is not installed (the reason names the install command).
@@ -164,6 +164,12 @@ def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "preempted": _start(cluster, root, "preempted", [*RUN, *SLURM, "--detach", "false", "--max_retries", "0"]),
         "failed": _start(cluster, root, "failed", [*RUN, *SLURM, "--detach", "false", "--max_retries", "1",
                                                    "checkpoint.save_interval=2"]),
+        # fails on every node before Python starts: each retry fails the same way
+        "exhausted": _start(cluster, root, "exhausted", [*RUN, *SLURM, "--detach", "false", "--max_retries", "1",
+                                                         "-ce", "PYTHONHOME=/nonexistent"]),
+        # a data file that does not exist: a user error (exit 2) in the job, which a retry would repeat
+        "user_error": _start(cluster, root, "user_error", [*RUN, *SLURM, "--detach", "false", "dataset.mock=false",
+                                                           "dataset.data_path=[/nonexistent/corpus]"]),
     }
     watchers = [threading.Thread(target=_preempt_mid_run, args=(cluster, launches["preempted"]), daemon=True),
                 threading.Thread(target=_kill_worker_mid_run, args=(launches["failed"],), daemon=True)]
@@ -221,6 +227,23 @@ def test_failed_job_is_resubmitted_and_resumes(runs: dict[str, Launch], referenc
     results = json.loads((launch.run_dir / "results.json").read_text())
     assert results["first_step"] > 2  # the second job started from a checkpoint, not from step 0
     _assert_close(results["losses"], reference, first_step=results["first_step"])
+
+
+def test_retries_end_after_max_retries(runs: dict[str, Launch]) -> None:
+    launch = runs["exhausted"]
+    rc, out = launch.wait()
+    assert rc == 1, out[-4000:]
+    assert "retry 1 of 1" in out and "failed (exit 1) with all 1 retries used" in out, out[-4000:]
+    assert len((launch.run_dir / "slurm_jobs.txt").read_text().split()) == 2  # the first job and one retry
+    assert out.strip().splitlines()[-1].endswith("FAILED (exit code 1)")
+
+
+def test_user_error_is_not_retried(runs: dict[str, Launch]) -> None:
+    launch = runs["user_error"]
+    rc, out = launch.wait()
+    assert rc == 2, out[-4000:]
+    assert "/nonexistent/corpus" in out and "not retried" in out, out[-4000:]
+    assert len((launch.run_dir / "slurm_jobs.txt").read_text().split()) == 1
 
 
 def test_dryrun_prints_the_script_and_submits_nothing(cluster: SlurmCluster, tmp_path: Path) -> None:
