@@ -274,3 +274,34 @@ def _mcore_fsdp(cfg: "ConfigContainer", world_size: int) -> None:
     _fail_unsupported(bad, f"with {wrapper}=True on model.engine='megatron_core'",
                       "use megatron-core DDP (dist.use_megatron_fsdp=False, dist.use_torch_fsdp2=False) or "
                       "model.engine='native'", wrapper)
+
+
+_TORCH_DDP_ONLY: tuple[tuple[str, object, str], ...] = (
+    ("bucket_cap_mb", None, "ddp.bucket_size (megatron-core's DistributedDataParallelConfig.bucket_size, counted in "
+     "parameters, not MiB)"),
+    ("broadcast_buffers", False, "none: megatron-core broadcasts the parameters once when it wraps the chunks"),
+    ("find_unused_parameters", False, "none: megatron-core's gradient buffers cover every parameter"),
+    ("gradient_as_bucket_view", False, "none needed: megatron-core's gradients (main_grad) are always views of its "
+     "contiguous buffers"),
+    ("static_graph", False, "none: megatron-core DDP has no reducer to tell"),
+    ("activation_checkpointing", False, "model.recompute_granularity (megatron-core's recompute; not built on this "
+     "engine in this version)"),
+    ("autocast_dtype", None, "a mixed_precision preset such as 'bf16_mixed' (bf16 weights in megatron-core's "
+     "Float16Module)"),
+)
+"""The ``ddp`` options only torch's DistributedDataParallel reads: (field, default, megatron-core's equivalent)."""
+
+
+@rule("megatron_core_ddp_options", tuple(f"ddp.{name}" for name, _, _ in _TORCH_DDP_ONLY),
+      "With engine='megatron_core', torch DDP's own options (ddp.bucket_cap_mb, broadcast_buffers, "
+      "find_unused_parameters, gradient_as_bucket_view, static_graph, activation_checkpointing, autocast_dtype) "
+      "keep their defaults: megatron-core's wrappers do not read them (each error names the equivalent).")
+def _mcore_ddp_options(cfg: "ConfigContainer", world_size: int) -> None:
+    if cfg.model.engine != "megatron_core":
+        return
+    for name, default, equivalent in _TORCH_DDP_ONLY:
+        value = getattr(cfg.ddp, name)
+        if value != default:
+            fail(f"ddp.{name}={value!r} is an option of torch's DistributedDataParallel, which "
+                 f"model.engine='megatron_core' does not use: set ddp.{name}={default!r}; megatron-core's "
+                 f"equivalent: {equivalent}", f"ddp.{name}")

@@ -177,6 +177,9 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                 model__share_embeddings_and_output_weights=True), 1,
                            "model.share_embeddings_and_output_weights",
                            _set(model__engine="megatron_core", dist__use_torch_fsdp2=True)),
+    "megatron_core_ddp_options": (_set(model__engine="megatron_core", ddp__bucket_cap_mb=25.0), 1,
+                                  "ddp.bucket_cap_mb",
+                                  _set(model__engine="megatron_core", ddp__bucket_size=40_000_000)),
     "megatron_core_precision": (_set(model__engine="megatron_core", mixed_precision=None,
                                      model__params_dtype="bfloat16"), 1, "model.params_dtype",
                                 _set(model__engine="megatron_core", mixed_precision="bf16_mixed")),
@@ -265,7 +268,7 @@ NO_MEGATRON_CORE_RULES = ("engine_available",)
 """Rules whose violation needs megatron-core to be missing: the test makes its import fail."""
 MEGATRON_CORE_PASSING = ("engine_available", "megatron_core_context_parallel", "megatron_core_features",
                          "megatron_core_pipeline", "megatron_core_fsdp", "megatron_core_sequence_parallel",
-                         "megatron_core_precision")
+                         "megatron_core_precision", "megatron_core_ddp_options")
 """Rules whose passing case builds the megatron-core engine: skipped where megatron-core does not import."""
 NO_APEX_RULES = ("megatron_core_sequence_parallel",)
 """Rules whose violation needs Apex to be missing: the test makes its import fail (megatron-core's import stays)."""

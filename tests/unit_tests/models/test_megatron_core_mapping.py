@@ -65,6 +65,26 @@ def test_local_layer_spec_has_qk_norm_only_when_asked() -> None:
     assert normed.q_layernorm is not IdentityOp and normed.k_layernorm is not IdentityOp
 
 
+def test_cp_comm_type_reaches_transformer_config() -> None:
+    m = tiny_llama_pretrain_config().model
+    assert transformer_config(m, CPU).cp_comm_type == "all_gather"  # this library's default, not megatron-core's None
+    m.cp_comm_type = "p2p"
+    assert transformer_config(m, CPU).cp_comm_type == "p2p"
+
+
+def test_torch_ddp_options_are_refused_naming_the_equivalent() -> None:
+    cfg = tiny_llama_pretrain_config()
+    cfg.model.engine, cfg.ddp.bucket_cap_mb, cfg.ddp.static_graph = "megatron_core", 25.0, True
+    with pytest.raises(ConfigValidationError) as err:
+        cfg.validate(world_size=1)
+    message = str(err.value)
+    assert "ddp.bucket_cap_mb=25.0" in message and "ddp.bucket_size" in message and "bucket_size, counted" in message
+    assert "ddp.static_graph=True" in message and "[rule megatron_core_ddp_options]" in message
+    assert set(err.value.paths) >= {"ddp.bucket_cap_mb", "ddp.static_graph"}
+    cfg.ddp.bucket_cap_mb, cfg.ddp.static_graph, cfg.ddp.bucket_size = None, False, 40_000_000
+    assert ddp_config(cfg.validate(world_size=1)).bucket_size == 40_000_000
+
+
 def test_ddp_options_map_to_megatron_core_ddp_config() -> None:
     cfg = tiny_llama_pretrain_config()
     d = cfg.ddp

@@ -15,7 +15,8 @@ tensor/pipeline/context parallel sizes,
 virtual_pipeline_model_parallel_size,
 num_layers_in_first/last_pipeline_stage,
 account_for_embedding/loss_in_pipeline_split,
-overlap_p2p_comm, batch_p2p_comm
+overlap_p2p_comm, batch_p2p_comm,
+cp_comm_type (TE attention under CP)
 activation="swiglu" / "gelu"                ``gated_linear_unit=True, activation_func=F.silu`` / ``False, F.gelu``
 params_dtype, pipeline_dtype (None:         ``TransformerConfig`` bf16/fp16, dtypes, FP8/FP4 fields
 params_dtype), mixed precision              (:mod:`.precision`); bf16/fp16 chunks in ``Float16Module``
@@ -90,6 +91,7 @@ def transformer_config(model: "ModelConfig", device: torch.device, precision: di
         overlap_p2p_comm=model.overlap_p2p_comm,
         batch_p2p_comm=model.batch_p2p_comm,
         context_parallel_size=model.context_parallel_size,
+        cp_comm_type=model.cp_comm_type,
         sequence_parallel=model.sequence_parallel,
         params_dtype=DTYPES[model.params_dtype],
         pipeline_dtype=DTYPES[model.pipeline_dtype or model.params_dtype],
