@@ -30,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         a, b = (json.loads(Path(p).read_text()) for p in args.compare)
         print(compare(a, b))
         return 0
-    cfg = build_config(args)
-    env = environment(args, cfg)
     from megatron_bridge.launcher import slurm
 
-    if slurm.requested(args):
-        return slurm_run(args, argv, cfg, env)
+    if slurm.requested(args):  # before the node flags: the Slurm job sets the nodes itself
+        return slurm_run(args, argv)
+    cfg = build_config(args)
+    env = environment(args, cfg)
     for key, value in env.items():  # the perf config's process environment (Megatron-Bridge's env_vars)
         os.environ.setdefault(key, value)
     if args.dryrun:
@@ -54,11 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     return run(cfg, output_dir)
 
 
-def slurm_run(args, argv: list[str], cfg, env: dict[str, str]) -> int:  # noqa: ANN001
+def slurm_run(args, argv: list[str]) -> int:  # noqa: ANN001
     """-a/-p: write the sbatch script into the run folder and submit it (a node of the job: train); -d prints it."""
     from megatron_bridge.launcher import slurm
+    from megatron_bridge.perf.args import build_config, environment
     from megatron_bridge.utils.launch import running_under_torchrun
 
+    cfg = build_config(args)
+    env = environment(args, cfg)
     run_dir = Path(args.output_dir or default_output_dir(args)).resolve()
     options = slurm.options_from_args(args, env)
     slurm.prepare_config(cfg, run_dir, options)

@@ -2,13 +2,15 @@
 
 Everything lives in one scratch folder: a munge key and socket (a private ``munged``), ``slurm.conf``, state, spool,
 pid and log files. ``slurmctld`` and two ``slurmd -N n1`` / ``-N n2`` run in the foreground as children of the test
-process (their pids are known; they are stopped by pid). The ports are free ports picked at start, so two test runs on
-one machine do not collide. Nothing under /etc is read or changed: clients find the cluster through ``SLURM_CONF``
+process (their pids are known; they are stopped by pid). The daemons' ports are free ports picked at start and job
+ids start at a random number (a job's rendezvous port derives from its id), so two test runs on one machine do not
+collide. Nothing under /etc is read or changed: clients find the cluster through ``SLURM_CONF``
 (:meth:`SlurmCluster.env`). Settings from ``/work/shared/reference/multi-node.md``: no cgroups (``proctrack/linuxproc``,
 ``task/none``), no accounting database, ``SlurmUser=root``, ``MinJobAge=60``, ``OverSubscribe=FORCE:4``.
 """
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -79,6 +81,8 @@ class SlurmCluster:
             "JobCompType=jobcomp/none", "MpiDefault=none", "SchedulerType=sched/builtin",
             "SlurmdParameters=config_overrides", "ReturnToService=2", "MinJobAge=60", "KillWait=10",
             "InactiveLimit=0", "MailProg=/bin/true",
+            # job ids (and so the jobs' rendezvous ports, 20000 + id % 40000) differ from another test cluster's
+            f"FirstJobId={random.randrange(1000, 40000)}",
         ]
         lines += [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus} State=UNKNOWN"
                   for n, p in zip(NODES, node_ports, strict=True)]
