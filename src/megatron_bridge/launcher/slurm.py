@@ -26,8 +26,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import SlurmError
 from megatron_bridge.launcher.nodes import processes_per_node
 from megatron_bridge.utils.cli import EXIT_USER_ERROR, bool_arg
@@ -183,7 +183,7 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> SlurmOpt
         preempt_time=args.preempt_time, master_addr=args.master_addr, max_restarts=args.max_restarts)
 
 
-def prepare_config(cfg: Any, run_dir: Path, options: SlurmOptions) -> None:  # noqa: ANN401  (a ConfigContainer)
+def prepare_config(cfg: ConfigContainer, run_dir: Path, options: SlurmOptions) -> None:
     """What a Slurm run changes in the config (the submitter and every node apply it alike): checkpoints save to
     ``checkpoint.save`` (default ``<run_dir>/checkpoints``) and load from there when ``checkpoint.load`` is unset, so
     a resubmitted job resumes; with ``--preempt_time`` the workers handle ``train.exit_signal``
