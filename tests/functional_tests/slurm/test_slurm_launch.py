@@ -35,6 +35,7 @@ _missing = missing_programs()
 pytestmark = [
     pytest.mark.skipif(bool(_missing), reason=f"Slurm is not installed (missing {_missing}): {INSTALL_HINT}"),
     pytest.mark.skipif(os.geteuid() != 0, reason="the test cluster runs slurmd as root (SlurmUser=root)"),
+    pytest.mark.distributed,
     pytest.mark.timeout(TIMEOUT_S + 60),
 ]
 
