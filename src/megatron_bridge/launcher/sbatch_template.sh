@@ -35,11 +35,12 @@ if [[ -z "$MASTER_ADDR" ]]; then
     MASTER_ADDR=$(scontrol -o show node "$FIRST_NODE" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
     MASTER_ADDR=${MASTER_ADDR:-$FIRST_NODE}
 fi
-# The rendezvous port: this job's own (from the job id, so two jobs on one host differ), skipping ports in use.
-# This shell runs on the first node, where node 0's store listens.
-MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))
+# The rendezvous port: this job's own (from the job id, so two jobs on one host differ; below Linux's ephemeral
+# ports, 32768+, which outgoing connections take), skipping ports in use. This shell runs on the first node, where
+# node 0's store listens.
+MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))
 while timeout 2 bash -c "exec 3<>/dev/tcp/$MASTER_ADDR/$MASTER_PORT" 2>/dev/null; do
-    MASTER_PORT=$((MASTER_PORT >= 59999 ? 20000 : MASTER_PORT + 1))
+    MASTER_PORT=$((MASTER_PORT >= 31999 ? 20000 : MASTER_PORT + 1))
 done
 export MASTER_ADDR MASTER_PORT
 

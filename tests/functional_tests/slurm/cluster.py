@@ -81,8 +81,8 @@ class SlurmCluster:
             "JobCompType=jobcomp/none", "MpiDefault=none", "SchedulerType=sched/builtin",
             "SlurmdParameters=config_overrides", "ReturnToService=2", "MinJobAge=60", "KillWait=10",
             "InactiveLimit=0", "MailProg=/bin/true",
-            # job ids (and so the jobs' rendezvous ports, 20000 + id % 40000) differ from another test cluster's
-            f"FirstJobId={random.randrange(1000, 40000)}",
+            # job ids (and so the jobs' rendezvous ports, 20000 + id % 12000) differ from another test cluster's
+            f"FirstJobId={random.randrange(1000, 12000)}",
         ]
         lines += [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus} State=UNKNOWN"
                   for n, p in zip(NODES, node_ports, strict=True)]
