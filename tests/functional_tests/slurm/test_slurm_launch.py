@@ -10,6 +10,7 @@ waits for its own; tiny_llama, 10 steps. Skipped where Slurm is not installed (t
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -211,8 +212,14 @@ def test_pre_time_limit_signal_saves_and_next_job_resumes(runs: dict[str, Launch
     rc, out = launch.wait()
     assert launch.events and launch.events[0].startswith("signalled job"), (launch.events, out[-6000:])
     assert rc == 0, (launch.events, out[-6000:])
-    assert "(signal)" in out and "the pre-time-limit signal" in out, out[-6000:]  # a stop, not a failure (0 retries)
-    assert "resumes from checkpoint step" in out and "loaded checkpoint" in out
+    # the first job: a checkpoint at the step the signal stopped it at, a clean exit (COMPLETED), not a failure
+    stopped = re.search(r"training stopped at step (\d+) \(signal\)", out)
+    assert stopped, out[-6000:]
+    step = stopped.group(1)
+    assert f"stopped at step {step} of 10 (exit 0, the pre-time-limit signal)" in out, out[-6000:]
+    assert re.search(r"COMPLETED: following job \d+, which resumes the run", out), out[-6000:]
+    assert f"checkpoint step {step} of 10, retries used 0 of 0" in out  # the next job starts there
+    assert re.search(rf"loaded checkpoint \S+iter_{int(step):07d}", out), out[-6000:]
     assert len((launch.run_dir / "slurm_jobs.txt").read_text().split()) == 2
     results = json.loads((launch.run_dir / "results.json").read_text())
     assert results["first_step"] == 1  # the slices' results.json joined
