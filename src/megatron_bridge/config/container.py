@@ -8,7 +8,7 @@
   together in one :class:`~megatron_bridge.errors.ConfigValidationError`.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,15 @@ class ConfigContainer:
         self.finalize()
         check_rules(self, ws)
         return self
+
+    @classmethod
+    def holding(cls, section: object) -> "ConfigContainer":
+        """A default container with ``section`` (a DatasetConfig, TokenizerConfig, ...) in its place, to check the
+        rules of that section where only it is at hand: ``enforce(ConfigContainer.holding(dataset_cfg), ...)``."""
+        for f in fields(cls):
+            if f.default_factory is type(section):  # type: ignore[comparison-overlap]
+                return cls(**{f.name: section})
+        raise TypeError(f"{type(section).__name__} is not a section of ConfigContainer")
 
     # ------------------------------------------------------------------------------------------ derived values
     def data_parallel_size(self, world_size: int | None = None) -> int:

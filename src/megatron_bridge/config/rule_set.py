@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from megatron_bridge.config import (
     rules,
+    rules_data,
     rules_device,
     rules_distributed,
     rules_engine,
@@ -30,6 +31,7 @@ __all__ = ["RULES", "RULE_MODULES", "Rule", "check_rules", "enforce"]
 
 RULE_MODULES: tuple[ModuleType, ...] = (
     rules,
+    rules_data,
     rules_model,
     rules_engine,
     rules_distributed,
@@ -51,9 +53,10 @@ def check_rules(cfg: "ConfigContainer", world_size: int, only: tuple[str, ...] |
     run_rules(cfg, world_size, only)
 
 
-def enforce(cfg: "ConfigContainer", *rule_ids: str) -> None:
+def enforce(cfg: "ConfigContainer", *rule_ids: str, world_size: int | None = None) -> None:
     """Run the named rules at build or wrap time (for callers that skipped ``validate()``): the same check and
-    message as ``validate()``, never a second copy of it."""
+    message as ``validate()``, never a second copy of it. Callers holding one section check it inside
+    ``ConfigContainer.holding(section)``. ``world_size`` defaults to the process group's."""
     from megatron_bridge.utils.dist_env import get_world_size
 
-    check_rules(cfg, get_world_size(), only=rule_ids)
+    check_rules(cfg, world_size if world_size is not None else get_world_size(), only=rule_ids)

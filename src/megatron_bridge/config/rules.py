@@ -49,6 +49,7 @@ _POSITIVE_FIELDS = (
     "model.context_parallel_size",
     "model.expert_model_parallel_size",
     "dataset.seq_length",
+    "dataset.mock_num_samples",
     "logger.log_interval",
     "logger.tensorboard_log_interval",
     "dist.distributed_timeout_minutes",
@@ -99,12 +100,14 @@ def _positive(cfg: "ConfigContainer", world_size: int) -> None:
                  "smaller value", path)
 
 
-@rule("nonnegative_values", ("optimizer.weight_decay", "validation.eval_iters", "optimizer.clip_grad"),
-      "Weight decay, clip_grad, eval_iters, warmup and learning rates are >= 0, and min_lr <= lr.")
+@rule("nonnegative_values", ("optimizer.weight_decay", "validation.eval_iters", "optimizer.clip_grad",
+                             "dataset.num_workers"),
+      "Weight decay, clip_grad, eval_iters, warmup, learning rates and dataset.num_workers are >= 0, and "
+      "min_lr <= lr.")
 def _nonnegative(cfg: "ConfigContainer", world_size: int) -> None:
     for path in ("optimizer.weight_decay", "optimizer.clip_grad", "optimizer.lr", "optimizer.min_lr",
                  "validation.eval_iters", "scheduler.lr_warmup_iters", "scheduler.lr_warmup_init",
-                 "model.init_method_std"):
+                 "model.init_method_std", "dataset.num_workers"):
         value = _get(cfg, path)
         if value < 0:  # type: ignore[operator]
             fail(f"{path} must be >= 0 (got {value!r})", path)
@@ -285,47 +288,6 @@ def _seq_length(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.seq_length != cfg.dataset.seq_length:
         fail(f"model.seq_length={cfg.model.seq_length} differs from dataset.seq_length={cfg.dataset.seq_length}: "
              "set both to the same value", "model.seq_length", "dataset.seq_length")
-
-
-@rule("dataset_source", ("dataset.mock", "dataset.data_path"),
-      "Exactly one data source: dataset.mock=True, or dataset.mock=False with dataset.data_path.")
-def _dataset_source(cfg: "ConfigContainer", world_size: int) -> None:
-    d = cfg.dataset
-    if d.mock and d.data_path:
-        fail("dataset.mock=True and dataset.data_path are both set: set dataset.mock=False to train on data_path",
-             "dataset.mock", "dataset.data_path")
-    if not d.mock and not d.data_path:
-        fail("dataset.mock=False needs dataset.data_path (indexed .bin/.idx prefixes)", "dataset.data_path")
-
-
-@rule("tokenizer_file", ("tokenizer.tokenizer_type", "tokenizer.tokenizer_file", "tokenizer.vocab_size"),
-      "tokenizer_type 'huggingface' needs tokenizer.tokenizer_file; 'null' needs tokenizer.vocab_size.")
-def _tokenizer(cfg: "ConfigContainer", world_size: int) -> None:
-    t = cfg.tokenizer
-    if t.tokenizer_type == "huggingface" and not t.tokenizer_file:
-        fail("tokenizer.tokenizer_type='huggingface' needs tokenizer.tokenizer_file (a tokenizer.json path)",
-             "tokenizer.tokenizer_file")
-    if t.tokenizer_type == "null" and not t.vocab_size:
-        fail("tokenizer.tokenizer_type='null' needs tokenizer.vocab_size", "tokenizer.vocab_size")
-
-
-BYTE_TOKENIZER_IDS = 258
-"""Ids of the byte tokenizer before extra special tokens: 256 bytes, <eod>, <pad> (data/tokenizers.py)."""
-
-
-@rule("tokenizer_vocab_fits", ("tokenizer.tokenizer_type", "tokenizer.vocab_size", "model.vocab_size"),
-      "The byte and null tokenizers' ids fit in model.vocab_size (a huggingface tokenizer is checked when loaded).")
-def _tokenizer_vocab(cfg: "ConfigContainer", world_size: int) -> None:
-    t = cfg.tokenizer
-    if t.tokenizer_type == "byte":
-        size, what = BYTE_TOKENIZER_IDS + len(t.extra_special_tokens), "the byte tokenizer"
-    elif t.tokenizer_type == "null" and t.vocab_size:
-        size, what = t.vocab_size, "tokenizer.vocab_size"
-    else:
-        return
-    if size > cfg.model.vocab_size:
-        fail(f"{what} has {size} ids but model.vocab_size={cfg.model.vocab_size}: set model.vocab_size={size} (or "
-             "larger)", "model.vocab_size", "tokenizer.tokenizer_type")
 
 
 @rule("scheduler_warmup_exclusive", ("scheduler.lr_warmup_fraction", "scheduler.lr_warmup_iters"),

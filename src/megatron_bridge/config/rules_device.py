@@ -47,7 +47,7 @@ def _cp_ring_needs_cuda(cfg: "ConfigContainer", world_size: int) -> None:
       "fsdp2.offload_policy.pin_memory=True needs an accelerator (pinned host memory).")
 def _pin_memory(cfg: "ConfigContainer", world_size: int) -> None:
     policy = cfg.fsdp2.offload_policy
-    if not (cfg.dist.use_torch_fsdp2 and policy is not None and policy.pin_memory):
+    if not (cfg.dist.use_torch_fsdp2 and getattr(policy, "pin_memory", False)):  # a torch OffloadPolicy too
         return
     from megatron_bridge.utils import packages
 

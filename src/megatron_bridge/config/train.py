@@ -71,4 +71,4 @@ class ProfilingConfig:
     """Folder for profiler traces (Chrome trace JSON per rank); None uses ./profile."""
     estimate_gpu: str | None = None
     """GPU the dry-run memory/time estimate is checked against (e.g. "h100", "b200"; the table in
-    megatron_bridge/perf/estimate.py); None means H100. launch.py's -g/--gpu wins over it."""
+    megatron_bridge/config/gpus.py); None means H100. launch.py's -g/--gpu wins over it."""

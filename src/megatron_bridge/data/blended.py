@@ -6,7 +6,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.config.data_paths import normalize_weights as config_normalize_weights
+from megatron_bridge.config.data_paths import weights_problem
+from megatron_bridge.errors import DataError
 from megatron_bridge.utils.logging import get_logger
 
 
@@ -17,14 +19,16 @@ MID_LEVEL_DATASET_SURPLUS = 0.005
 
 
 def normalize_weights(weights: Sequence[float]) -> list[float]:
-    """Weights divided by their sum (raises ConfigValidationError for negative or all-zero weights)."""
-    w = [float(x) for x in weights]
-    if any(not math.isfinite(x) or x < 0 for x in w) or sum(w) <= 0:
-        raise ConfigValidationError(
-            f"dataset.data_path weights {w} must be finite, non-negative and not all zero.", ("dataset.data_path",)
-        )
-    total = sum(w)
-    return [x / total for x in w]
+    """Weights divided by their sum.
+
+    Raises:
+        DataError: negative, non-finite or all-zero weights (``dataset.data_path``'s weights are checked by rule
+            ``dataset_data_path``; these are the weights a blend is built with, e.g. the datasets' token counts).
+    """
+    problem = weights_problem(weights, "blend weights")
+    if problem:
+        raise DataError(f"{problem}: give each blended dataset some tokens and a weight >= 0")
+    return config_normalize_weights(weights)
 
 
 def samples_per_dataset(weights: Sequence[float], size: int, surplus: float = 0.0) -> list[int]:

@@ -8,14 +8,17 @@ index*). With the same seed, split and sizes the three indices equal megatron-co
 
 import hashlib
 import os
-import re
 import tempfile
 
 import numpy as np
 import torch
 
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.data import DatasetConfig
+from megatron_bridge.config.data_paths import parse_split as config_parse_split
+from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.data.indexed import IndexedDataset
-from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.errors import DataError
 from megatron_bridge.utils.logging import get_logger
 
 
@@ -27,22 +30,13 @@ SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 
 
 def parse_split(split: str) -> list[float]:
-    """Normalized train/valid/test proportions of a split string such as ``"969,30,1"`` (missing parts are 0)."""
-    text = split.strip()
-    if not text or not re.fullmatch(r"[0-9.]+(\s*[,/]\s*[0-9.]+){0,2}", text):
-        raise ConfigValidationError(
-            f"dataset.split={split!r} is not a list of up to 3 non-negative numbers like '969,30,1'.",
-            ("dataset.split",),
-        )
-    try:
-        parts = [float(p) for p in re.split(r"\s*[,/]\s*", text)]
-    except ValueError as e:
-        raise ConfigValidationError(f"dataset.split={split!r}: {e}", ("dataset.split",)) from e
-    parts += [0.0] * (3 - len(parts))
-    total = sum(parts)
-    if total <= 0:
-        raise ConfigValidationError(f"dataset.split={split!r} has no positive part.", ("dataset.split",))
-    return [p / total for p in parts]
+    """Normalized train/valid/test proportions of a split string such as ``"969,30,1"`` (missing parts are 0).
+
+    Raises:
+        ConfigValidationError: rule ``dataset_split``.
+    """
+    enforce(ConfigContainer.holding(DatasetConfig(split=split)), "dataset_split")
+    return config_parse_split(split)
 
 
 def split_ranges(split: str, num_elements: int) -> list[tuple[int, int] | None]:
@@ -167,7 +161,7 @@ class GPTDataset(torch.utils.data.Dataset):
         cache_dir: str | None = None,
     ) -> None:
         if seq_length < 1:
-            raise ConfigValidationError(f"dataset.seq_length={seq_length} must be >= 1.", ("dataset.seq_length",))
+            raise ValueError(f"seq_length={seq_length} must be >= 1 (dataset.seq_length: rule positive_sizes)")
         self.indexed = indexed
         self.indexed_indices = np.asarray(indexed_indices, dtype=np.int32)
         self.num_samples = num_samples

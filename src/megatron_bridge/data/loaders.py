@@ -9,7 +9,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.data import DatasetConfig
+from megatron_bridge.config.data_paths import parse_data_path as config_parse_data_path
+from megatron_bridge.config.rule_set import enforce
+from megatron_bridge.config.rules_data import DATASET_RULES
 from megatron_bridge.data.blended import (
     MID_LEVEL_DATASET_SURPLUS,
     BlendedDataset,
@@ -22,7 +26,7 @@ from megatron_bridge.data.mock import MockGPTDataset
 from megatron_bridge.data.samplers import PretrainingSampler
 from megatron_bridge.data.tokenizers import Tokenizer
 from megatron_bridge.data.zigzag import ContextParallelCollate
-from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.errors import DataError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
@@ -61,46 +65,13 @@ def cyclic_iter(iterable: Iterable[T]) -> Iterator[T]:
 
 
 def parse_data_path(data_path: list[str]) -> tuple[list[str], list[float] | None]:
-    """Prefixes and (normalized) weights of ``dataset.data_path``: ``["a", "b"]`` or ``["0.7", "a", "0.3", "b"]``."""
-    items = [str(x).strip() for x in data_path]
-    if not items or any(not x for x in items):
-        raise ConfigValidationError(f"dataset.data_path={data_path!r} has an empty entry.", ("dataset.data_path",))
+    """Prefixes and (normalized) weights of ``dataset.data_path``: ``["a", "b"]`` or ``["0.7", "a", "0.3", "b"]``.
 
-    def as_float(s: str) -> float | None:
-        try:
-            return float(s)
-        except ValueError:
-            return None
-
-    if len(items) % 2 == 0 and all(as_float(w) is not None for w in items[0::2]):
-        weights = [float(w) for w in items[0::2]]
-        return items[1::2], normalize_weights(weights)
-    if len(items) % 2 == 0 and any(as_float(w) is not None for w in items[0::2]):
-        raise ConfigValidationError(
-            f"dataset.data_path={data_path!r} mixes weights and prefixes; give either only prefixes or "
-            "alternating weight, prefix pairs such as ['0.7', 'a', '0.3', 'b'].",
-            ("dataset.data_path",),
-        )
-    return items, None
-
-
-def _validate(cfg: DatasetConfig) -> None:
-    if cfg.mock and cfg.data_path:
-        raise ConfigValidationError(
-            f"dataset.mock=True but dataset.data_path={cfg.data_path!r} is set; set dataset.mock=False to train on "
-            "the files, or dataset.data_path=None for mock data.",
-            ("dataset.mock", "dataset.data_path"),
-        )
-    if not cfg.mock and not cfg.data_path:
-        raise ConfigValidationError(
-            "dataset.mock=False needs dataset.data_path (indexed dataset prefixes without .bin/.idx); set "
-            "dataset.mock=True to train on mock data.",
-            ("dataset.mock", "dataset.data_path"),
-        )
-    if cfg.seq_length < 1:
-        raise ConfigValidationError(f"dataset.seq_length={cfg.seq_length} must be >= 1.", ("dataset.seq_length",))
-    if cfg.num_workers < 0:
-        raise ConfigValidationError(f"dataset.num_workers={cfg.num_workers} must be >= 0.", ("dataset.num_workers",))
+    Raises:
+        ConfigValidationError: rule ``dataset_data_path``.
+    """
+    enforce(ConfigContainer.holding(DatasetConfig(mock=False, data_path=list(data_path))), "dataset_data_path")
+    return config_parse_data_path(data_path)
 
 
 def _open_indexed(prefix: str) -> IndexedDataset:
@@ -144,10 +115,10 @@ def build_pretraining_datasets(
     Mock data when ``dataset_cfg.mock``; else the indexed files of ``dataset_cfg.data_path``, blended by their
     weights (by their token counts when no weights are given).
     """
-    _validate(dataset_cfg)
+    enforce(ConfigContainer.holding(dataset_cfg), *DATASET_RULES)
     for name, n in zip(SPLIT_NAMES, sizes):
         if n < 0:
-            raise ConfigValidationError(f"{name}_samples={n} must be >= 0.")
+            raise ValueError(f"{name}_samples={n} must be >= 0")
     if dataset_cfg.mock:
         return tuple(  # type: ignore[return-value]
             MockGPTDataset(
@@ -166,7 +137,7 @@ def build_pretraining_datasets(
             else None
             for name, n in zip(SPLIT_NAMES, sizes)
         )
-    prefixes, weights = parse_data_path(dataset_cfg.data_path or [])
+    prefixes, weights = config_parse_data_path(dataset_cfg.data_path or [])  # DATASET_RULES checked it
     indexed = [_open_indexed(p) for p in prefixes]
     for ds in indexed:
         _check_vocab(ds, tokenizer.vocab_size)
@@ -289,15 +260,15 @@ def build_pretraining_data_loaders(
             data-parallel group reads the same samples; see :mod:`megatron_bridge.distributed.context_parallel`).
 
     Raises:
-        ConfigValidationError: contradicting ``dataset`` fields (mock with data_path, no data_path without mock).
+        ConfigValidationError: a rule of ``DATASET_RULES`` (e.g. mock with data_path, no data_path without mock).
         DataError: missing or corrupt files, splits too small for the requested samples.
     """
     if micro_batch_size < 1:
-        raise ConfigValidationError(f"micro_batch_size={micro_batch_size} must be >= 1.")
+        raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 1 (train.micro_batch_size: rule "
+                         "positive_sizes)")
     if data_parallel_size < 1 or not 0 <= data_parallel_rank < data_parallel_size:
-        raise ConfigValidationError(
-            f"data_parallel_rank={data_parallel_rank} must be in [0, data_parallel_size={data_parallel_size})."
-        )
+        raise ValueError(f"data_parallel_rank={data_parallel_rank} must be in [0, data_parallel_size="
+                         f"{data_parallel_size})")
     sizes = (train_samples, valid_samples, test_samples)
     train, valid, test = build_pretraining_datasets(dataset_cfg, tokenizer, sizes)
     source = "mock data" if dataset_cfg.mock else f"{dataset_cfg.data_path}"
@@ -309,10 +280,8 @@ def build_pretraining_data_loaders(
     )
     valid_consumed = consumed_valid_samples % len(valid) if valid is not None else 0  # type: ignore[arg-type]
     if context_parallel_size < 1 or not 0 <= context_parallel_rank < context_parallel_size:
-        raise ConfigValidationError(
-            f"context_parallel_rank={context_parallel_rank} must be in [0, context_parallel_size="
-            f"{context_parallel_size})."
-        )
+        raise ValueError(f"context_parallel_rank={context_parallel_rank} must be in [0, context_parallel_size="
+                         f"{context_parallel_size})")
     args = (micro_batch_size, data_parallel_rank, data_parallel_size, (context_parallel_size, context_parallel_rank))
     return PretrainingDataLoaders(
         train=_loader(train, dataset_cfg, consumed_train_samples, *args),

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from megatron_bridge.data.gpt_dataset import SPLIT_NAMES, sample_from_tokens
-from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.errors import DataError
 
 
 class MockGPTDataset(torch.utils.data.Dataset):
@@ -52,22 +52,16 @@ class MockGPTDataset(torch.utils.data.Dataset):
         reset_position_ids: bool = False,
         eod_mask_loss: bool = False,
     ) -> None:
-        if seq_length < 1:
-            raise ConfigValidationError(f"dataset.seq_length={seq_length} must be >= 1.", ("dataset.seq_length",))
-        if num_distinct < 1:
-            raise ConfigValidationError(
-                f"dataset.mock_num_samples={num_distinct} must be >= 1.", ("dataset.mock_num_samples",)
-            )
+        if seq_length < 1 or num_distinct < 1:  # dataset.seq_length, dataset.mock_num_samples: rule positive_sizes
+            raise ValueError(f"seq_length={seq_length} and num_distinct={num_distinct} must be >= 1")
         if split_name not in SPLIT_NAMES:
             raise ValueError(f"split_name must be one of {SPLIT_NAMES}, not {split_name!r}")
         special = {int(eod), *(int(r) for r in reserved_ids)}
         alphabet = [i for i in range(min(vocab_size, self.MAX_ALPHABET + len(special))) if i not in special]
         alphabet = alphabet[: self.MAX_ALPHABET]
-        if len(alphabet) < 2:
-            raise ConfigValidationError(
-                f"the mock dataset needs a vocabulary of at least 2 ordinary ids, got vocab_size={vocab_size}.",
-                ("tokenizer.vocab_size",),
-            )
+        if len(alphabet) < 2:  # the null tokenizer's vocab_size: rule mock_data_vocab
+            raise DataError(f"mock data needs a tokenizer with at least 2 ordinary ids besides <eod>/<pad>, and this "
+                            f"one has vocab_size={vocab_size}: use tokenizer.tokenizer_type='byte'")
         self.alphabet = np.asarray(alphabet, dtype=np.int64)
         self.num_samples = int(num_samples)
         self.seq_length = int(seq_length)

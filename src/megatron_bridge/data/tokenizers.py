@@ -11,7 +11,10 @@ import json
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.data import TokenizerConfig
+from megatron_bridge.config.rule_set import enforce
+from megatron_bridge.config.rules_data import RESERVED_TOKENS, TOKENIZER_RULES
 from megatron_bridge.errors import ConfigValidationError, DataError
 from megatron_bridge.utils.logging import get_logger, warn_once
 
@@ -76,13 +79,8 @@ class ByteTokenizer(Tokenizer):
 
     def __init__(self, extra_special_tokens: list[str] | None = None) -> None:
         extras = list(extra_special_tokens or [])
-        specials = ["<eod>", "<pad>", *extras]
-        if len(set(specials)) != len(specials):
-            raise ConfigValidationError(
-                f"tokenizer.extra_special_tokens={extras!r} repeats a token or reuses <eod>/<pad>; "
-                "list each extra special token once.",
-                ("tokenizer.extra_special_tokens",),
-            )
+        enforce(ConfigContainer.holding(TokenizerConfig(extra_special_tokens=extras)), "tokenizer_settings")
+        specials = [*RESERVED_TOKENS, *extras]
         self._specials = specials
         self._special_to_id = {tok: self.NUM_BYTES + i for i, tok in enumerate(specials)}
 
@@ -260,11 +258,8 @@ class NullTokenizer(Tokenizer):
     """Ids only, for data that is already tokenized: ``eod = vocab_size - 1``; cannot turn text into ids."""
 
     def __init__(self, vocab_size: int) -> None:
-        if vocab_size < 2:
-            raise ConfigValidationError(
-                f"tokenizer.vocab_size={vocab_size} is too small; the null tokenizer needs at least 2 ids.",
-                ("tokenizer.vocab_size",),
-            )
+        enforce(ConfigContainer.holding(TokenizerConfig(tokenizer_type="null", vocab_size=vocab_size)),
+                "tokenizer_settings")
         self._vocab_size = int(vocab_size)
 
     @property
@@ -298,41 +293,18 @@ def build_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
     """Build the tokenizer that ``cfg`` describes.
 
     Raises:
-        ConfigValidationError: a required field is missing or an unknown tokenizer_type is given.
+        ConfigValidationError: a rule of ``TOKENIZER_RULES`` (a required field is missing, an unknown
+            tokenizer_type, extra special tokens or add_bos a tokenizer cannot have).
         DataError: the tokenizer file is missing or unreadable, or has no end-of-document token.
     """
+    enforce(ConfigContainer.holding(cfg), *TOKENIZER_RULES)
     kind = cfg.tokenizer_type
-    if cfg.add_bos and kind != "huggingface":
-        raise ConfigValidationError(
-            f"tokenizer.add_bos=True needs a huggingface tokenizer; the {kind} tokenizer has no BOS token.",
-            ("tokenizer.add_bos",),
-        )
     if kind == "byte":
         tok: Tokenizer = ByteTokenizer(cfg.extra_special_tokens)
     elif kind == "huggingface":
-        if not cfg.tokenizer_file:
-            raise ConfigValidationError(
-                "tokenizer.tokenizer_type='huggingface' needs tokenizer.tokenizer_file (the path of a tokenizer.json)",
-                ("tokenizer.tokenizer_file",),
-            )
-        if cfg.extra_special_tokens:
-            raise ConfigValidationError(
-                "tokenizer.extra_special_tokens applies to the byte tokenizer only; add special tokens to the "
-                "tokenizer.json instead.",
-                ("tokenizer.extra_special_tokens",),
-            )
-        tok = HuggingFaceTokenizer(cfg.tokenizer_file, eod_token=cfg.eod_token, add_bos=cfg.add_bos)
-    elif kind == "null":
-        if cfg.vocab_size is None:
-            raise ConfigValidationError(
-                "tokenizer.tokenizer_type='null' needs tokenizer.vocab_size.", ("tokenizer.vocab_size",)
-            )
-        tok = NullTokenizer(cfg.vocab_size)
+        tok = HuggingFaceTokenizer(str(cfg.tokenizer_file), eod_token=cfg.eod_token, add_bos=cfg.add_bos)
     else:
-        raise ConfigValidationError(
-            f"tokenizer.tokenizer_type={kind!r} is unknown; use 'byte', 'huggingface' or 'null'.",
-            ("tokenizer.tokenizer_type",),
-        )
+        tok = NullTokenizer(int(cfg.vocab_size))  # type: ignore[arg-type]  (rule tokenizer_file)
     if cfg.vocab_size is not None and kind != "null" and cfg.vocab_size != tok.vocab_size:
         warn_once(
             logger,

@@ -30,7 +30,6 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.distributed.common import BlockRef, find_decoder_blocks, has_trainable_params, unwrap_checkpoint
-from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
@@ -68,9 +67,8 @@ def normalize_mode(mode: ACMode, path: str = "activation_checkpointing") -> Lite
         return "full"
     if mode == "selective":
         return "selective"
-    raise ConfigValidationError(
-        f"{path}={mode!r} is not an activation-checkpointing mode: use False, True, 'full' or 'selective'.", (path,)
-    )
+    raise ValueError(f"{path}={mode!r} is not an activation-checkpointing mode (rule field_types): use False, True, "
+                     "'full' or 'selective'")
 
 
 def ac_settings(cfg: "ConfigContainer", section: Literal["ddp", "fsdp2"]) -> ACSettings:

@@ -55,8 +55,8 @@ def apply_context_parallel(model: nn.Module, cp_mesh: "DeviceMesh", cfg: "Config
     checkpoints do not depend on CP.
 
     Raises:
-        ConfigValidationError: the mesh size differs from ``model.context_parallel_size``, the model has no
-            attention modules, or ``model.cp_comm_type="p2p"`` on a mesh that is not CUDA.
+        ConfigValidationError: the mesh size differs from ``model.context_parallel_size``, or the model has no
+            attention modules.
     """
     from megatron_bridge.distributed.cp_attention import ContextParallelAttention
 
@@ -66,13 +66,7 @@ def apply_context_parallel(model: nn.Module, cp_mesh: "DeviceMesh", cfg: "Config
             f"the CP mesh has {cp_mesh.size()} ranks but model.context_parallel_size={cp}.",
             ("model.context_parallel_size",),
         )
-    comm = cfg.model.cp_comm_type
-    if comm == "p2p" and cp_mesh.device_type != "cuda":
-        raise ConfigValidationError(
-            f"model.cp_comm_type='p2p' (PyTorch's ring attention, torch.distributed.tensor.experimental."
-            f"context_parallel) runs only on CUDA, and this job runs on {cp_mesh.device_type!r}: set "
-            "model.cp_comm_type='all_gather' (exact on every device).", ("model.cp_comm_type",),
-        )
+    comm = cfg.model.cp_comm_type  # the backends enforce rule cp_ring_needs_cuda before they call this
     modules = _attention_modules(model)
     if not modules:
         raise ConfigValidationError(

@@ -137,11 +137,8 @@ class ContextParallelAttention:
     """
 
     def __init__(self, cp_mesh: "DeviceMesh", comm_type: str) -> None:
-        if comm_type not in ("all_gather", "p2p"):
-            raise ConfigValidationError(
-                f"model.cp_comm_type={comm_type!r} is not supported: use 'all_gather' (every device) or 'p2p' "
-                "(CUDA ring attention).", ("model.cp_comm_type",),
-            )
+        if comm_type not in ("all_gather", "p2p"):  # model.cp_comm_type: rule field_types
+            raise ValueError(f"comm_type={comm_type!r}: use 'all_gather' (every device) or 'p2p' (CUDA ring attention)")
         self.mesh = cp_mesh
         self.group = cp_mesh.get_group()
         self.size = cp_mesh.size()

@@ -154,6 +154,7 @@ class DDPBackend(DataParallelBackend):
             else:
                 chunk.to(self.device)
             if cp_mesh is not None:
+                enforce(self.cfg, "cp_ring_needs_cuda")
                 apply_context_parallel(chunk, cp_mesh, self.cfg)
             apply_ac_settings(chunk, settings)
             ignore_in_ddp(chunk, self.expert_parallel)

@@ -43,7 +43,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from megatron_bridge.distributed.common import has_meta_params
-from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.moe import GroupedExperts, MoELayer
 from megatron_bridge.models.provider import materialize_meta_model
 from megatron_bridge.utils.logging import get_logger, log_rank_0
@@ -68,18 +67,14 @@ def build_expert_mesh(cfg: "ConfigContainer", env: "DistEnv") -> DeviceMesh:
     Megatron carves EP out of ``dp × cp``). Its ``"pp"`` groups are the pipeline groups of the main mesh.
 
     Raises:
-        ConfigValidationError: EP does not divide data-parallel size × CP.
+        ConfigValidationError: EP does not divide data-parallel size × CP (rule ``expert_parallel_layout``).
     """
+    from megatron_bridge.config.rule_set import enforce
+
+    enforce(cfg, "positive_sizes", "world_size_divisible", "expert_parallel_layout", world_size=env.world_size)
     m = cfg.model
-    ep, tp, cp, pp = (m.expert_model_parallel_size, m.tensor_model_parallel_size, m.context_parallel_size,
-                      m.pipeline_model_parallel_size)
+    ep, tp, pp = m.expert_model_parallel_size, m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     dp_cp = env.world_size // (tp * pp)
-    if dp_cp % ep or env.world_size % (tp * pp):
-        raise ConfigValidationError(
-            f"model.expert_model_parallel_size={ep} must divide data-parallel size × CP = {dp_cp} (world "
-            f"{env.world_size} / (TP {tp} × PP {pp}), CP {cp}): change the EP size or the number of processes.",
-            ("model.expert_model_parallel_size",),
-        )
     dims = [("pp", pp), ("edp", dp_cp // ep), ("ep", ep), ("tp", tp)]
     dims = [(name, size) for name, size in dims if name in ("edp", "ep") or size > 1]
     mesh = init_device_mesh(env.device.type, tuple(size for _, size in dims),

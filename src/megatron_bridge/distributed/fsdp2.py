@@ -52,6 +52,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
+from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.distributed.activation_checkpointing import ac_settings, apply_ac_settings
 from megatron_bridge.distributed.base import DataParallelBackend
 from megatron_bridge.distributed.common import (
@@ -80,7 +81,6 @@ from megatron_bridge.distributed.init import (
 )
 from megatron_bridge.distributed.meta_init import materialize_sharded
 from megatron_bridge.distributed.tensor_parallel import apply_tensor_parallel
-from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
@@ -114,20 +114,14 @@ def build_offload_policy(cfg: "ConfigContainer") -> OffloadPolicy:
     """``fsdp2.offload_policy`` as a CPUOffloadPolicy (None: no offloading).
 
     Raises:
-        ConfigValidationError: ``pin_memory=True`` on a machine without an accelerator.
+        ConfigValidationError: ``pin_memory=True`` on a machine without an accelerator (rule
+            ``fsdp2_pin_memory_needs_accelerator``).
     """
     policy = cfg.fsdp2.offload_policy
     if policy is None:
         return OffloadPolicy()
-    if isinstance(policy, OffloadPolicy):
-        pin = getattr(policy, "pin_memory", False)
-    else:
-        pin = policy.pin_memory
-    if pin and not torch.accelerator.is_available():
-        raise ConfigValidationError(
-            "fsdp2.offload_policy.pin_memory=True needs an accelerator (pinned host memory), and none is available: "
-            "set fsdp2.offload_policy.pin_memory=False.", ("fsdp2.offload_policy.pin_memory",),
-        )
+    enforce(cfg, "fsdp2_pin_memory_needs_accelerator")
+    pin = getattr(policy, "pin_memory", False)
     return policy if isinstance(policy, OffloadPolicy) else CPUOffloadPolicy(pin_memory=pin)
 
 
@@ -196,6 +190,7 @@ class FSDP2Backend(DataParallelBackend):
         if self.tp_mesh is not None:
             apply_tensor_parallel(chunk, self.tp_mesh, self.cfg)
         if self.cp_mesh is not None:
+            enforce(self.cfg, "cp_ring_needs_cuda")
             apply_context_parallel(chunk, self.cp_mesh, self.cfg)
         apply_ac_settings(chunk, ac_settings(self.cfg, "fsdp2"))
         if f.enable_compile:

@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from megatron_bridge.distributed.failure import collective_timeout
-from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
@@ -57,21 +56,17 @@ def resolve_backend(requested: str | None) -> str:
     """The process-group backend for ``dist.distributed_backend``: None → nccl with CUDA, else gloo.
 
     Raises:
-        ConfigValidationError: nccl is asked for on a machine without CUDA, or the name is unknown.
+        ConfigValidationError: nccl is asked for on a machine without CUDA, or the name is unknown (rules
+            ``nccl_needs_cuda``, ``field_types``).
     """
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.config.distributed import DistributedInitConfig
+    from megatron_bridge.config.rule_set import enforce
+
     if requested is None:
         return "nccl" if torch.cuda.is_available() else "gloo"
-    if requested not in ("nccl", "gloo"):
-        raise ConfigValidationError(
-            f"dist.distributed_backend={requested!r} is not supported; use 'nccl', 'gloo' or None (auto).",
-            ("dist.distributed_backend",),
-        )
-    if requested == "nccl" and not torch.cuda.is_available():
-        raise ConfigValidationError(
-            "dist.distributed_backend='nccl' needs CUDA, but no CUDA device is available: set "
-            "dist.distributed_backend='gloo' or None (auto picks gloo without CUDA).",
-            ("dist.distributed_backend",),
-        )
+    section = DistributedInitConfig(distributed_backend=requested)  # type: ignore[arg-type]
+    enforce(ConfigContainer.holding(section), "field_types", "nccl_needs_cuda")
     return requested
 
 
@@ -164,16 +159,9 @@ def build_device_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:
     """
     from megatron_bridge.config.rule_set import enforce
 
-    enforce(cfg, "engine_parallel_layout")
+    enforce(cfg, "positive_sizes", "engine_parallel_layout", "world_size_divisible", world_size=env.world_size)
     m = cfg.model
     tp, cp, pp = m.tensor_model_parallel_size, m.context_parallel_size, m.pipeline_model_parallel_size
-    if env.world_size % (tp * cp * pp) != 0:
-        raise ConfigValidationError(
-            f"model.tensor_model_parallel_size × model.context_parallel_size × model.pipeline_model_parallel_size = "
-            f"{tp}×{cp}×{pp} does not divide the world size {env.world_size}: pick sizes whose product divides the "
-            "number of processes.",
-            ("model.tensor_model_parallel_size", "model.context_parallel_size", "model.pipeline_model_parallel_size"),
-        )
     dims = [("pp", pp), ("dp", env.world_size // (tp * cp * pp)), ("cp", cp), ("tp", tp)]
     dims = [(name, size) for name, size in dims if name == "dp" or size > 1]
     mesh = init_device_mesh(env.device.type, tuple(size for _, size in dims),

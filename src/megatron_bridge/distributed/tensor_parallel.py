@@ -51,7 +51,6 @@ from torch.distributed.tensor.parallel import (
 from torch.nn import functional as F
 
 from megatron_bridge.config.rule_set import enforce
-from megatron_bridge.config.rules_distributed import TP_STYLES, tp_plan_problems
 from megatron_bridge.config.tp_plan import check_attention_split, match_patterns
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.moe import MoELayer
@@ -241,14 +240,12 @@ def validate_tp_plan(patterns: dict[str, str], *, sequence_parallel: bool) -> No
         ConfigValidationError: not a dict, an unknown style, or "sequence_parallel" without
             ``model.sequence_parallel``.
     """
-    if not isinstance(patterns, dict):
-        raise ConfigValidationError(
-            f"fsdp2.tp_plan={patterns!r} must be a dict of module-name pattern to style ({', '.join(TP_STYLES)}), "
-            "or None for the auto-selected plan.", ("fsdp2.tp_plan",),
-        )
-    problems = tp_plan_problems(patterns, sequence_parallel=sequence_parallel)
-    if problems:
-        raise ConfigValidationError("; ".join(problems), ("fsdp2.tp_plan",))
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.config.distributed import FSDP2Config
+    from megatron_bridge.config.model import ModelConfig
+
+    cfg = ConfigContainer(fsdp2=FSDP2Config(tp_plan=patterns), model=ModelConfig(sequence_parallel=sequence_parallel))
+    enforce(cfg, "field_types", "tp_plan_styles", world_size=1)
 
 
 def _style_for(module: nn.Module, style: str, model: nn.Module, sp: bool) -> ParallelStyle:

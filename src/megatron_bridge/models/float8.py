@@ -25,7 +25,7 @@ from torch import nn
 
 from megatron_bridge.config.fp8_local import FP8_BLOCK_SIZE, TORCHAO_RECIPES
 from megatron_bridge.config.mixed_precision import MixedPrecisionConfig
-from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
@@ -121,10 +121,9 @@ def _converted_names(model: nn.Module, keep: Callable[[nn.Module, str], bool]) -
 def convert_chunk(model: nn.Module, mp: MixedPrecisionConfig, num_layers: int, *, fsdp_float8_all_gather: bool,
                   emulate: bool = False) -> list[str]:
     """Convert ``model``'s selected Linear layers in place for ``mp.fp8_recipe``; returns their names."""
-    if mp.fp8_recipe not in TORCHAO_RECIPES:
-        raise ConfigValidationError(f"mixed_precision.fp8_recipe={mp.fp8_recipe!r} has no torchao training recipe "
-                                    f"on the local engine: use one of {sorted(TORCHAO_RECIPES)}",
-                                    ("mixed_precision.fp8_recipe",))
+    if mp.fp8_recipe not in TORCHAO_RECIPES:  # mixed_precision.fp8_recipe: rule fp8_requirements
+        raise ValueError(f"fp8_recipe={mp.fp8_recipe!r} has no torchao training recipe: use one of "
+                         f"{sorted(TORCHAO_RECIPES)}")
     keep = fp8_module_filter(model, mp, num_layers)
     names = _converted_names(model, keep)
     markers = {n: _own_markers(model.get_submodule(n)) for n in names}
@@ -153,6 +152,7 @@ def convert_for_fp8_training(chunks: list[nn.Module], cfg: "ConfigContainer") ->
     mp = cfg.mixed_precision
     if not isinstance(mp, MixedPrecisionConfig) or not mp.fp8:
         return None
+    enforce(cfg, "fp8_fp4_settings", "fp8_requirements", "fp8_local_compat")
     fsdp2 = cfg.dist.use_torch_fsdp2
     all_gather = bool(mp.fp8_param_gather and fsdp2 and mp.fp8_recipe == "tensorwise")
     result = Float8Training(recipe=mp.fp8_recipe, precompute_scales=all_gather)

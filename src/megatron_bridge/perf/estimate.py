@@ -8,6 +8,7 @@ ends with a warning that names the knobs that would help, biggest part first. Pu
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from megatron_bridge.config.gpus import GPU_MEMORY_GIB, find_gpu, known_gpus
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.flops import num_floating_point_operations
 from megatron_bridge.perf.memory import MemoryEstimate, estimate_memory
@@ -17,12 +18,6 @@ from megatron_bridge.perf.results import PEAK_TFLOPS
 if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
 
-GPU_MEMORY_GIB: dict[str, float] = {
-    "H100": 79.6, "H200": 139.8, "H20": 95.0, "B200": 178.4, "GB200": 184.0, "A100": 79.2, "L40S": 44.4,
-}
-"""Device memory a process can allocate (GiB), per GPU of :data:`~megatron_bridge.perf.results.PEAK_TFLOPS`
-(the datasheet's GB less what the driver reserves, as ``torch.cuda.get_device_properties().total_memory`` reports)."""
-DEFAULT_GPU = "H100"
 DEFAULT_MFU = 0.40
 """MFU the step-time estimate assumes (a typical large-model figure; Megatron-Bridge's H100 Llama-3 8B runs reach
 about 0.4-0.55)."""
@@ -32,15 +27,13 @@ NCCL buffers)."""
 
 
 def gpu_key(name: str | None) -> str:
-    """Table key of a GPU name (``h100``, ``NVIDIA H100 80GB HBM3``: longest match); unknown names raise."""
-    wanted = (name or DEFAULT_GPU).strip().lower()
-    matches = [k for k in GPU_MEMORY_GIB if k.lower() in wanted or wanted == k.lower()]
-    if not matches:
-        raise ConfigValidationError(
-            f"unknown GPU {name!r} for the estimate; use one of {sorted(k.lower() for k in GPU_MEMORY_GIB)}",
-            ("profiling.estimate_gpu",),
-        )
-    return max(matches, key=len)
+    """Table key of a GPU name (``h100``, ``NVIDIA H100 80GB HBM3``: longest match); unknown names raise (for
+    ``profiling.estimate_gpu`` rule ``profiling_settings`` names them in ``validate()``)."""
+    key = find_gpu(name)
+    if key is None:
+        raise ConfigValidationError(f"unknown GPU {name!r} for the estimate; use one of {known_gpus()}",
+                                    ("profiling.estimate_gpu",))
+    return key
 
 
 @dataclass(frozen=True)

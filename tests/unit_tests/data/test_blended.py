@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from megatron_bridge.data.blended import BlendedDataset, build_blending_indices, normalize_weights
-from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.errors import DataError
 
 
 class _Const(torch.utils.data.Dataset):
@@ -48,7 +48,7 @@ def test_blended_dataset_items_and_determinism() -> None:
     assert np.array_equal(blend.dataset_index, again.dataset_index)
     with pytest.raises(DataError, match="has only"):
         BlendedDataset([_Const(0, 5), _Const(1, 100)], [1, 1], 40)
-    with pytest.raises(ConfigValidationError, match="non-negative"):
+    with pytest.raises(DataError, match="non-negative"):
         BlendedDataset([_Const(0, 5)], [-1], 4)
     with pytest.raises(IndexError):
         blend[40]

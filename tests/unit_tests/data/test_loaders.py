@@ -93,7 +93,8 @@ def test_file_loaders_single_and_blend(make_indexed: Callable[..., str]) -> None
 
 def test_config_errors(make_indexed: Callable[..., str], tmp_path: Path) -> None:
     a, _ = _files(make_indexed)
-    with pytest.raises(ConfigValidationError, match="dataset.mock=True but dataset.data_path"):
+    with pytest.raises(ConfigValidationError, match=r"dataset.mock=True and dataset.data_path are both set.*\[rule "
+                       r"dataset_source\]"):
         _build(DatasetConfig(mock=True, data_path=[a]))
     with pytest.raises(ConfigValidationError, match="needs dataset.data_path"):
         _build(DatasetConfig(mock=False))

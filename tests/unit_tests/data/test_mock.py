@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from megatron_bridge.data.mock import MockGPTDataset
-from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.errors import DataError
 
 
 def _mock(**kw: object) -> MockGPTDataset:
@@ -70,7 +70,7 @@ def test_eod_masking_and_positions() -> None:
 def test_small_vocab_and_bad_args() -> None:
     ds = MockGPTDataset(5, 16, vocab_size=10, eod=9)
     assert ds.alphabet.tolist() == list(range(9))
-    with pytest.raises(ConfigValidationError, match="vocab"):
+    with pytest.raises(DataError, match="vocab_size=2"):
         MockGPTDataset(5, 16, vocab_size=2, eod=1)
-    with pytest.raises(ConfigValidationError, match="mock_num_samples"):
+    with pytest.raises(ValueError, match="num_distinct=0"):
         MockGPTDataset(5, 16, vocab_size=100, eod=99, num_distinct=0)

@@ -71,7 +71,8 @@ def test_data_parallel_mesh(process_group) -> None:
 def test_mesh_pp_must_divide_world(process_group) -> None:
     cfg = ConfigContainer()
     cfg.model.pipeline_model_parallel_size = 2
-    with pytest.raises(ConfigValidationError, match="does not divide") as info:
+    with pytest.raises(ConfigValidationError,
+                       match=r"is not divisible by TP×PP×CP .*\[rule world_size_divisible\]") as info:
         build_device_mesh(cfg, process_group)
     assert "model.pipeline_model_parallel_size" in info.value.paths
 
@@ -88,6 +89,7 @@ def test_rank_indices_follow_the_mesh_order() -> None:
 def test_mesh_tp_cp_must_divide_world(process_group, field: str) -> None:
     cfg = ConfigContainer()
     setattr(cfg.model, field, 2)
-    with pytest.raises(ConfigValidationError, match="does not divide") as info:
+    with pytest.raises(ConfigValidationError,
+                       match=r"is not divisible by TP×PP×CP .*\[rule world_size_divisible\]") as info:
         build_device_mesh(cfg, process_group)
     assert f"model.{field}" in info.value.paths

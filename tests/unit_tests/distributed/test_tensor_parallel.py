@@ -205,7 +205,8 @@ def test_sequence_parallel_style_needs_sequence_parallel() -> None:
 
 
 def test_plan_must_be_a_dict_and_match_something(caplog: pytest.LogCaptureFixture) -> None:
-    with pytest.raises(ConfigValidationError, match="must be a dict"):
+    with pytest.raises(ConfigValidationError,
+                       match=r"fsdp2.tp_plan='llama' is not dict\[str, str\] or None \[rule field_types\]"):
         validate_tp_plan("llama", sequence_parallel=False)  # type: ignore[arg-type]
     with pytest.raises(ConfigValidationError, match="matches no module"):
         plan_from_patterns(_model(), {"model.layers.*.q_proj": "colwise"}, sequence_parallel=False)

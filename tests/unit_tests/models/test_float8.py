@@ -113,10 +113,15 @@ def test_mxfp8_conversion_swaps_the_selected_weights() -> None:
 
 def test_refused_recipe_is_a_named_error() -> None:
     from megatron_bridge.errors import ConfigValidationError
+    from megatron_bridge.models.float8 import convert_for_fp8_training
+    from megatron_bridge.recipes import tiny_llama_pretrain_config
 
-    mp = get_mixed_precision_preset("bf16_with_fp8_delayed_scaling_mixed")
-    with pytest.raises(ConfigValidationError, match="has no torchao training recipe"):
-        convert_chunk(_model(), mp, 4, fsdp_float8_all_gather=False)
+    cfg = tiny_llama_pretrain_config()
+    cfg.mixed_precision = get_mixed_precision_preset("bf16_with_fp8_delayed_scaling_mixed")
+    with pytest.raises(ConfigValidationError, match=r"an FP8 recipe torchao trains with.*\[rule fp8_requirements\]"):
+        convert_for_fp8_training([_model()], cfg)  # the rule of validate(), enforced at conversion
+    with pytest.raises(ValueError, match="has no torchao training recipe"):
+        convert_chunk(_model(), cfg.mixed_precision, 4, fsdp_float8_all_gather=False)
 
 
 def test_meta_device_model_converted_then_initialized_equals_direct_build() -> None:
