@@ -116,7 +116,8 @@ def _report(args: argparse.Namespace, times: dict[str, list[float]], memory: dic
 def main() -> int:
     """Entry point (re-launches itself under torchrun on 2 ranks)."""
     args = parse_args()
-    from megatron_bridge.utils.launch import end_worker, relaunch_with_torchrun, running_under_torchrun
+    from megatron_bridge.launcher.local import relaunch_with_torchrun
+    from megatron_bridge.utils.launch import end_worker, running_under_torchrun
 
     if not running_under_torchrun():
         return relaunch_with_torchrun(2, [os.path.abspath(__file__), *sys.argv[1:]], threads_per_rank=1)

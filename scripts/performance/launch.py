@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if slurm.requested(args):  # before the node flags: the Slurm job sets the nodes itself
         return slurm_run(args, argv)
+    from megatron_bridge.launcher.nodes import node_layout, processes_per_node
+
+    layout = node_layout(args)  # a job over nodes started by hand (or another scheduler): this node's share
+    nproc = processes_per_node(args.num_gpus, args.gpus_per_node, layout.nnodes)
     cfg = build_config(args)
     env = environment(args, cfg)
     for key, value in env.items():  # the perf config's process environment (Megatron-Bridge's env_vars)
@@ -46,11 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         print("".join(f"# env {key}={os.environ[key]}\n" for key in env), end="")
         print(dry_run_report(cfg, args.num_gpus, args.gpu), end="")
         return 0
-    from megatron_bridge.utils.launch import relaunch_with_torchrun, running_under_torchrun
+    from megatron_bridge.launcher.local import relaunch_with_torchrun
+    from megatron_bridge.utils.launch import running_under_torchrun
 
     output_dir = args.output_dir or default_output_dir(args)
-    if args.num_gpus > 1 and not running_under_torchrun():
-        return relaunch_with_torchrun(args.num_gpus, [os.path.abspath(__file__), *argv, "--output_dir", output_dir])
+    if layout.needs_launcher(nproc) and not running_under_torchrun():
+        return relaunch_with_torchrun(nproc, [os.path.abspath(__file__), *argv, "--output_dir", output_dir],
+                                      layout=layout)
     return run(cfg, output_dir)
 
 

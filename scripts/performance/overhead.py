@@ -101,7 +101,8 @@ def library_loop(cfg) -> list[float]:  # noqa: ANN001
 def main() -> int:
     """Entry point (re-launches itself under torchrun)."""
     args = parse_args()
-    from megatron_bridge.utils.launch import end_worker, relaunch_with_torchrun, running_under_torchrun
+    from megatron_bridge.launcher.local import relaunch_with_torchrun
+    from megatron_bridge.utils.launch import end_worker, running_under_torchrun
 
     if not running_under_torchrun():
         return relaunch_with_torchrun(args.nproc, [os.path.abspath(__file__), *sys.argv[1:]], threads_per_rank=1)

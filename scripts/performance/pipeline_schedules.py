@@ -63,7 +63,8 @@ def make_config(args: argparse.Namespace, vp: int | None, schedule: str | None):
 def main() -> int:
     """Entry point (re-launches itself under torchrun)."""
     args = parse_args()
-    from megatron_bridge.utils.launch import end_worker, relaunch_with_torchrun, running_under_torchrun
+    from megatron_bridge.launcher.local import relaunch_with_torchrun
+    from megatron_bridge.utils.launch import end_worker, running_under_torchrun
 
     if not running_under_torchrun():
         return relaunch_with_torchrun(args.ranks, [os.path.abspath(__file__), *sys.argv[1:]], threads_per_rank=1)

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from megatron_bridge.launcher.nodes import add_node_arguments, node_layout
 from megatron_bridge.perf.args import positive_int
 from megatron_bridge.recipes import RECIPES, get_recipe
 
@@ -21,12 +22,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 allow_abbrev=False)
     p.add_argument("--recipe", required=True, help=f"one of {sorted(RECIPES)}")
     p.add_argument("--config-file", default=None, help="YAML file merged over the recipe")
-    p.add_argument("--nproc", type=positive_int, default=1, help="processes to launch on this machine (torchrun), >= 1")
+    p.add_argument("--nproc", type=positive_int, default=1,
+                   help="processes to launch on this machine (torchrun), >= 1; with --nnodes N, on each node")
     p.add_argument("--dir", default=None, help="run folder: checkpoints and TensorBoard logs go here")
     p.add_argument("--corpus", action="store_true", help="train on the shipped text corpus (byte tokenizer)")
     p.add_argument("--data-cache", default="runs/data_cache", help="where the tokenized corpus is cached")
     p.add_argument("--dry-run", action="store_true", help="print the validated YAML and the memory estimate; exit")
     p.add_argument("--debug", action="store_true", help="print tracebacks of errors (or MEGATRON_BRIDGE_DEBUG=1)")
+    add_node_arguments(p)
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.train_iters=10")
     return p.parse_args(argv)
 
@@ -45,21 +48,25 @@ def build_config(args: argparse.Namespace):  # noqa: ANN201  (ConfigContainer; k
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
-    from megatron_bridge.utils.launch import finish_worker, relaunch_with_torchrun, running_under_torchrun
+    from megatron_bridge.launcher.local import relaunch_with_torchrun
+    from megatron_bridge.utils.launch import finish_worker, running_under_torchrun
 
-    if args.nproc > 1 and not running_under_torchrun() and not args.dry_run:
+    layout = node_layout(args)
+    world_size = layout.world_size(args.nproc)
+    if layout.needs_launcher(args.nproc) and not running_under_torchrun() and not args.dry_run:
         import logging
 
         logging.getLogger("megatron_bridge").setLevel(logging.ERROR)  # the ranks log the adjustments themselves
-        build_config(args).validate(world_size=args.nproc)  # config errors once, before any rank starts
-        return relaunch_with_torchrun(args.nproc, [os.path.abspath(__file__), *_without_nproc(sys.argv[1:])])
+        build_config(args).validate(world_size=world_size)  # config errors once, before any rank starts
+        return relaunch_with_torchrun(args.nproc, [os.path.abspath(__file__), *_without_nproc(sys.argv[1:])],
+                                      layout=layout)
     cfg = build_config(args)
     if args.dry_run:
         from megatron_bridge.perf.estimate import dry_run_report
 
-        cfg.validate(world_size=args.nproc)
+        cfg.validate(world_size=world_size)
         print(cfg.to_yaml(), end="")
-        print(dry_run_report(cfg, args.nproc), end="")
+        print(dry_run_report(cfg, world_size), end="")
         return 0
     from megatron_bridge.training.pretrain import pretrain
 

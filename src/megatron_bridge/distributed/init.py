@@ -121,15 +121,19 @@ def _join_torchrun_job(backend: str, timeout: datetime.timedelta) -> None:
 
     Destroying the default group resets torch's group counter, so a new group would reuse the first one's store keys
     and its peers would read stale addresses and hang. Every rank calls ``pretrain()`` the same number of times, so
-    the counter agrees across ranks.
+    the counter agrees across ranks. Workers restarted by torch's agent (``--max_restarts``) find the previous
+    attempt's keys in the same store (the agent keeps it for the whole job): they use a prefix of their attempt
+    (``TORCHELASTIC_RESTART_COUNT``, equal on every node under the static rendezvous, see
+    :mod:`megatron_bridge.launcher.nodes`).
     """
     global _TORCHRUN_GROUPS
     _TORCHRUN_GROUPS += 1
-    if _TORCHRUN_GROUPS == 1:
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if _TORCHRUN_GROUPS == 1 and attempt == 0:
         dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
         return
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
-    store = dist.PrefixStore(f"megatron_bridge/group{_TORCHRUN_GROUPS}/", store)
+    store = dist.PrefixStore(f"megatron_bridge/attempt{attempt}/group{_TORCHRUN_GROUPS}/", store)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 

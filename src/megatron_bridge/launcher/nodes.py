@@ -1,8 +1,8 @@
 """One job over several nodes: the node flags of the launch scripts, their checks, and the per-node torchrun flags.
 
-Every node runs the same command with its own ``--node_rank``; torch's launcher (``torch.distributed.run``, through
-``python -m megatron_bridge.utils.torchrun``) starts ``nproc_per_node`` workers there and meets the other nodes at the
-rendezvous:
+Every node runs the same command with its own ``--node_rank``; torch's launcher (``torch.distributed.run``,
+through ``python -m megatron_bridge.launcher.torchrun``) starts ``nproc_per_node`` workers there and meets the other
+nodes at the rendezvous:
 
 * ``--master_addr A --master_port P`` (with ``--node_rank``): torch's static rendezvous, node 0 hosts the store at
   ``A:P``. Node ``R`` holds the global ranks ``R*nproc_per_node ...`` (a stable order: node 0 holds rank 0).

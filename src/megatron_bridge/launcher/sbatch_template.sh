@@ -53,7 +53,7 @@ say "$SLURM_JOB_NUM_NODES node(s) x {{NPROC_PER_NODE}} process(es), node 0 at $M
 # pre-time-limit signal ({{SIGNAL}}) to every process of the step: the workers save a checkpoint and exit on it, the
 # launcher survives it (it starts with the signal ignored, and torch's agent does not turn SIGTERM into a stop).
 srun --nodes={{NODES}} --ntasks-per-node=1 --kill-on-bad-exit=1 {{SRUN_ARGS}} \
-    bash -c 'trap "" {{SIGNAL}}; exec "$0" -m megatron_bridge.utils.torchrun --node_rank="$SLURM_NODEID" "$@"' \
+    bash -c 'trap "" {{SIGNAL}}; exec "$0" -m megatron_bridge.launcher.torchrun --node_rank="$SLURM_NODEID" "$@"' \
     {{PYTHON}} --nnodes={{NODES}} --nproc_per_node={{NPROC_PER_NODE}} --max_restarts={{MAX_RESTARTS}} \
     --signals_to_handle=SIGINT,SIGHUP,SIGQUIT \
     --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" \

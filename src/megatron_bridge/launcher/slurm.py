@@ -3,7 +3,7 @@
 With ``-a/--account``, ``-p/--partition`` or ``--executor slurm``, launch.py writes ``sbatch.sh`` into the run folder
 (from :data:`TEMPLATE`, our own template) and submits it with ``sbatch``; :mod:`megatron_bridge.launcher.slurm_follow`
 follows it. The script runs one task per node: ``srun`` starts torch's launcher (``python -m
-megatron_bridge.utils.torchrun``) on every node with ``--node_rank=$SLURM_NODEID`` and a static rendezvous at node
+megatron_bridge.launcher.torchrun``) on every node with ``--node_rank=$SLURM_NODEID`` and a static rendezvous at node
 0's ``NodeAddr`` (from ``scontrol show node``: emulated or unresolvable node names work; ``--master_addr`` overrides
 it) on a port of the job's own. Every node runs the same launch.py command, which trains (rank 0 writes
 ``results.json`` into the run folder, on the shared filesystem).
@@ -30,7 +30,7 @@ from pathlib import Path
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import SlurmError
 from megatron_bridge.launcher.nodes import processes_per_node
-from megatron_bridge.utils.cli import EXIT_USER_ERROR, bool_arg
+from megatron_bridge.utils.cli import EXIT_PREEMPTED, EXIT_USER_ERROR, bool_arg
 
 
 TEMPLATE = Path(__file__).with_name("sbatch_template.sh")
@@ -41,9 +41,6 @@ JOBS_FILE = "slurm_jobs.txt"
 """Ids of the jobs a run resubmitted, one a line (the first job's id is written by launch.py)."""
 LOG_NAME = "slurm-%j.out"
 """Each job's log (stdout and stderr of the script and of every node) in the run folder; ``%j`` is the job id."""
-EXIT_PREEMPTED = 4
-"""The training command's exit code after a stop on ``train.exit_signal`` with a saved checkpoint (0 is accepted too,
-with a newer checkpoint than the job started from)."""
 DEFAULT_TIME_LIMIT = "00:30:00"
 GPUS_PER_NODE = {"h100": 8, "b200": 8, "b300": 8, "gb200": 4, "gb300": 4, "vr200": 4, "r100": 1}
 """``-gn`` when not given, by ``-g`` (Megatron-Bridge's table); other GPUs (and CPUs) put all ``-ng`` on one node."""

@@ -282,6 +282,7 @@ def pretrain(
     """
     from megatron_bridge.distributed.failure import abort_distributed, annotate_failure
     from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
+    from megatron_bridge.training.job import agree_on_job, forbid_restart_after, log_resume
     from megatron_bridge.utils.process import watch_parent
 
     setup_logging(cfg.logger.logging_level)
@@ -299,7 +300,9 @@ def pretrain(
     watch_parent()  # under a launcher (torchrun): exit when it dies instead of training on as an orphan
     ctx: TrainingContext | None = None
     try:
+        attempt = agree_on_job(cfg)  # every node runs the same config; a restarted attempt resumes its checkpoints
         ctx = setup(cfg, env, callbacks, forward_step_func)
+        log_resume(attempt, ctx.train_state.step, ctx.loaded_checkpoint)
         if cfg.logger.save_config_filepath and env.rank == 0:  # after set-up: a refused run writes nothing
             cfg.to_yaml(cfg.logger.save_config_filepath)
         n_params = sum(p.numel() for chunk in ctx.backend.chunks for p in chunk.parameters())
@@ -311,6 +314,7 @@ def pretrain(
         # Fail fast: no barrier, no wait for pending saves; aborting the groups makes the peers' collectives fail
         # at once instead of after the collective timeout.
         annotate_failure(exc, env.rank, env.world_size)
+        forbid_restart_after(exc)  # before the abort: the other nodes' agents must see it when their ranks fail
         abort_distributed()
         try:
             _close(ctx, failed=True)

@@ -9,6 +9,10 @@
        or a corrupt file, or :class:`~megatron_bridge.errors.TrainingError`, e.g. a NaN loss) printed as one
        ``error: ...`` line; argparse's usage errors also exit with 2
 3      this rank stopped because another rank failed (the first error is in that rank's output)
+4      (a training script's own choice) stopped by the exit signal after saving a checkpoint: not finished, start it
+       again to resume. The scripts of this project exit 0 after such a stop (a non-zero code would make ``srun
+       --kill-on-bad-exit`` stop the other nodes while they still write); a batch script tells a stop from the end by
+       the checkpoint step (docs/training/multi-node.md, "Preemption")
 130    interrupted (Ctrl-C)
 =====  ==========================================================================================================
 
@@ -33,6 +37,7 @@ EXIT_OK = 0
 EXIT_CRASH = 1
 EXIT_USER_ERROR = 2
 EXIT_PEER_FAILURE = 3
+EXIT_PREEMPTED = 4
 EXIT_INTERRUPTED = 130
 DEBUG_ENV = "MEGATRON_BRIDGE_DEBUG"
 DEBUG_FLAG = "--debug"

@@ -1,6 +1,6 @@
 """Fail fast: an error (or a hang) on one rank ends the whole 2-rank job within seconds, the first error shown once.
 
-The job runs ``worker.py`` under ``python -m megatron_bridge.utils.torchrun`` (what ``run_recipe.py --nproc 2``
+The job runs ``worker.py`` under ``python -m megatron_bridge.launcher.torchrun`` (what ``run_recipe.py --nproc 2``
 uses); the hang case sets ``dist.distributed_timeout_seconds=20``.
 """
 
@@ -24,7 +24,7 @@ def run_job(mode: str, timeout: float = 300) -> tuple[int, str, float]:
 
     Seconds are counted from the "training ... parameters" log line (just before the failure at step 2), so a slow
     start on a loaded machine does not count against the limit."""
-    cmd = [sys.executable, "-m", "megatron_bridge.utils.torchrun", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+    cmd = [sys.executable, "-m", "megatron_bridge.launcher.torchrun", "--nproc_per_node=2", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}", str(WORKER)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MB_FAIL_MODE": mode}
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)

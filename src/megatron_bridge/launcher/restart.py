@@ -1,0 +1,154 @@
+"""Which failures torch's elastic agent restarts, and what the job says about each.
+
+torch's agent (``torch.distributed.run --max_restarts K``) restarts every worker of the job after any worker failure.
+Some failures come back identically on every attempt: a bad config value, a corrupt file, a NaN loss — every
+project error, exit code 2 (:mod:`megatron_bridge.utils.cli`). Retrying those only repeats the message K times, so:
+
+* the worker that raises such an error writes ``NO_RESTART_KEY`` into the job's rendezvous store *before* it aborts
+  its process groups (:func:`megatron_bridge.training.job.forbid_restart_after`, called by ``pretrain()``), so every
+  node's agent finds it by the time its own workers fail because of it;
+* :class:`RestartPolicyAgent` (torch's ``LocalElasticAgent`` with this policy; ``megatron_bridge.launcher.torchrun``
+  runs it) gives up instead of restarting when a worker of its node exited with code 2, a worker exited with
+  :data:`~megatron_bridge.utils.cli.EXIT_PREEMPTED` (stopped by the exit signal after saving), the key is in the
+  store, or the launcher itself got a stop signal (:func:`note_stop_signal`).
+
+Every failure is reported as one line naming the rank, its node and the signal or exit code
+(:func:`describe_failure`), whichever rank the agent sees exit first; a restart says so too.
+"""
+
+import os
+import signal
+import socket
+from typing import Any
+
+from megatron_bridge.training.job import NO_RESTART_KEY, rendezvous_store
+from megatron_bridge.utils.cli import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USER_ERROR, say
+from megatron_bridge.utils.logging import get_logger
+
+
+logger = get_logger(__name__)
+
+_AGENT: "Any | None" = None
+_STOP_SIGNAL: int | None = None
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL for 9 (the number itself when unknown)."""
+    return signal.Signals(number).name if number in signal.valid_signals() else str(number)
+
+
+def describe_failure(rank: int, exitcode: int, nproc_per_node: int) -> str:
+    """"rank 3 (node 1, host h) was killed by SIGKILL" / "... exited with code 1"; the node is
+    ``rank // nproc_per_node`` (torch gives each node a contiguous block of ranks)."""
+    where = f"rank {rank} (node {rank // max(1, nproc_per_node)}, host {socket.gethostname()})"
+    if exitcode < 0:
+        return f"{where} was killed by {signal_name(-exitcode)}"
+    return f"{where} exited with code {exitcode}"
+
+
+def failure_order(exitcode: int) -> int:
+    """Which failure explains a job's end best (lowest first): a worker's own error (code 1, 2, ...), then a death
+    by a signal other than SIGTERM (kill -9, the OOM killer, a segfault), then a rank that only stopped because
+    another failed (code 3), then a death by SIGTERM (what torch's agent sends the workers still running once one
+    failed)."""
+    if exitcode > 0 and exitcode != EXIT_PEER_FAILURE:
+        return 0
+    if exitcode < 0:
+        return 3 if -exitcode == signal.SIGTERM else 1
+    return 2
+
+
+def first_failure(failures: dict[int, Any]) -> tuple[int, int]:
+    """(rank, exit code) of the failure to report among torch's ``{rank: ProcessFailure}``."""
+    rank, failure = min(failures.items(), key=lambda item: (failure_order(item[1].exitcode), item[1].timestamp))
+    return rank, failure.exitcode
+
+
+def note_stop_signal(signum: int) -> None:
+    """The launcher got a stop signal (preemption): no restart from now on; forward it to this node's workers."""
+    global _STOP_SIGNAL
+    _STOP_SIGNAL = signum
+    agent = _AGENT
+    if agent is not None:
+        agent.forward_signal(signum)
+
+
+def stop_signal() -> int | None:
+    """The stop signal the launcher got (None without one)."""
+    return _STOP_SIGNAL
+
+
+def restart_policy_agent() -> type:
+    """torch's ``LocalElasticAgent`` with this module's restart policy and failure lines (a class made on first use:
+    importing this module does not import torch)."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    class RestartPolicyAgent(LocalElasticAgent):
+        """Restarts only failures that may go away; names every failure and restart."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            global _AGENT
+            super().__init__(*args, **kwargs)
+            _AGENT = self
+
+        def forward_signal(self, signum: int) -> None:
+            """Send ``signum`` to every worker of this node that still runs."""
+            pcontext = getattr(self, "_pcontext", None)
+            for pid in (pcontext.pids().values() if pcontext is not None else ()):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+
+        def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+            result = super()._monitor_workers(worker_group)
+            if result.state == WorkerState.FAILED and result.failures:
+                self._report(worker_group, result)
+            return result
+
+        def _report(self, worker_group: WorkerGroup, result: RunResult) -> None:
+            spec = worker_group.spec
+            rank, code = first_failure(result.failures)
+            reason = self._no_restart_reason(worker_group, result)
+            if reason is not None:
+                self._remaining_restarts = 0
+            if self._remaining_restarts <= 0:
+                if reason is not None and spec.max_restarts > 0:
+                    say(f"not restarting: {reason}")
+                return
+            attempt = spec.max_restarts - self._remaining_restarts + 1
+            say(f"{describe_failure(rank, code, spec.local_world_size)}: restarting every worker (restart "
+                f"{attempt} of {spec.max_restarts}); they resume from the last complete checkpoint")
+
+        def _no_restart_reason(self, worker_group: WorkerGroup, result: RunResult) -> str | None:
+            codes = {failure.exitcode for failure in result.failures.values()}
+            if _STOP_SIGNAL is not None:
+                return f"the launcher got {signal_name(_STOP_SIGNAL)} (preemption or a time limit)"
+            if EXIT_PREEMPTED in codes:
+                return "the workers stopped on the exit signal (train.exit_signal) after saving a checkpoint"
+            if EXIT_USER_ERROR in codes:
+                reason = "a worker stopped with an error that a restart repeats (exit code 2: its message is above)"
+                self._mark_store(worker_group, reason)
+                return reason
+            if worker_group.spec.max_restarts > 0:
+                return self._read_store(worker_group)
+            return None
+
+        def _mark_store(self, worker_group: WorkerGroup, reason: str) -> None:
+            try:
+                rendezvous_store(worker_group.master_addr, worker_group.master_port).set(NO_RESTART_KEY, reason)
+            except Exception as exc:  # noqa: BLE001  (the node that hosts the store may be gone already)
+                logger.debug("could not write %s: %s", NO_RESTART_KEY, exc)
+
+        def _read_store(self, worker_group: WorkerGroup) -> str | None:
+            try:
+                store = rendezvous_store(worker_group.master_addr, worker_group.master_port)
+                if store.check([NO_RESTART_KEY]):
+                    reason = store.get(NO_RESTART_KEY).decode(errors="replace")
+                    return f"another rank reported an error that a restart repeats ({reason})"
+            except Exception as exc:  # noqa: BLE001
+                logger.debug("could not read %s: %s", NO_RESTART_KEY, exc)
+            return None
+
+    return RestartPolicyAgent

@@ -1,0 +1,152 @@
+"""``python -m megatron_bridge.launcher.torchrun ARGS``: torchrun (``torch.distributed.run``, same arguments) that ends
+with the workers' own exit code and one line instead of torchrun's ``ChildFailedError`` traceback.
+
+The launchers of this project (:func:`megatron_bridge.launcher.local.relaunch_with_torchrun`) start it in its own
+process group with a parent-death signal, so it also stops its workers when the launcher is killed. torchrun's
+behaviour, kept here: on SIGINT/SIGHUP it sends SIGTERM to every worker (each in its own session) and SIGKILL to
+those still alive 30 s later; when one worker exits with an error it stops the others the same way.
+
+Differences from plain torchrun:
+
+* **Stop signals** (SIGTERM, SIGUSR1, SIGUSR2: a scheduler's preemption or pre-time-limit signal) do not kill this
+  launcher (plain torchrun dies on SIGUSR1 and kills its workers at once on SIGTERM). The first one is forwarded to
+  this node's workers, which save a checkpoint at one agreed step and exit when ``train.exit_signal_handler`` handles
+  that signal (``train.exit_signal``); no restart follows; later stop signals are ignored (a scheduler repeats them,
+  e.g. Slurm's step termination when another node's task ended: the workers may still be writing). SIGINT stops the
+  workers at once.
+* **Restarts** (``--max_restarts K``): torch's elastic agent with the policy of
+  :mod:`megatron_bridge.launcher.restart`: errors that a restart repeats (exit code 2) are not retried, every
+  failure and restart is named (rank, node, signal or exit code).
+* **Rendezvous failures** (nobody answers at the endpoint within the rendezvous timeout): one ``error:`` line, code 2.
+
+Exit code: 0 when every worker ended cleanly (also after a stop signal: a batch script tells a preempted run from a
+finished one by the checkpoint step, ``latest_checkpointed_iteration.txt`` below ``train_iters``, see
+docs/training/multi-node.md); :data:`~megatron_bridge.utils.cli.EXIT_PREEMPTED` (4) when a training script chose to
+exit with it; otherwise the failure that explains the end best
+(:func:`megatron_bridge.launcher.restart.first_failure`: a worker's own error, else a death by a signal — 128 +
+signal —, else code 3, a rank that stopped because another failed).
+"""
+
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+
+from megatron_bridge.launcher.restart import (
+    describe_failure,
+    first_failure,
+    note_stop_signal,
+    restart_policy_agent,
+    signal_name,
+    stop_signal,
+)
+from megatron_bridge.utils.cli import (
+    DEBUG_FLAG,
+    EXIT_CRASH,
+    EXIT_PEER_FAILURE,
+    EXIT_PREEMPTED,
+    EXIT_USER_ERROR,
+    debug_enabled,
+    say,
+)
+from megatron_bridge.utils.process import set_parent_death_signal
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+"""Signals that ask the job to save and stop (forwarded to the workers; this launcher survives them)."""
+TORCH_HANDLED_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
+"""torchrun's ``--signals_to_handle`` without the stop signals: what torch's agent still turns into an immediate
+stop of the workers (the stop signals are removed from whatever list is given)."""
+
+
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
+    if stop_signal() is not None:  # a scheduler's repeat, or its step termination: the workers are already stopping
+        return
+    say(f"got {signal_name(signum)}: the workers save a checkpoint and stop (SIGINT stops them at once)")
+    note_stop_signal(signum)
+
+
+def _install_stop_handlers(args: object) -> None:
+    """Our handlers for the stop signals; torch's agent keeps its own for the others it was given."""
+    ours = {sig.name for sig in STOP_SIGNALS}
+    given = str(getattr(args, "signals_to_handle", TORCH_HANDLED_SIGNALS)).split(",")
+    args.signals_to_handle = ",".join(s.strip() for s in given if s.strip() and s.strip() not in ours)  # type: ignore[attr-defined]
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_stop_signal)
+
+
+def _failed(failures: dict, nproc_per_node: int) -> int:
+    rank, code = first_failure(failures)
+    stopped_by = stop_signal()
+    if code == EXIT_PREEMPTED:
+        say(f"stopped on the exit signal after saving a checkpoint (exit code {EXIT_PREEMPTED}): start the job "
+            "again to resume")
+        return EXIT_PREEMPTED
+    if code < 0:
+        if stopped_by is not None and -code == stopped_by:
+            say(f"stopped by {signal_name(stopped_by)}: the workers did not handle it and were terminated (set "
+                f"train.exit_signal_handler=true train.exit_signal={signal_name(stopped_by)} to save first)")
+        else:
+            say(f"error: {describe_failure(rank, code, nproc_per_node)}")
+        return 128 - code
+    if code not in (EXIT_USER_ERROR, EXIT_PEER_FAILURE):
+        say(f"error: {describe_failure(rank, code, nproc_per_node)}; its output is above")
+    return code if code > 0 else EXIT_CRASH
+
+
+def _rendezvous_failed(args: object, exc: BaseException) -> int:
+    endpoint = getattr(args, "rdzv_endpoint", "") or f"{getattr(args, 'master_addr', '')}:" \
+        f"{getattr(args, 'master_port', '')}"
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
+        say(f"error: node {getattr(args, 'node_rank', '?')} cannot host the rendezvous store at {endpoint}: the port "
+            "is in use (another job on this node?); pick another --master_port (the same on every node)")
+        return EXIT_USER_ERROR
+    say(f"error: node {getattr(args, 'node_rank', '?')} could not meet the other nodes at {endpoint} within the "
+        f"rendezvous timeout ({first}): start the same command on every node (--nnodes {getattr(args, 'nnodes', '?')}"
+        ", one --node_rank each), check that node 0's address and port are reachable from here, or raise "
+        "--rdzv_timeout")
+    return EXIT_USER_ERROR
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run torchrun with ``argv``; returns the exit code described in the module docstring."""
+    import torch.distributed.launcher.api as launcher_api
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.run import parse_args, run
+
+    set_parent_death_signal(signal.SIGTERM)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not debug_enabled() and DEBUG_FLAG not in argv:
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args = parse_args(argv)
+    launcher_api.LocalElasticAgent = restart_policy_agent()  # torch's agent, with the restart policy
+    _install_stop_handlers(args)
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        return _failed(exc.failures, _nproc_per_node(args))
+    except SignalException as exc:
+        say(f"stopped by {signal.Signals(exc.sigval).name}: the workers were terminated")
+        return 128 + int(exc.sigval)
+    except (RendezvousError, DistError, TimeoutError) as exc:
+        return _rendezvous_failed(args, exc)
+    if stop_signal() is not None:
+        say(f"stopped by {signal_name(stop_signal())}: the workers ended cleanly (with train.exit_signal_handler "
+            "they saved a checkpoint at one agreed step; start the job again to resume)")
+    return 0
+
+
+def _nproc_per_node(args: object) -> int:
+    try:
+        return int(getattr(args, "nproc_per_node", 1))
+    except (TypeError, ValueError):  # "gpu", "auto": torch resolved it; ranks then map to nodes by that count
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

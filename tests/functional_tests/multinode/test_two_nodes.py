@@ -1,0 +1,92 @@
+"""Two launchers on one machine acting as two nodes (``launch.py -ng 2 -gn 1 --nnodes 2 --node_rank R --master_addr
+127.0.0.1 --master_port P``, one process per node) give the per-step losses of one launcher with 2 processes, for DDP
+and for PP=2 with one stage per node; nodes that cannot make one job end with a named error (exit code 2).
+
+One reference launch per layout (cached for the file).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from tests.functional_tests.launcher import REPO_ROOT, free_port
+
+
+LAUNCH = REPO_ROOT / "scripts" / "performance" / "launch.py"
+STEPS = 4
+TIMEOUT_S = 300
+LOSS_RTOL = 1e-5
+LAYOUTS = {"ddp": [], "pp2": ["-pp", "2"]}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _flags(layout: str, out: Path) -> list[str]:
+    return [str(LAUNCH), "--recipe", "tiny_llama", "-ms", str(STEPS), *LAYOUTS[layout], "--output_dir", str(out)]
+
+
+def _node(layout: str, out: Path, node_rank: int, port: int, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, *_flags(layout, out), "-ng", "2", "-gn", "1", "--nnodes", "2", "--node_rank",
+           str(node_rank), "--master_addr", "127.0.0.1", "--master_port", str(port), *extra]
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _two_nodes(layout: str, out: Path, node1_extra: tuple[str, ...] = ()) -> list[tuple[int, str]]:
+    """(exit code, output) of node 0 and node 1, started together."""
+    port = free_port()
+    procs = [_node(layout, out, 0, port), _node(layout, out / "node1", 1, port, *node1_extra)]
+    results = []
+    for proc in procs:
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+        results.append((proc.returncode, output))
+    return results
+
+
+@cache
+def _reference(layout: str, folder: str) -> list[float]:
+    out = Path(folder) / f"reference-{layout}"
+    proc = subprocess.run([sys.executable, *_flags(layout, out), "-ng", "2"], cwd=REPO_ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads((out / "results.json").read_text())["losses"]
+
+
+@pytest.fixture(scope="module")
+def reference_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("references"))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_two_nodes_match_one_launcher(layout: str, tmp_path: Path, reference_dir: str) -> None:
+    (code0, out0), (code1, out1) = _two_nodes(layout, tmp_path)
+    assert code0 == 0 and code1 == 0, f"node 0:\n{out0[-3000:]}\nnode 1:\n{out1[-3000:]}"
+    losses = json.loads((tmp_path / "results.json").read_text())["losses"]  # global rank 0 is on node 0
+    reference = _reference(layout, reference_dir)
+    assert len(losses) == len(reference) == STEPS
+    for got, want in zip(losses, reference, strict=True):
+        assert abs(got - want) <= LOSS_RTOL * abs(want), (losses, reference)
+
+
+def test_a_node_with_other_overrides_is_refused(tmp_path: Path) -> None:
+    (code0, out0), (code1, out1) = _two_nodes("ddp", tmp_path, node1_extra=("train.manual_gc=true",))
+    assert code0 == 2 and code1 == 2, f"node 0:\n{out0[-3000:]}\nnode 1:\n{out1[-3000:]}"
+    for out in (out0, out1):
+        assert "the resolved config differs between the nodes of this job: node 1" in out, out[-3000:]
+    assert "training 0.84M parameters" not in out0 + out1  # refused before any model was built
+
+
+def test_nobody_at_the_rendezvous_endpoint_is_a_named_error(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = _node("ddp", tmp_path, 1, free_port(), "--rdzv_timeout", "5")
+    output, _ = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 2, output[-3000:]
+    assert "error: node 1 could not meet the other nodes at 127.0.0.1:" in output, output[-3000:]
+    assert time.monotonic() - start < 5 + 90, output[-3000:]  # the timeout plus start-up on a loaded machine
