@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
     if not 0 < args.at < args.steps or args.at <= args.save_interval:
-        raise SystemExit("error: need save_interval < at < steps (a checkpoint before the failure, steps after it)")
+        raise SystemExit(f"error: --at {args.at} needs --save_interval < --at < --steps (a checkpoint before the "
+                         "failure, steps after it)")
     runs: dict[str, list[float]] = {}
     for r in range(args.rounds):
         for mode in ("restart", "preempt"):
@@ -158,4 +159,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_bridge.utils.cli import run_cli
+
+    sys.exit(run_cli(main))
