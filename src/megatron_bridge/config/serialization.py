@@ -1,6 +1,7 @@
 """YAML round trip and ``a.b=c`` overrides of config dataclasses, with strict key and type checking.
 
-Files and overrides are untrusted input: YAML is read with ``yaml.safe_load``, nothing is instantiated from a string
+Files and overrides are untrusted input: YAML is read with the safe loader (a key repeated in one mapping is refused,
+``${...}`` interpolations in overrides too), nothing is instantiated from a string
 except the allow-listed ``_target_`` names below (the seed's FSDP2 ``mp_policy`` form), and an unknown key or a value
 of the wrong type is a :class:`~megatron_bridge.errors.ConfigOverrideError` naming the dotted key.
 """
@@ -53,12 +54,38 @@ def from_yaml(cls: type[T], path: str | Path) -> T:
     return from_dict(cls, _load_yaml_mapping(path))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with the same key twice (safe_load keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigOverrideError(
+                    f"{self.name}: key {key!r} appears twice in one mapping (lines {seen[key]} and {line}); the "
+                    "first value would be silently ignored: keep one of them")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_text(text: str, name: str = "<string>") -> Any:
+    """YAML text as plain data with the safe loader; a key repeated in one mapping is a ConfigOverrideError."""
+    loader = _UniqueKeyLoader(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()  # type: ignore[no-untyped-call]
+
+
 def _load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigOverrideError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml_text(path.read_text(), repr(str(path)))
     except yaml.YAMLError as exc:
         raise ConfigOverrideError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
     if data is None:
@@ -192,6 +219,10 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             raise ConfigOverrideError(f"override {item!r} must look like 'section.key=value'")
         if item.startswith(("+", "~")):
             raise ConfigOverrideError(f"override {item!r}: adding or deleting keys is not supported; set existing keys")
+        if "${" in item.partition("=")[2]:
+            raise ConfigOverrideError(
+                f"override {item!r}: ${{...}} interpolations are not supported (they would resolve against the other "
+                "overrides or the environment only, never the recipe); write the value itself")
     try:
         parsed = OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=True)
     except OmegaConfBaseException as exc:
