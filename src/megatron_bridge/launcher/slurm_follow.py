@@ -30,6 +30,8 @@ class JobStatus:
     """``JobState``, e.g. RUNNING, COMPLETED, FAILED, TIMEOUT."""
     exit_code: int
     """The batch script's exit code (128 + N when signal N ended it; 0 only for COMPLETED)."""
+    reason: str = "None"
+    """``Reason``: why a pending job waits (Resources, Priority, Dependency, ...)."""
 
     @property
     def ended(self) -> bool:
@@ -50,7 +52,7 @@ def job_status(job_id: str) -> JobStatus | None:
         exit_code = 128 + int(sig)
     if state != "COMPLETED" and exit_code == 0 and state in ENDED:
         exit_code = 1
-    return JobStatus(state, exit_code)
+    return JobStatus(state, exit_code, fields.get("Reason", "None"))
 
 
 def log_path(run_dir: Path, job_id: str) -> Path:
@@ -94,8 +96,11 @@ def follow(run_dir: Path, job_id: str, out: TextIO = sys.stdout, poll_s: float =
     while True:
         tail = LogTail(log_path(run_dir, job_id))
         try:
-            status = job_status(job_id)
+            status, seen = job_status(job_id), None
             while status is not None and not status.ended:
+                if status.state == "PENDING" and (status.state, status.reason) != seen:
+                    note(f"Slurm job {job_id} is pending ({status.reason})")
+                seen = (status.state, status.reason)
                 tail.copy(out)
                 time.sleep(poll_s)
                 status = job_status(job_id)

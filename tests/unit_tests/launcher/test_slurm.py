@@ -1,6 +1,7 @@
 """launch.py's Slurm flags and the sbatch script (no cluster here: tests/functional_tests/slurm runs the jobs)."""
 
 import argparse
+import io
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import pytest
 
 from megatron_bridge.checkpoint import run_folder
 from megatron_bridge.errors import LaunchError, SlurmError
-from megatron_bridge.launcher import slurm
+from megatron_bridge.launcher import slurm, slurm_follow
 from megatron_bridge.perf.args import build_config, build_parser
 
 
@@ -174,3 +175,18 @@ def test_a_lock_of_an_ended_job_of_the_run_is_removed(tmp_path: Path) -> None:
 def test_other_locks_stay(tmp_path: Path, holder: str | None, jobs: list[str]) -> None:
     proc = _run_lock_clearing(tmp_path, {"pid": 1, "host": "h", "slurm_job_id": holder}, jobs, job_id="8")
     assert proc.stdout == "" and (tmp_path / "checkpoints" / "run.lock").exists()
+
+
+def test_follow_helpers(tmp_path: Path) -> None:
+    (tmp_path / slurm.JOBS_FILE).write_text("41\n57\n44\n")
+    assert slurm_follow.successor(tmp_path, "41") == "44" and slurm_follow.successor(tmp_path, "44") == "57"
+    assert slurm_follow.successor(tmp_path, "57") is None
+    assert slurm_follow.log_path(tmp_path, "41") == tmp_path / "slurm-41.out"
+    tail, out = slurm_follow.LogTail(tmp_path / "slurm-41.out"), io.StringIO()
+    tail.copy(out)  # no log yet
+    (tmp_path / "slurm-41.out").write_text("one\n")
+    tail.copy(out)
+    with open(tmp_path / "slurm-41.out", "a") as f:
+        f.write("two\n")
+    tail.copy(out)
+    assert out.getvalue() == "one\ntwo\n"
