@@ -11,7 +11,9 @@ Writes ``<output-prefix>_<key>_document.bin/.idx`` for every json key, the forma
 """
 
 import argparse
+import signal
 import sys
+from types import FrameType
 
 from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.preprocess import preprocess_jsonl
@@ -34,10 +36,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the tool; returns the exit status."""
     args = parse_args(argv)
     setup_logging("WARNING")
+    signal.signal(signal.SIGTERM, _interrupt)  # end like Ctrl-C: the temporary outputs are removed
     cfg = TokenizerConfig(
         tokenizer_type=args.tokenizer_type, tokenizer_file=args.tokenizer_file, eod_token=args.eod_token
     )

@@ -7,6 +7,7 @@ tensor handed out is registered with :func:`megatron_bridge.bridge.memory.track`
 """
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ BIN_SINGLE = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 WEIGHT_LAYOUTS = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, BIN_INDEX, BIN_SINGLE)
 """Weight files looked for, in this order of preference."""
+ALLOW_NON_FINITE_ENV = "MEGATRON_BRIDGE_ALLOW_NON_FINITE_WEIGHTS"
+"""Set to 1 to read weights holding NaN or Inf (refused by default: a corrupt or diverged checkpoint)."""
 
 
 def weights_layout(folder: str | Path) -> str | None:
@@ -51,8 +54,10 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 class HFWeightsReader:
     """Names, shapes and tensors of a HF folder's weights, at most one ``.bin`` shard loaded at a time."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, allow_non_finite: bool | None = None) -> None:
         self.folder = Path(folder)
+        self.allow_non_finite = (os.environ.get(ALLOW_NON_FINITE_ENV, "") not in ("", "0")
+                                 if allow_non_finite is None else allow_non_finite)
         layout = weights_layout(self.folder)
         if layout is None:
             raise BridgeError(f"{str(self.folder)!r} has no weights: expected one of {', '.join(WEIGHT_LAYOUTS)}")
@@ -134,7 +139,7 @@ class HFWeightsReader:
 
             with self._open_safetensors(shard) as f:
                 try:
-                    return track(f.get_tensor(name))
+                    return self._finite(name, shard, track(f.get_tensor(name)))
                 except (OSError, SafetensorError) as exc:
                     raise BridgeError(f"tensor {name!r} of {str(self.folder / shard)!r} is unreadable: {exc}") from exc
         if self._bin_file != shard:
@@ -142,7 +147,18 @@ class HFWeightsReader:
             self._bin_file = None
             self._bin_tensors = {k: track(v) for k, v in self._load_bin(shard).items()}
             self._bin_file = shard
-        return self._bin_tensors[name]
+        return self._finite(name, shard, self._bin_tensors[name])
+
+    def _finite(self, name: str, shard: str, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``, after checking it holds no NaN/Inf (unless allowed)."""
+        if self.allow_non_finite or not tensor.is_floating_point():
+            return tensor
+        bad = int((~torch.isfinite(tensor)).sum())
+        if bad:
+            raise BridgeError(f"tensor {name!r} of {str(self.folder / shard)!r} holds {bad} NaN/Inf value(s) of "
+                              f"{tensor.numel()}: the checkpoint is corrupt or diverged; use another one, or set "
+                              f"{ALLOW_NON_FINITE_ENV}=1 to load it anyway")
+        return tensor
 
     def order(self, names: list[str]) -> list[str]:
         """``names`` sorted shard by shard (so ``.bin`` shards are each loaded once)."""

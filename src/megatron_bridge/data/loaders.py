@@ -183,7 +183,13 @@ def token_id_range(ds: IndexedDataset) -> tuple[int, int] | None:
 
 
 def _check_vocab(ds: IndexedDataset, vocab_size: int) -> None:
-    """Every token id of every file must be in ``[0, vocab_size)`` (checked for every file, whatever its size)."""
+    """Every token id of every file must be an integer in ``[0, vocab_size)`` (checked for every file, whatever its
+    size)."""
+    if not np.issubdtype(ds.dtype, np.integer):
+        raise DataError(
+            f"dataset.data_path entry {ds.path_prefix!r} stores {ds.dtype} values, not token ids (an integer type): "
+            "it is not a token dataset; write one with scripts/data/preprocess_data.py"
+        )
     found = token_id_range(ds)
     if found is None:
         return

@@ -3,6 +3,7 @@
 import json
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.indexed import IndexedDatasetBuilder, bin_path_of, idx_path_of, optimal_dtype
 from megatron_bridge.data.tokenizers import Tokenizer, build_tokenizer
 from megatron_bridge.errors import ConfigValidationError, DataError
-from megatron_bridge.utils.atomic import remove_path, temporary_sibling
+from megatron_bridge.utils.atomic import owned_temporary_sibling, remove_path, remove_stale_temporaries
 from megatron_bridge.utils.logging import get_logger
 
 
@@ -58,7 +59,12 @@ def _encode_line(
         text = obj[key]
         if not isinstance(text, str):
             raise DataError(f"{source}:{lineno}: {key!r} is a {type(text).__name__}, not a string")
-        ids = tokenizer.tokenize(text)
+        try:
+            ids = tokenizer.tokenize(text)
+        except UnicodeEncodeError as e:
+            raise DataError(f"{source}:{lineno}: {key!r} holds text that cannot be encoded as UTF-8 ({e.reason}: "
+                            f"{e.object[e.start:e.end]!r} at character {e.start}, e.g. a lone surrogate escape such "
+                            "as \\ud800); fix or drop that line") from None
         if ids and append_eod:
             ids.append(tokenizer.eod)
         out[key] = ids
@@ -67,6 +73,7 @@ def _encode_line(
 
 def _init_worker(tokenizer_cfg: TokenizerConfig) -> None:
     global _WORKER_TOKENIZER
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Pool.terminate() ends workers; a script's handler is the parent's
     _WORKER_TOKENIZER = build_tokenizer(tokenizer_cfg)
 
 
@@ -124,12 +131,14 @@ def preprocess_jsonl(
         workers: tokenizer processes (1 tokenizes in this process); the output order is the input order.
         overwrite: replace existing output files (otherwise they are a DataError, before any work).
 
-    Outputs are written to temporary files and renamed into place only once every ``.bin``/``.idx`` pair is
-    complete: an error or a kill leaves an existing dataset as it was.
+    Outputs are written to temporary files (``.<name>.tmp-<pid>-<id>``) and renamed into place only once every
+    ``.bin``/``.idx`` pair is complete: an error, Ctrl-C or SIGTERM removes them, and a SIGKILL leaves an existing
+    dataset as it was; the next run to the same prefix removes temporaries whose process is gone.
 
     Raises:
-        DataError: a missing input file, an existing output without ``overwrite``, a line that is not valid UTF-8
-            or not a JSON object with string values at json_keys (file and line number named).
+        DataError: a missing or empty input file, an existing output without ``overwrite``, a line that is not
+            valid UTF-8, not a JSON object with string values at json_keys, or text that cannot be encoded (file and
+            line number named).
     """
     if not Path(input_path).is_file():
         raise DataError(f"input file {input_path!r} does not exist")
@@ -143,7 +152,10 @@ def preprocess_jsonl(
     dtype = optimal_dtype(tokenizer.vocab_size)
     prefixes = {k: output_prefix_for(output_prefix, k) for k in keys}
     _check_outputs(prefixes, overwrite)
-    tmp = {k: (str(temporary_sibling(bin_path_of(p))), str(temporary_sibling(idx_path_of(p))))
+    for p in prefixes.values():
+        for stale in (*remove_stale_temporaries(bin_path_of(p)), *remove_stale_temporaries(idx_path_of(p))):
+            logger.warning("removed %s, left by a preprocessing run that was killed", stale)
+    tmp = {k: (str(owned_temporary_sibling(bin_path_of(p))), str(owned_temporary_sibling(idx_path_of(p))))
            for k, p in prefixes.items()}
     builders = {k: IndexedDatasetBuilder(tmp[k][0], dtype) for k in prefixes}
     docs = 0
@@ -165,6 +177,9 @@ def preprocess_jsonl(
             for k, ids in doc.items():
                 builders[k].add_document(ids)
                 tokens += len(ids)
+        if docs == 0:
+            raise DataError(f"input file {input_path!r} holds no documents (it is empty or has only blank lines): "
+                            "nothing written; give a JSONL file with one JSON object per line")
         for k in prefixes:
             builders[k].finalize(tmp[k][1])
         _publish(prefixes, tmp)

@@ -18,6 +18,36 @@ def temporary_sibling(path: str | Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
 
 
+def owned_temporary_sibling(path: str | Path) -> Path:
+    """A fresh hidden name next to ``path`` that records this process: ``.<name>.tmp-<pid>-<id>`` (see
+    :func:`remove_stale_temporaries`)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Remove the :func:`owned_temporary_sibling` files of ``path`` whose process is gone (a killed writer on this
+    host); the temporaries of live writers stay. Returns what was removed."""
+    path = Path(path)
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.tmp-*-*") if path.parent.is_dir() else ():
+        pid = tmp.name[len(f".{path.name}.tmp-"):].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            remove_path(tmp)
+            removed.append(tmp)
+    return removed
+
+
 def remove_path(path: str | Path) -> None:
     """Delete a file or a folder tree if it exists."""
     path = Path(path)

@@ -140,3 +140,22 @@ def test_bad_arguments(good, tmp_path) -> None:  # noqa: ANN001
     assert not (tmp_path / "o").exists()
     with pytest.raises(CheckpointError, match="holds no checkpoint"):
         AutoBridge.export_ckpt(tmp_path, tmp_path / "o2")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_weights_with_nan_or_inf_are_refused_unless_allowed(good, tmp_path, bad, monkeypatch) -> None:  # noqa: ANN001
+    from megatron_bridge.bridge.hf_reader import ALLOW_NON_FINITE_ENV, HFWeightsReader
+
+    folder = _copy(good, tmp_path / "corrupt")
+    name = "model.layers.0.mlp.down_proj.weight"
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shard = folder / index["weight_map"][name]
+    tensors = load_file(str(shard))
+    tensors[name][0, :3] = bad
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    with pytest.raises(BridgeError, match=rf"tensor '{name}' of .* holds 3 NaN/Inf value\(s\) of .*: the checkpoint "
+                       rf"is corrupt or diverged; use another one, or set {ALLOW_NON_FINITE_ENV}=1"):
+        AutoBridge.from_hf_pretrained(folder).to_megatron_model()
+    assert HFWeightsReader(folder, allow_non_finite=True).get(name).isnan().any() == (bad != bad)
+    monkeypatch.setenv(ALLOW_NON_FINITE_ENV, "1")
+    AutoBridge.from_hf_pretrained(folder).to_megatron_model()  # allowed: loads as it is

@@ -48,6 +48,13 @@ def test_negative_id_is_named(tmp_path):
         _open(tmp_path / "neg")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_float_token_dataset_is_named(tmp_path, dtype):
+    _write_indexed(tmp_path / "floats", np.full(4096, 7.0, dtype=dtype))
+    with pytest.raises(DataError, match=rf"floats' stores {np.dtype(dtype)} values, not token ids \(an integer type\)"):
+        _open(tmp_path / "floats")
+
+
 def test_non_utf8_jsonl_names_file_and_line(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9 latin-1"}\n')
