@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_bridge.perf.results import compare
 
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.compare:
         a, b = (json.loads(Path(p).read_text()) for p in args.compare)
         print(compare(a, b))
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if slurm.requested(args):  # before the node flags: the Slurm job sets the nodes itself
         return slurm_run(args, argv)
+    slurm.refuse_slurm_flags(args, parser)
     from megatron_bridge.launcher.nodes import node_layout, processes_per_node
 
     layout = node_layout(args)  # a job over nodes started by hand (or another scheduler): this node's share

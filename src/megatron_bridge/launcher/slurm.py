@@ -115,6 +115,22 @@ def requested(args: argparse.Namespace) -> bool:
     return args.account is not None or args.partition is not None
 
 
+SLURM_ONLY_FLAGS = {"time_limit": "-t/--time_limit", "container_image": "-i/--container_image",
+                    "custom_mounts": "-cm/--custom_mounts", "custom_env_vars": "-ce/--custom_env_vars",
+                    "custom_srun_args": "-cs/--custom_srun_args", "gres": "--gres",
+                    "additional_slurm_params": "--additional_slurm_params", "max_retries": "--max_retries",
+                    "detach": "--detach", "preempt_time": "--preempt_time"}
+"""Flags that only a Slurm job reads (argument name → flag)."""
+
+
+def refuse_slurm_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """A local run with Slurm-only flags set would ignore them: a :class:`SlurmError` naming them."""
+    given = [flag for dest, flag in SLURM_ONLY_FLAGS.items() if getattr(args, dest) != parser.get_default(dest)]
+    if given:
+        raise SlurmError(f"Slurm-only flags given without a Slurm job ({', '.join(given)}): add -a ACCOUNT and/or "
+                         "-p PARTITION (or --executor slurm), or drop them for a run on this machine")
+
+
 # ----------------------------------------------------------------------------------------------------- options
 def time_limit_seconds(text: str) -> int:
     """Seconds of a Slurm time limit: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``."""

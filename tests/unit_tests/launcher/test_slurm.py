@@ -190,3 +190,13 @@ def test_follow_helpers(tmp_path: Path) -> None:
         f.write("two\n")
     tail.copy(out)
     assert out.getvalue() == "one\ntwo\n"
+
+
+@pytest.mark.parametrize("argv", [["-t", "01:00:00"], ["--max_retries", "0"], ["--detach", "false"],
+                                  ["-i", "image"], ["-ce", "A=1"], ["--preempt_time", "30"]])
+def test_slurm_only_flags_are_refused_locally(argv: list[str]) -> None:
+    parser = build_parser()
+    with pytest.raises(SlurmError, match="Slurm-only flags given without a Slurm job"):
+        slurm.refuse_slurm_flags(parser.parse_args([*RUN, *argv]), parser)
+    slurm.refuse_slurm_flags(parser.parse_args(RUN), parser)  # defaults: a local run
+    slurm.refuse_slurm_flags(parser.parse_args([*RUN, "--detach", "true"]), parser)  # the default, spelled out
