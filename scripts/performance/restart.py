@@ -121,6 +121,9 @@ def _job(args: argparse.Namespace, mode: str, folder: Path) -> dict[str, float]:
         raise SystemExit(f"the {mode} job failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
     rows = [json.loads(line) for line in events.read_text().splitlines()]
     at = {r["event"]: r["t"] for r in rows if r["event"] != "step"}
+    needed = ("kill", "resumed", "first_step_after_restart") if mode == "restart" else ("signal", "saved")
+    if any(name not in at for name in needed):
+        raise SystemExit(f"the {mode} job did not record {needed}: {sorted(at)}\n{(proc.stdout + proc.stderr)[-4000:]}")
     steps = [r["seconds"] for r in rows if r["event"] == "step"]
     if mode == "restart":
         return {"restart_to_first_step_s": at["first_step_after_restart"] - at["kill"],

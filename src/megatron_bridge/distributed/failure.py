@@ -11,6 +11,7 @@ once and the consequences as one line each.
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from megatron_bridge.utils.dist_env import node_index
 from megatron_bridge.utils.logging import get_logger
 
 
@@ -66,12 +67,14 @@ def annotate_failure(exc: BaseException, rank: int, world_size: int) -> None:
         exc.rank = rank  # type: ignore[attr-defined]
     except AttributeError:  # exceptions with __slots__
         return
+    node = node_index()
+    where = f"rank {rank} of {world_size}" + (f", node {node}" if node is not None else "")
     if is_peer_failure(exc):
         exc.peer_failure = True  # type: ignore[attr-defined]
-        exc.add_note(f"(on rank {rank} of {world_size}: a collective failed because another rank stopped; the first "
-                     "error is in that rank's output)")
+        exc.add_note(f"(on {where}: a collective failed because another rank stopped; the first error is in that "
+                     "rank's output)")
     else:
-        exc.add_note(f"(raised on rank {rank} of {world_size})")
+        exc.add_note(f"(raised on {where})")
 
 
 def abort_distributed() -> None:

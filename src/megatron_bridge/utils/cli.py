@@ -55,8 +55,12 @@ def debug_enabled() -> bool:
 
 
 def _where(exc: BaseException) -> str:
-    rank = getattr(exc, "rank", None)
-    return f" (rank {rank})" if rank is not None else ""
+    from megatron_bridge.utils.dist_env import node_index
+
+    rank, node = getattr(exc, "rank", None), node_index()
+    if rank is None:
+        return ""
+    return f" (rank {rank})" if node is None else f" (rank {rank}, node {node})"
 
 
 def describe(exc: BaseException) -> tuple[str, int]:

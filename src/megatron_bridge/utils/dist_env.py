@@ -35,6 +35,14 @@ def get_local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def node_index() -> int | None:
+    """This worker's node (torch's launcher sets ``GROUP_RANK``) in a job over several nodes
+    (``GROUP_WORLD_SIZE`` > 1); None on one node or outside torchrun."""
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1) <= 1 or "GROUP_RANK" not in os.environ:
+        return None
+    return int(os.environ["GROUP_RANK"])
+
+
 def is_last_rank() -> bool:
     """True on the rank that prints the training log (the last one, as in Megatron)."""
     return get_rank() == get_world_size() - 1

@@ -2,7 +2,7 @@
 
 import logging
 
-from megatron_bridge.utils.dist_env import get_rank, is_last_rank
+from megatron_bridge.utils.dist_env import get_rank, is_last_rank, node_index
 
 
 _WARNED_ONCE: set[str] = set()
@@ -34,14 +34,17 @@ def warn_once(logger: logging.Logger, key: str, msg: str, *args: object) -> None
 
 
 def setup_logging(level: int | str = logging.INFO) -> None:
-    """Configure the root ``megatron_bridge`` logger once: one line per record, with the rank."""
+    """Configure the root ``megatron_bridge`` logger once: one line per record, with the rank (and the node, in a job
+    over several nodes)."""
     root = logging.getLogger("megatron_bridge")
     if any(getattr(h, "_megatron_bridge", False) for h in root.handlers):
         root.setLevel(level)
         return
     handler = logging.StreamHandler()
     handler._megatron_bridge = True  # type: ignore[attr-defined]
-    handler.setFormatter(logging.Formatter(f"[%(asctime)s rank{get_rank()}] %(levelname)s %(name)s: %(message)s"))
+    node = node_index()  # jobs over several nodes: "rank5 node2"
+    where = f"rank{get_rank()}" + (f" node{node}" if node is not None else "")
+    handler.setFormatter(logging.Formatter(f"[%(asctime)s {where}] %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False

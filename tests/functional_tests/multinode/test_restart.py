@@ -24,6 +24,9 @@ import pytest
 from tests.functional_tests.launcher import REPO_ROOT, free_port
 
 
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
+
+
 JOB = Path(__file__).with_name("job.py")
 TIMEOUT_S = 300
 

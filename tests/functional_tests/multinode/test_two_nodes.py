@@ -18,6 +18,9 @@ import pytest
 from tests.functional_tests.launcher import REPO_ROOT, free_port
 
 
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
+
+
 LAUNCH = REPO_ROOT / "scripts" / "performance" / "launch.py"
 STEPS = 4
 TIMEOUT_S = 300
@@ -80,6 +83,7 @@ def test_a_node_with_other_overrides_is_refused(tmp_path: Path) -> None:
     assert code0 == 2 and code1 == 2, f"node 0:\n{out0[-3000:]}\nnode 1:\n{out1[-3000:]}"
     for out in (out0, out1):
         assert "the resolved config differs between the nodes of this job: node 1" in out, out[-3000:]
+    assert "error (rank 1, node 1): the resolved config differs" in out1, out1[-3000:]  # messages name the node
     assert "training 0.84M parameters" not in out0 + out1  # refused before any model was built
 
 

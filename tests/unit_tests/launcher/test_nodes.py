@@ -95,3 +95,23 @@ def test_processes_per_node() -> None:
         processes_per_node(2, 1, 1)
     with pytest.raises(LaunchError, match="must be a multiple of --nnodes"):
         processes_per_node(3, None, 2)
+
+
+@pytest.mark.parametrize(("script", "argv", "message"), [
+    ("scripts/training/run_recipe.py", ["--recipe", "tiny_llama", "--nnodes", "2", "--node_rank", "2",
+                                        "--master_addr", "h0"], "error: --node_rank 2 with --nnodes 2"),
+    ("scripts/performance/launch.py", ["--recipe", "tiny_llama", "-ng", "3", "-gn", "2"],
+     "error: -ng 3 is not a multiple of -gn 2"),
+    ("scripts/performance/launch.py", ["--recipe", "tiny_llama", "-ng", "2", "--nnodes", "2", "--node_rank", "0"],
+     "error: --nnodes 2 without a rendezvous"),
+], ids=["run_recipe-node_rank", "launch-gn", "launch-no-rendezvous"])
+def test_scripts_refuse_bad_node_flags_with_one_line(script: str, argv: list[str], message: str) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, str(repo / script), *argv], cwd=repo, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(message), proc.stderr

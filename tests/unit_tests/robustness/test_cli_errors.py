@@ -114,3 +114,18 @@ def test_run_recipe_config_error_is_one_line(tmp_path):
     assert proc.returncode == EXIT_USER_ERROR, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: unknown config key 'train.no_such_key'")
+
+
+def test_messages_name_the_node_in_a_job_over_several_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron_bridge.distributed.failure import annotate_failure
+    from megatron_bridge.utils.cli import describe
+
+    exc = ConfigValidationError("bad value")
+    annotate_failure(exc, 3, 4)
+    assert describe(exc)[0] == "error (rank 3): bad value"  # one node: as before
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert describe(exc)[0] == "error (rank 3, node 1): bad value"
+    other = RuntimeError("boom")
+    annotate_failure(other, 3, 4)
+    assert "(raised on rank 3 of 4, node 1)" in other.__notes__
