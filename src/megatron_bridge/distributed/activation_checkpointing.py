@@ -15,6 +15,7 @@ Every knob ends in :func:`apply_activation_checkpointing`, which the DDP and FSD
   ``recompute_method="uniform"`` (or None) checkpoints every block individually.
 """
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -126,12 +127,20 @@ def _compute_intensive_ops() -> set[Any]:
 
 ALTERNATING_OPS = frozenset(_resolve_ops(("mm", "linear", "_grouped_mm", "_scaled_grouped_mm")))
 """Matmuls saved and recomputed in turn (odd occurrences saved), as torchtitan's selective policy."""
-MUST_SAVE_OPS = frozenset(_compute_intensive_ops() - ALTERNATING_OPS)
-"""Compute-intensive ops whose outputs are always saved (attention, batched/fused matmuls)."""
+
+
+@functools.cache
+def must_save_ops() -> frozenset[Any]:
+    """Compute-intensive ops whose outputs are always saved (attention, batched/fused matmuls).
+
+    Computed on first use: torch's default op list lives in ``torch._functorch.partitioners``, whose import pulls in
+    torch._dynamo and torch._inductor (~2.5 CPU seconds), paid otherwise by every process importing this module."""
+    return frozenset(_compute_intensive_ops() - ALTERNATING_OPS)
 
 
 def _selective_policy() -> Any:
     counts: dict[bool, int] = defaultdict(int)
+    must_save = must_save_ops()
 
     def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         packet = getattr(op, "overloadpacket", op)
@@ -139,7 +148,7 @@ def _selective_policy() -> Any:
             counts[ctx.is_recompute] += 1  # forward and recompute each count from 0
             odd = counts[ctx.is_recompute] % 2 == 1
             return CheckpointPolicy.MUST_SAVE if odd else CheckpointPolicy.PREFER_RECOMPUTE
-        if packet in MUST_SAVE_OPS:
+        if packet in must_save:
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
