@@ -29,7 +29,7 @@ from megatron_bridge.checkpoint import load as loading
 from megatron_bridge.checkpoint import save as saving
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.checkpoint.rng import load_rng_file
-from megatron_bridge.errors import CheckpointError, DiskFullError
+from megatron_bridge.errors import CheckpointError, CheckpointOverwriteError, DiskFullError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 
@@ -328,7 +328,11 @@ class CheckpointManager:
         if not self.ckpt.save or self._overwrite_checked:
             return
         root, overwrite = self.ckpt.save, self.ckpt.overwrite
-        comm.run_on_rank0(lambda: run_folder.check_overwrite(root, resumed_step, overwrite), self.group)
+        try:
+            comm.run_on_rank0(lambda: run_folder.check_overwrite(root, resumed_step, overwrite), self.group)
+        except CheckpointOverwriteError:
+            self._release_lock()  # a refused run leaves no lock in the other run's folder
+            raise
         self._overwrite_checked = True
 
     def _check_disk_space(self) -> int:

@@ -40,6 +40,9 @@ logger = get_logger(__name__)
 
 LOCK_FILENAME = "run.lock"
 """The lock file of a ``checkpoint.save`` folder."""
+LOCK_ATTEMPTS = 5
+LOCK_RETRY_SECONDS = 0.2
+"""An empty lock file is re-read this many times, this far apart (a job writes its record right after creating it)."""
 DISK_MARGIN_BYTES = 16 << 20
 """Free space kept on top of the expected checkpoint size (manifest, trackers, file-system overhead)."""
 
@@ -94,13 +97,21 @@ def acquire_lock(root: str | Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_FILENAME
     me = _lock_record()
-    for _ in range(3):
+    for attempt in range(LOCK_ATTEMPTS):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             holder = read_lock(root)
             if holder is None:
                 continue  # released meanwhile: try again
+            if not isinstance(holder.get("pid"), int):  # empty or not a lock record: its writer may be writing it
+                if attempt + 1 < LOCK_ATTEMPTS:
+                    time.sleep(LOCK_RETRY_SECONDS)
+                    continue
+                raise RunFolderLockedError(
+                    f"checkpoint.save={str(root)!r} has a lock file {str(path)!r} that is empty or unreadable (not a "
+                    f"lock record of pid, host and start time: {_lock_excerpt(path)}); its writer may have been "
+                    "killed while writing it. If no job writes to this folder, delete the file") from None
             if holder.get("pid") == me["pid"] and holder.get("host") == me["host"]:
                 return  # this process holds it already
             pid, host = holder.get("pid"), holder.get("host")
@@ -118,6 +129,14 @@ def acquire_lock(root: str | Path) -> None:
             json.dump(me, f)
         return
     raise RunFolderLockedError(f"could not lock {str(path)!r}: it keeps changing (another job is starting there?)")
+
+
+def _lock_excerpt(path: Path) -> str:
+    try:
+        content = path.read_bytes()
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    return f"{len(content)} bytes" + (f", starting {content[:40]!r}" if content else "")
 
 
 def release_lock(root: str | Path) -> None:

@@ -138,3 +138,25 @@ def test_disk_full_during_the_save_keeps_the_previous_checkpoint(tmp_path, monke
     train(again, 1)
     again.manager.save()
     assert layout.read_tracker_step(tmp_path) == 3
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe garbage", b'{"host": "x"}'])
+def test_empty_or_unreadable_lock_is_named_as_such(tmp_path, content):
+    (tmp_path / run_folder.LOCK_FILENAME).write_bytes(content)
+    with pytest.raises(RunFolderLockedError, match=r"has a lock file .*run.lock' that is empty or unreadable \(not a "
+                       r"lock record .*\); its writer may have been killed while writing it. If no job writes to "
+                       r"this folder, delete the file") as info:
+        run_folder.acquire_lock(tmp_path)
+    assert "pid None" not in str(info.value)
+    assert (tmp_path / run_folder.LOCK_FILENAME).read_bytes() == content  # left for the user to judge
+
+
+def test_run_refused_by_the_overwrite_check_leaves_no_lock(tmp_path):
+    first = build_run(tiny_cfg(save=str(tmp_path)))
+    train(first, 1)
+    first.manager.save()
+    first.manager.close()
+    fresh = build_run(tiny_cfg(save=str(tmp_path)), seed=1)
+    with pytest.raises(CheckpointOverwriteError):
+        fresh.manager.load()
+    assert not (tmp_path / run_folder.LOCK_FILENAME).exists()
