@@ -15,7 +15,8 @@ time; /work/shared/reference/engine-feasibility.md):
 every CUDA ``device`` argument to ``"cpu"`` (factories, ``.to``, ``.cuda``) and answers ``Tensor.type()`` of a CPU
 tensor with its CUDA name; ``torch.cuda.current_device`` returns ``"cpu"``; the RNG calls use the CPU generator;
 streams and events come from the Megatron FSDP harness (no-ops; everything runs in program order). It also disables
-the engine's CUDA guard (:func:`megatron_bridge.models.mcore.parallel_state.require_cuda`). Numbers are megatron-core's
+the engine's CUDA guard (:func:`megatron_bridge.engines.megatron_core.parallel_state.require_cuda`). Numbers are
+megatron-core's
 own: nothing in its arithmetic is replaced.
 
 :func:`install_fsdp` adds what megatron-core's FSDP wrappers need (megatron-fsdp's redirections for megatron-core's
@@ -84,7 +85,7 @@ def install() -> None:
         raise RuntimeError("the megatron-core CPU harness replaces CUDA calls: never install it with CUDA present")
     import megatron.core.tensor_parallel.random as mcore_random
 
-    from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.engines.megatron_core import parallel_state
 
     cuda = torch.cuda
     cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]

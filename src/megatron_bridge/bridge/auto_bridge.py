@@ -159,7 +159,7 @@ class AutoBridge:
         if not wrap_with_ddp:
             return chunks
         from megatron_bridge.config.container import ConfigContainer
-        from megatron_bridge.distributed.ddp_wrap import ddp_wrap
+        from megatron_bridge.engines.ddp_wrap import ddp_wrap
 
         return list(ddp_wrap(chunks, ConfigContainer(model=config), torch.device(device)).chunks)
 

@@ -16,7 +16,7 @@ them, as Megatron-Bridge does.
 
 Both build one TP=1 ``GPTModel`` on the CPU (no initialisation, no CUDA) and let megatron-core's own
 ``sharded_state_dict`` decide the checkpoint's keys and layouts (stacked layers, TE-style layer-norm names, gated
-MLP halves; written by :func:`save_one_process`); :mod:`megatron_bridge.models.mcore.weights` maps the names.
+MLP halves; written by :func:`save_one_process`); :mod:`megatron_bridge.engines.megatron_core.weights` maps the names.
 megatron-core needs ``torch.distributed``: a 1-process gloo group (and megatron-core's parallel state) is created
 for the call and destroyed afterwards; inside a multi-process job the conversion is refused.
 ``scripts/checkpoint/convert.py --to megatron_core`` and ``convert_weights`` (:mod:`.convert`) call these; HF
@@ -75,7 +75,7 @@ def _tp1_model(model: "ModelConfig", vocab_rows: int) -> torch.nn.Module:
     whatever ``params_dtype`` says)."""
     from megatron.core.models.gpt import GPTModel
 
-    from megatron_bridge.models.mcore.provider import layer_spec, transformer_config
+    from megatron_bridge.engines.megatron_core.provider import layer_spec, transformer_config
 
     flat = dataclasses.replace(model, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
                                virtual_pipeline_model_parallel_size=None, context_parallel_size=1,
@@ -102,7 +102,7 @@ def read_mcore_weights(folder: str | Path, model: "ModelConfig") -> dict[str, to
     Raises:
         CheckpointError: the folder is not a (complete, allowed) megatron-core checkpoint or does not fit ``model``.
     """
-    from megatron_bridge.models.mcore.weights import megatron_core_to_native
+    from megatron_bridge.engines.megatron_core.weights import megatron_core_to_native
 
     metadata = mcore_reader.check_mcore_folder(folder)
     embedding = metadata.state_dict_metadata.get(EMBEDDING_KEY)
@@ -156,7 +156,7 @@ def write_mcore_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContain
     from megatron_bridge.bridge.output import staged_output_dir
     from megatron_bridge.checkpoint.save import serialize
     from megatron_bridge.checkpoint.train_state import TrainState
-    from megatron_bridge.models.mcore.weights import native_to_megatron_core
+    from megatron_bridge.engines.megatron_core.weights import native_to_megatron_core
 
     out_cfg = copy.deepcopy(cfg)
     out_cfg.model.engine = "megatron_core"

@@ -195,7 +195,7 @@ def _load_model(module: torch.nn.Module, state: dict[str, Any], folder: str | Pa
     bf16/fp16 its names pass through ``Float16Module`` (``module.module.``), whose ``state_dict`` skips that level
     but whose ``load_state_dict`` does not. DCP wrote into the parameters' own shards already; this checks that
     every key fits."""
-    from megatron_bridge.models.mcore.precision import unwrap_float16
+    from megatron_bridge.engines.megatron_core.precision import unwrap_float16
 
     prefix = "module." if unwrap_float16(module.module) is module.module else "module.module."
     renamed = {prefix + k.removeprefix("module."): v for k, v in state.items()}

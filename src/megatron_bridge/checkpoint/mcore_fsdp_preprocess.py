@@ -107,7 +107,7 @@ class _ParameterView(torch.nn.Module):
     built)."""
 
     def __init__(self, fsdp_module: torch.nn.Module) -> None:
-        from megatron_bridge.models.mcore.precision import unwrap_float16
+        from megatron_bridge.engines.megatron_core.precision import unwrap_float16
 
         super().__init__()
         self.module = unwrap_float16(fsdp_module.module)

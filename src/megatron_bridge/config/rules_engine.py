@@ -1,7 +1,8 @@
 """Validation rules of the model engine (``model.engine``) and the layer implementation (``model.transformer_impl``).
 
 ``engine="native"`` builds this library's torch-native model (only ``transformer_impl="local"``);
-``engine="megatron_core"`` builds megatron-core's ``GPTModel`` (:mod:`megatron_bridge.models.mcore`) with the local
+``engine="megatron_core"`` builds megatron-core's ``GPTModel`` (:mod:`megatron_bridge.engines.megatron_core`) with the
+local
 or the transformer-engine layer spec. The megatron-core path supports a subset of the features in this version; rule
 ``megatron_core_features`` names every field that asks for more, so ``validate()`` refuses what the build cannot
 do. Probes import lazily: configs with the native engine never import torch, megatron-core or transformer-engine here.
@@ -207,8 +208,9 @@ _MFSDP_NO_PP = ("megatron-core 0.19's Megatron FSDP adapter lays the whole world
 
 
 def _fsdp_unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
-    """(field, value, fix) of what megatron-core's FSDP wrappers (:mod:`megatron_bridge.distributed.mcore_fsdp`,
-    :mod:`megatron_bridge.distributed.mcore_fsdp2`) cannot do in this version."""
+    """(field, value, fix) of what megatron-core's FSDP wrappers
+    (:mod:`megatron_bridge.engines.megatron_core.megatron_fsdp`,
+    :mod:`megatron_bridge.engines.megatron_core.fsdp2`) cannot do in this version."""
     m, d, f, o = cfg.model, cfg.ddp, cfg.fsdp2, cfg.optimizer
     mp = cfg.mixed_precision_config
     checks: list[tuple[bool, str, object, str]] = []

@@ -1,6 +1,6 @@
 """The one small interface every data-parallel backend implements, so the training loop never branches on it.
 
-A backend is built by :func:`megatron_bridge.distributed.ddp_wrap.ddp_wrap` from the config. The loop calls, per step:
+A backend is built by :func:`megatron_bridge.engines.ddp_wrap.ddp_wrap` from the config. The loop calls, per step:
 ``grad_sync_context`` around each micro-batch's backward, ``forward_context`` around each forward,
 ``finish_grad_sync`` after the last micro-batch, ``optimizer_step`` (``clip_grad_norm``, then ``optimizer.step()``).
 Checkpointing uses ``model_state_dict`` / ``load_model_state_dict`` and the optimizer variants (DCP-ready state

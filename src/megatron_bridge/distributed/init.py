@@ -13,6 +13,7 @@
 
 import datetime
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -137,13 +138,13 @@ def _join_torchrun_job(backend: str, timeout: datetime.timedelta) -> None:
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
-def destroy_distributed() -> None:
-    """Barrier, then destroy the default process group if :func:`initialize_distributed` created it."""
+def destroy_distributed(teardown: Callable[[], None] | None = None) -> None:
+    """Barrier, then destroy the default process group if :func:`initialize_distributed` created it; ``teardown``
+    runs first (the engine's own groups, :meth:`megatron_bridge.engines.base.Engine.destroy_groups`)."""
     global _CREATED_BY_US
     if _CREATED_BY_US and dist.is_initialized():
-        from megatron_bridge.models.mcore.parallel_state import destroy as destroy_megatron_core_groups
-
-        destroy_megatron_core_groups()  # megatron-core's groups (model.engine="megatron_core"), if any
+        if teardown is not None:
+            teardown()
         dist.barrier()
         dist.destroy_process_group()
     _CREATED_BY_US = False

@@ -2,11 +2,13 @@
 
 ``loss_func(output_tensor)`` returns ``(loss_sum, num_tokens, {"lm loss": ...})``: the loop sums ``loss_sum`` and
 ``num_tokens`` over micro-batches and data-parallel ranks, so the reported loss and the gradients are token-weighted
-over the whole global batch. The default forward steps (:mod:`megatron_bridge.training.gpt_step`), the pipeline's last
-stage and distillation compute it the same way.
+over the whole global batch. :func:`forward_step` is the native engine's default forward step (Megatron-Bridge's
+import path ``megatron_bridge.training.gpt_step.forward_step`` names it too); the pipeline's last stage, distillation
+and megatron-core's forward step compute the loss the same way.
 """
 
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 from torch import nn
@@ -38,3 +40,11 @@ def module_device(model: nn.Module) -> torch.device:
         if p.device.type != "meta":
             return p.device
     return torch.device("cpu")
+
+
+def forward_step(data_iterator: Iterator[Batch], model: nn.Module) -> tuple[torch.Tensor, LossFunc]:
+    """Run the model on the next micro-batch; return per-token losses and the masked loss function."""
+    device = module_device(model)
+    batch = get_batch(data_iterator, device)
+    output = model(batch["tokens"], position_ids=batch.get("position_ids"), labels=batch["labels"])
+    return output, partial(masked_next_token_loss, batch["loss_mask"])

@@ -37,7 +37,8 @@ def build_model_chunks(
     if config.engine != "native":
         raise ConfigValidationError(
             f"build_model_chunks builds the native engine, but model.engine={config.engine!r}: build megatron-core "
-            "chunks with megatron_bridge.models.mcore.provider.build_gpt_chunks(cfg, device) (pretrain() does), or "
+            "chunks with megatron_bridge.engines.megatron_core.provider.build_gpt_chunks(cfg, device) (pretrain() "
+            "does), or "
             "set model.engine='native'", ("model.engine",))
     check_model_buildable(config)  # the model rules of validate(), for callers that skipped it
     if config.pipeline_model_parallel_size > 1:

@@ -71,7 +71,7 @@ class Layout:
 
 
 def backend_of(cfg: "ConfigContainer") -> Backend:
-    """The backend ``dist`` selects (as :func:`megatron_bridge.distributed.ddp_wrap.select_backend_class`)."""
+    """The backend ``dist`` selects (as :func:`megatron_bridge.engines.ddp_wrap.select_backend_class`)."""
     if cfg.dist.use_megatron_fsdp:
         return "megatron_fsdp"
     if cfg.dist.use_torch_fsdp2:

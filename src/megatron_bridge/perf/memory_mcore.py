@@ -2,8 +2,9 @@
 wrapper.
 
 Pure arithmetic (no torch), used by :mod:`megatron_bridge.perf.memory` where the engine is megatron-core's and the
-backend megatron-core DDP (:class:`~megatron_bridge.distributed.mcore_ddp.MegatronCoreDDPBackend`) or its FSDP2 wrapper
-(:mod:`megatron_bridge.distributed.mcore_fsdp2`). Per parameter, as megatron-core 0.19 allocates under DDP:
+backend megatron-core DDP (:class:`~megatron_bridge.engines.megatron_core.ddp.MegatronCoreDDPBackend`) or its FSDP2
+wrapper
+(:mod:`megatron_bridge.engines.megatron_core.fsdp2`). Per parameter, as megatron-core 0.19 allocates under DDP:
 
 * **parameters**: ``model.params_dtype`` bytes (C). On this engine it is the compute dtype (bf16/fp16 under the
   ``bf16_mixed`` / ``fp16_mixed`` presets: ``Float16Module`` casts the weights in place; fp32 otherwise). With the

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.engines.base import Engine, PipelineRunner
+from megatron_bridge.engines.factory import get_engine
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.exits import ExitConditions
@@ -24,7 +26,6 @@ from megatron_bridge.training.loop import TrainResult, run_training
 from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
 from megatron_bridge.training.metrics import TrainingLogger
 from megatron_bridge.training.moe_stats import MoETracker
-from megatron_bridge.training.optim import build_optimizer
 from megatron_bridge.training.profiling import StepProfiler
 from megatron_bridge.training.state import TrainState
 from megatron_bridge.utils.logging import get_logger, log_rank_0, setup_logging
@@ -60,8 +61,8 @@ class TrainingContext:
     profiler: StepProfiler
     cp_size: int = 1
     """Context-parallel size: each sample's tokens are spread over this many ranks."""
-    pipeline: Any = None
-    """The :class:`~megatron_bridge.distributed.pipeline.PipelineRunner` under pipeline parallelism, else None."""
+    pipeline: PipelineRunner | None = None
+    """The engine's pipeline schedule under pipeline parallelism (:meth:`Engine.pipeline_runner`), else None."""
     moe: MoETracker | None = None
     """Bookkeeping of the MoE layers (None for dense models)."""
     distiller: Any = None
@@ -115,20 +116,6 @@ def _build_data(cfg: ConfigContainer, tokenizer: Any, state: TrainState, dp_rank
     )
 
 
-def _grad_scaler(cfg: ConfigContainer, device: torch.device, optimizer: Any) -> Any:
-    """fp16 loss scaling: torch's ``GradScaler``, or on the megatron-core engine its optimizer's own scaler."""
-    o = cfg.optimizer
-    if not o.fp16:
-        return None
-    if cfg.model.engine == "megatron_core":
-        from megatron_bridge.models.mcore.precision import MegatronCoreLossScaler
-
-        return MegatronCoreLossScaler(optimizer)
-    static = o.loss_scale is not None
-    return torch.amp.GradScaler(device.type, init_scale=o.loss_scale if static else o.initial_loss_scale,
-                                growth_factor=1.0 if static else 2.0, backoff_factor=1.0 if static else 0.5)
-
-
 def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, scheduler: Any, state: TrainState) -> Any:
     c = cfg.checkpoint
     if not (c.save or c.load or c.pretrained_checkpoint):
@@ -161,32 +148,26 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
           forward_step_func: Callable[..., Any] | None = None) -> TrainingContext:
     """Build model, backend, optimizer, schedule, checkpoint manager and data for a validated config.
 
-    ``forward_step_func`` is the step megatron-core's pipeline schedule runs (``model.engine="megatron_core"`` with
-    PP > 1; default :func:`~megatron_bridge.training.gpt_step.megatron_core_forward_step`); the loop calls it itself
-    otherwise."""
+    ``forward_step_func`` is the step the engine's pipeline schedule runs under PP > 1 (megatron-core's schedules run
+    it; the native one computes the default loss itself); default: the engine's :meth:`Engine.default_forward_step`.
+    The loop calls it itself without PP."""
     from megatron_bridge.distributed.context_parallel import context_parallel_rank
-    from megatron_bridge.distributed.ddp_wrap import ddp_wrap
     from megatron_bridge.distributed.init import data_parallel_rank, pipeline_parallel_rank
+    from megatron_bridge.engines.ddp_wrap import ddp_wrap
     from megatron_bridge.models.float8 import convert_for_fp8_training
     from megatron_bridge.models.flops import num_floating_point_operations
-    from megatron_bridge.models.provider import build_model_chunks
 
     set_seed(cfg.rng.seed)
     tokenizer = _build_tokenizer_and_check_vocab(cfg)
     pp_rank = pipeline_parallel_rank(cfg, env.rank, env.world_size)
-    if cfg.model.engine == "megatron_core":
-        from megatron_bridge.models.mcore.provider import build_gpt_chunks
-
-        chunks = build_gpt_chunks(cfg, env.device)
-    else:
-        chunks = build_model_chunks(cfg.model, device=env.device, pp_rank=pp_rank)
+    engine = get_engine(cfg)
+    chunks = engine.build_model_chunks(cfg, env.device, pp_rank)
     if cfg.quantization.quant_cfg is not None:
         chunks = _quantize(cfg, chunks, tokenizer, env.device)
     fp8 = convert_for_fp8_training(chunks, cfg)
     backend = ddp_wrap(chunks, cfg, env.device)
-    pipeline = _pipeline_runner(cfg, backend, env)
     distiller = _distiller(cfg, backend, env.device) if cfg.distillation.enabled else None
-    optimizer = backend.prepare_optimizer(build_optimizer(cfg, backend.chunks, env.device))
+    optimizer = backend.prepare_optimizer(engine.build_optimizer(cfg, backend.chunks, env.device))
     scheduler = OptimizerParamScheduler(optimizer, cfg)
     state = TrainState()
     checkpoint = _checkpoint_manager(cfg, backend, optimizer, scheduler, state)
@@ -212,48 +193,28 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         checkpoint=checkpoint, loaded_checkpoint=loaded, loaders=loaders, train_iter=iter(loaders.train),
         valid_iter=cyclic_iter(loaders.valid) if loaders.valid is not None else None,
         metrics=TrainingLogger(cfg, env.device, env.world_size), exits=ExitConditions(cfg, env.device),
-        grad_scaler=_grad_scaler(cfg, env.device, optimizer), result=result, dp_size=dp_size,
+        grad_scaler=engine.grad_scaler(cfg, env.device, optimizer), result=result, dp_size=dp_size,
         callbacks=list(callbacks or []),
         static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
         profiler=StepProfiler(cfg, env.rank, env.device), cp_size=cfg.model.context_parallel_size,
-        pipeline=pipeline,
         moe=MoETracker.for_chunks([backend.unwrap(c) for c in backend.chunks], env.device,
                                   cfg.model.tensor_model_parallel_size, cfg.model),
         distiller=distiller, fp8=fp8,
     )
-    if cfg.model.engine == "megatron_core" and cfg.model.pipeline_model_parallel_size > 1:
-        ctx.pipeline = _megatron_core_pipeline_runner(ctx, forward_step_func)
+    ctx.pipeline = _pipeline_runner(engine, ctx, forward_step_func)
     return ctx
 
 
-def _pipeline_runner(cfg: ConfigContainer, backend: Any, env: Any) -> Any:
-    if cfg.model.pipeline_model_parallel_size <= 1 or cfg.model.engine == "megatron_core":
-        return None
-    from megatron_bridge.distributed.pipeline import PipelineRunner
-
-    return PipelineRunner(cfg, backend, env.device, cfg.num_microbatches(env.world_size))
-
-
-def _megatron_core_pipeline_runner(ctx: TrainingContext, forward_step_func: Callable[..., Any] | None) -> Any:
-    """megatron-core's schedule over the megatron-core chunks; a 3-argument forward step gets ``ctx`` as state."""
+def _pipeline_runner(engine: Engine, ctx: TrainingContext,
+                     forward_step_func: Callable[..., Any] | None) -> PipelineRunner | None:
+    """The engine's pipeline schedule (PP > 1); a 3-argument forward step gets ``ctx`` as its state."""
     from functools import partial
 
-    from megatron_bridge.models.mcore.pipeline import MegatronCorePipelineRunner
-    from megatron_bridge.training.gpt_step import call_forward_step, megatron_core_forward_step
+    from megatron_bridge.training.gpt_step import call_forward_step
 
-    step = partial(call_forward_step, forward_step_func or megatron_core_forward_step, ctx)
-    return MegatronCorePipelineRunner(ctx.cfg, ctx.backend, step, ctx.cfg.num_microbatches(ctx.env.world_size))
-
-
-def _check_forward_step(cfg: ConfigContainer, forward_step_func: Callable[..., Any]) -> None:
-    if cfg.model.engine == "megatron_core":  # megatron-core's schedules run any forward step of Megatron's shape
-        return
-    if cfg.model.pipeline_model_parallel_size > 1 and forward_step_func is not default_forward_step:
-        raise ConfigValidationError(
-            f"a custom forward_step_func ({getattr(forward_step_func, '__name__', forward_step_func)!r}) with "
-            f"model.pipeline_model_parallel_size={cfg.model.pipeline_model_parallel_size}: under pipeline "
-            "parallelism the schedule runs the model stage by stage and the last stage computes the masked "
-            "next-token loss itself; use the default forward step or PP=1", ("model.pipeline_model_parallel_size",))
+    step = partial(call_forward_step, forward_step_func or engine.default_forward_step(), ctx)
+    n_micro = ctx.cfg.num_microbatches(ctx.env.world_size)
+    return engine.pipeline_runner(ctx.cfg, ctx.backend, ctx.env.device, n_micro, step)
 
 
 def _distiller(cfg: ConfigContainer, backend: Any, device: torch.device) -> Any:
@@ -287,11 +248,10 @@ def pretrain(
 
     setup_logging(cfg.logger.logging_level)
     cfg.validate()
-    _check_forward_step(cfg, forward_step_func)
-    if cfg.model.engine == "megatron_core" and forward_step_func is default_forward_step:
-        from megatron_bridge.training.gpt_step import megatron_core_forward_step
-
-        forward_step_func = megatron_core_forward_step
+    engine = get_engine(cfg)
+    engine.check_forward_step(cfg, forward_step_func)
+    if forward_step_func is default_forward_step:
+        forward_step_func = engine.default_forward_step()
     if cfg.distillation.enabled and forward_step_func is default_forward_step:
         from megatron_bridge.optimization.distillation import distillation_forward_step
 
@@ -320,10 +280,10 @@ def pretrain(
             _close(ctx, failed=True)
         except Exception as close_exc:  # the original error is the one to show, not the teardown's
             logger.debug("teardown after a failure raised %r", close_exc)
-        destroy_distributed()
+        destroy_distributed(teardown=engine.destroy_groups)
         raise
     _close(ctx, failed=False)
-    destroy_distributed()
+    destroy_distributed(teardown=engine.destroy_groups)
     return result
 
 

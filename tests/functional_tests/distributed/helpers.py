@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.distributed.ddp_wrap import ddp_wrap
+from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.models import build_model_chunks
 from tests.unit_tests.distributed.helpers import SEQ, VOCAB, tiny_cfg  # noqa: F401  (re-exported for tests)
 

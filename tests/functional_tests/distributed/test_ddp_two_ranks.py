@@ -5,8 +5,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_bridge.distributed.ddp import DDPBackend
-from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.distributed.init import build_device_mesh, initialize_distributed
+from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.errors import TrainingError
 from tests.functional_tests.distributed.helpers import Case, global_batches, run_cases, tiny_cfg
 from tests.functional_tests.launcher import is_worker, launch

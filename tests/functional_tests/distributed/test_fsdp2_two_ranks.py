@@ -7,8 +7,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from megatron_bridge.config.distributed import FSDP2OffloadPolicy
-from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.distributed.init import initialize_distributed
+from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.models import build_model_chunks
 from tests.functional_tests.distributed.helpers import Case, run_cases, tiny_cfg
 from tests.functional_tests.launcher import is_worker, launch

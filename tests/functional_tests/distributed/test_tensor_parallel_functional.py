@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.distributed.init import initialize_distributed
 from megatron_bridge.distributed.tensor_parallel import TiedOutput
+from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.models import build_model_chunks
 from megatron_bridge.training.pretrain import pretrain
 from tests.functional_tests.distributed.helpers import global_batches, tiny_cfg

@@ -125,7 +125,7 @@ def _train(cfg: Any, *callbacks: Callback) -> list[float]:
     """pretrain() in the launch's process group (joined once, left alive for the next test: conftest.py)."""
     import torch.distributed as dist
 
-    from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.engines.megatron_core import parallel_state
     from megatron_bridge.training.pretrain import pretrain
     from tests.functional_tests.mcore_cpu_harness import install
 

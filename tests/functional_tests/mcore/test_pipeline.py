@@ -2,7 +2,8 @@
 harness (tests/functional_tests/mcore_cpu_harness.py), with cross-engine parity.
 
 A one-process megatron-core run (PP=1) is the reference: its initial weights, per-step losses and final validation
-loss. Every pipelined run starts from those weights — cut per stage by :mod:`megatron_bridge.models.mcore.weights`
+loss. Every pipelined run starts from those weights — cut per stage by
+:mod:`megatron_bridge.engines.megatron_core.weights`
 (each megatron-core stage's layers found from its own ``layer_number``), or mapped to native names for the native
 engine — and trains on the same data; its per-step and validation losses must equal the reference's within
 :data:`LOSS_ATOL` (fp32; measured differences are ~1e-7):
@@ -97,7 +98,7 @@ class StartFrom(Callback):
 
 
 def _load_megatron_core_stage(model: torch.nn.Module, weights: dict[str, torch.Tensor], tied: bool) -> None:
-    from megatron_bridge.models.mcore.weights import megatron_core_stage_state
+    from megatron_bridge.engines.megatron_core.weights import megatron_core_stage_state
 
     layers = [layer.layer_number - 1 for layer in model.decoder.layers]
     state = megatron_core_stage_state(weights, layers, pre_process=model.pre_process,
@@ -125,7 +126,7 @@ def _tp_shard(name: str, full: torch.Tensor, local: torch.Tensor) -> torch.Tenso
 def _load_native_stage(chunk: torch.nn.Module, weights: dict[str, torch.Tensor], cfg: ConfigContainer) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-    from megatron_bridge.models.mcore.weights import megatron_core_to_native
+    from megatron_bridge.engines.megatron_core.weights import megatron_core_to_native
 
     mapped = megatron_core_to_native(weights, cfg.model)
     own = get_model_state_dict(chunk, options=StateDictOptions(full_state_dict=True))
@@ -175,7 +176,7 @@ def launches(reference: Path | None, request: pytest.FixtureRequest) -> LaunchGr
 def train(engine: str, callbacks: list[Callback], forward_step: Any = None, **overrides: Any) -> Any:
     """Worker: ``pretrain(pp_config(engine, **overrides))`` on this launch's ranks (one process group for the whole
     launch, megatron-core's groups destroyed after each run); returns (result, finalized config)."""
-    from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.engines.megatron_core import parallel_state
     from megatron_bridge.training.pretrain import pretrain
     from tests.functional_tests.mcore_cpu_harness import install
 
@@ -213,7 +214,7 @@ _STEP_CALLS: list[Any] = []
 
 def state_forward_step(state: Any, data_iterator: Any, model: torch.nn.Module) -> Any:
     """A custom 3-argument forward step: records its ``state``, then runs the default megatron-core step."""
-    from megatron_bridge.training.gpt_step import megatron_core_forward_step
+    from megatron_bridge.engines.megatron_core.forward_step import megatron_core_forward_step
 
     _STEP_CALLS.append(state)
     return megatron_core_forward_step(data_iterator, model)

@@ -83,7 +83,7 @@ class PrecisionState(Callback):
 def run(preset: str, **overrides: Any) -> tuple[list[float], dict[str, Any]]:
     """Worker: install the harness and train the functional tests' megatron-core config with ``preset`` on this
     launch's process group (kept alive between the tests of a shared launch; megatron-core's groups are not)."""
-    from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.engines.megatron_core import parallel_state
     from megatron_bridge.training.pretrain import pretrain
     from tests.functional_tests.mcore_cpu_harness import install
     from tests.functional_tests.training.test_megatron_core_engine import mcore_config

@@ -181,7 +181,7 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
     """Worker: train ``overrides`` on this launch's ranks (sharing its process group) and write rank 0's losses."""
     import torch.distributed as dist
 
-    from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.engines.megatron_core import parallel_state
     from megatron_bridge.training.pretrain import pretrain
     from tests.functional_tests.mcore_cpu_harness import install_fsdp
 

@@ -73,7 +73,7 @@ def measure(ctx: Any, grads: int) -> dict[str, Any]:
 
 def worker(out: str) -> None:
     """Run every case for one step in this process and write measured and estimated bytes to ``out``."""
-    from megatron_bridge.models.mcore import parallel_state
+    from megatron_bridge.engines.megatron_core import parallel_state
     from megatron_bridge.perf.memory import estimate_memory
     from megatron_bridge.training.callbacks import Callback
     from megatron_bridge.training.pretrain import pretrain

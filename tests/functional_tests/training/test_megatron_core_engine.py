@@ -5,7 +5,8 @@
 * 2 ranks match one process: TP=2, and DP=2 under megatron-core DDP with the distributed optimizer and with overlapped
   gradient reduction — per-step losses within 1e-5 (relative) of the one-process megatron-core run.
 * Cross-engine parity: the native engine trained from the megatron-core model's initial weights (mapped by
-  :mod:`megatron_bridge.models.mcore.weights`) gives the same per-step losses (absolute 1e-5) as megatron-core at TP=1
+  :mod:`megatron_bridge.engines.megatron_core.weights`) gives the same per-step losses (absolute 1e-5) as
+  megatron-core at TP=1
   and TP=2 (TP=2 builds the same initial weights as TP=1).
 * ``run_recipe.py --recipe tiny_llama model.engine=megatron_core`` trains (2 ranks: TP=2 with megatron-core DDP, and
   DP=2 with ``dist.use_megatron_fsdp=true``), the harness installed in its torchrun workers by
@@ -86,11 +87,12 @@ class InitialWeights(Callback):
 def train_and_record(overrides: dict[str, Any], out: str) -> None:
     """Worker: install the harness, train, write rank 0's losses to ``out``. The one-process ``reference`` also
     trains the native engine from the megatron-core model's initial weights (mapped by
-    :mod:`megatron_bridge.models.mcore.weights`) and records its losses as ``native_losses``. In the shared 2-rank
+    :mod:`megatron_bridge.engines.megatron_core.weights`) and records its losses as ``native_losses``. In the shared
+    2-rank
     launch pretrain() reuses the launch's process group; megatron-core's groups are destroyed after the run (the next
     layout may differ)."""
-    from megatron_bridge.models.mcore import parallel_state
-    from megatron_bridge.models.mcore.weights import megatron_core_to_native
+    from megatron_bridge.engines.megatron_core import parallel_state
+    from megatron_bridge.engines.megatron_core.weights import megatron_core_to_native
     from megatron_bridge.training.pretrain import pretrain
     from tests.functional_tests.mcore_cpu_harness import install
 

@@ -11,10 +11,10 @@ from megatron_bridge.config.checkpoint import CheckpointConfig
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.distributed.base import DataParallelBackend
-from megatron_bridge.distributed.ddp_wrap import ddp_wrap
+from megatron_bridge.engines.ddp_wrap import ddp_wrap
+from megatron_bridge.engines.native.optimizer import build_optimizer
 from megatron_bridge.models import build_model_chunks
 from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
-from megatron_bridge.training.optim import build_optimizer
 from megatron_bridge.utils.dist_env import get_rank
 
 

@@ -8,7 +8,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.nn.parallel import DistributedDataParallel
 
 from megatron_bridge.distributed.ddp import DDPBackend
-from megatron_bridge.distributed.ddp_wrap import ddp_wrap
+from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.errors import ConfigValidationError, TrainingError
 from tests.unit_tests.distributed.helpers import batch, build, count_modules, full_state, tiny_cfg
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from megatron_bridge.distributed.ddp import DDPBackend
-from megatron_bridge.distributed.ddp_wrap import (
+from megatron_bridge.distributed.fsdp2 import FSDP2Backend
+from megatron_bridge.engines.ddp_wrap import (
     MEGATRON_FSDP_MODULE,
     BackendNotAvailableError,
     ddp_wrap,
     select_backend_class,
 )
-from megatron_bridge.distributed.fsdp2 import FSDP2Backend
 from megatron_bridge.errors import MegatronBridgeError
 from tests.unit_tests.distributed.helpers import batch, build, tiny_cfg
 

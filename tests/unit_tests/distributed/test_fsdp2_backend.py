@@ -10,9 +10,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from megatron_bridge.config.distributed import FSDP2MixedPrecisionPolicy, FSDP2OffloadPolicy
-from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.distributed.fsdp2 import FSDP2Backend
 from megatron_bridge.distributed.fsdp2_sharding import maybe_patch_is_packed_sequence
+from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.errors import ConfigValidationError, TrainingError
 from tests.unit_tests.distributed.helpers import batch, build, count_modules, full_state, tiny_cfg
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-from megatron_bridge.distributed.ddp_wrap import ddp_wrap
+from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from tests.unit_tests.distributed.helpers import batch, build, full_state, tiny_cfg
 
 

@@ -12,17 +12,17 @@ from megatron_bridge.recipes import tiny_llama_pretrain_config
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
 
-from megatron_bridge.distributed.ddp_wrap import select_backend_class  # noqa: E402
-from megatron_bridge.distributed.mcore_ddp import MegatronCoreDDPBackend  # noqa: E402
-from megatron_bridge.distributed.mcore_fsdp import (  # noqa: E402
-    MegatronCoreFSDPBackend,
-    megatron_fsdp_ddp_config,
-    unit_module_classes,
-)
-from megatron_bridge.distributed.mcore_fsdp2 import (  # noqa: E402
+from megatron_bridge.engines.ddp_wrap import select_backend_class  # noqa: E402
+from megatron_bridge.engines.megatron_core.ddp import MegatronCoreDDPBackend  # noqa: E402
+from megatron_bridge.engines.megatron_core.fsdp2 import (  # noqa: E402
     MegatronCoreFSDP2Backend,
     torch_fsdp2_ddp_config,
     units_to_wrap,
+)
+from megatron_bridge.engines.megatron_core.megatron_fsdp import (  # noqa: E402
+    MegatronCoreFSDPBackend,
+    megatron_fsdp_ddp_config,
+    unit_module_classes,
 )
 
 

@@ -16,7 +16,6 @@ from megatron_fsdp.fully_shard import ShardingStrategy
 from torch import nn
 
 from megatron_bridge.distributed import megatron_fsdp_compat as compat
-from megatron_bridge.distributed.ddp_wrap import select_backend_class
 from megatron_bridge.distributed.megatron_fsdp import (
     MegatronFSDPBackend,
     MetaInitReplay,
@@ -31,6 +30,7 @@ from megatron_bridge.distributed.megatron_fsdp_compat import (
     apply_communication_unit_size,
     resolve_unit_modules,
 )
+from megatron_bridge.engines.ddp_wrap import select_backend_class
 from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.models.llama import LlamaDecoderLayer, LlamaModel
 from megatron_bridge.utils import logging as mb_logging

@@ -13,7 +13,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-from megatron_bridge.distributed.ddp_wrap import ddp_wrap
 from megatron_bridge.distributed.init import data_parallel_rank, split_mesh
 from megatron_bridge.distributed.tensor_parallel import (
     ReplicateParallel,
@@ -26,6 +25,7 @@ from megatron_bridge.distributed.tensor_parallel import (
     plan_from_patterns,
     validate_tp_plan,
 )
+from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.errors import ConfigValidationError
 from tests.unit_tests.distributed.helpers import batch, build, tiny_cfg
 

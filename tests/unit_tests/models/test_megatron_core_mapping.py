@@ -19,10 +19,10 @@ from megatron_bridge.recipes import qwen3_8b_pretrain_config, tiny_llama_pretrai
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
 
-from megatron_bridge.distributed.mcore_ddp import ddp_config  # noqa: E402
-from megatron_bridge.models.mcore.optimizer import optimizer_config  # noqa: E402
-from megatron_bridge.models.mcore.parallel_state import MegatronCoreNeedsCudaError, require_cuda  # noqa: E402
-from megatron_bridge.models.mcore.provider import layer_spec, transformer_config  # noqa: E402
+from megatron_bridge.engines.megatron_core.ddp import ddp_config  # noqa: E402
+from megatron_bridge.engines.megatron_core.optimizer import optimizer_config  # noqa: E402
+from megatron_bridge.engines.megatron_core.parallel_state import MegatronCoreNeedsCudaError, require_cuda  # noqa: E402
+from megatron_bridge.engines.megatron_core.provider import layer_spec, transformer_config  # noqa: E402
 
 
 CPU = torch.device("cpu")
@@ -184,7 +184,7 @@ def test_present_but_broken_transformer_engine_is_a_named_error(tmp_path: Path) 
 def test_native_engine_never_imports_megatron_core() -> None:
     code = ("import sys\nfrom megatron_bridge.recipes import tiny_llama_pretrain_config as f\n"
             "f().validate(world_size=1)\n"
-            "import megatron_bridge.training.pretrain, megatron_bridge.distributed.ddp_wrap\n"
+            "import megatron_bridge.training.pretrain, megatron_bridge.engines.ddp_wrap\n"
             "print([m for m in sys.modules if m.split('.')[0] == 'megatron'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout

@@ -15,7 +15,7 @@ import torch
 
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.config.pipeline_layout import PipelineLayoutError, build_stage_specs
-from megatron_bridge.models.mcore.weights import megatron_core_merge_stages, megatron_core_stage_state
+from megatron_bridge.engines.megatron_core.weights import megatron_core_merge_stages, megatron_core_stage_state
 
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12)")
@@ -66,7 +66,7 @@ def test_megatron_core_places_the_layers_of_the_native_split(model: ModelConfig)
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    from megatron_bridge.models.mcore.provider import transformer_config
+    from megatron_bridge.engines.megatron_core.provider import transformer_config
 
     config = transformer_config(model, torch.device("cpu"))
     pp, vp = model.pipeline_model_parallel_size, model.virtual_pipeline_model_parallel_size
@@ -81,7 +81,7 @@ def test_megatron_core_places_the_layers_of_the_native_split(model: ModelConfig)
 
 
 def test_transformer_config_carries_the_pipeline_fields() -> None:
-    from megatron_bridge.models.mcore.provider import transformer_config
+    from megatron_bridge.engines.megatron_core.provider import transformer_config
 
     model = _model(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
                    num_layers_in_last_pipeline_stage=2, overlap_p2p_comm=True, batch_p2p_comm=False)

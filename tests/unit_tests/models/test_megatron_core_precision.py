@@ -17,10 +17,10 @@ from megatron_bridge.recipes import tiny_llama_pretrain_config
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
 
-from megatron_bridge.distributed.mcore_ddp import ddp_config  # noqa: E402
-from megatron_bridge.models.mcore.optimizer import optimizer_config  # noqa: E402
-from megatron_bridge.models.mcore.precision import MegatronCoreLossScaler, transformer_precision  # noqa: E402
-from megatron_bridge.models.mcore.provider import transformer_config  # noqa: E402
+from megatron_bridge.engines.megatron_core.ddp import ddp_config  # noqa: E402
+from megatron_bridge.engines.megatron_core.optimizer import optimizer_config  # noqa: E402
+from megatron_bridge.engines.megatron_core.precision import MegatronCoreLossScaler, transformer_precision  # noqa: E402
+from megatron_bridge.engines.megatron_core.provider import transformer_config  # noqa: E402
 
 
 CPU = torch.device("cpu")

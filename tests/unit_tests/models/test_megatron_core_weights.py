@@ -1,11 +1,12 @@
-"""Weights between the engines (megatron_bridge.models.mcore.weights): names, the fused QKV and gate/up layouts,
+"""Weights between the engines (megatron_bridge.engines.megatron_core.weights): names, the fused QKV and gate/up
+layouts,
 and exact round trips. Pure tensor code: runs without megatron-core."""
 
 import pytest
 import torch
 
+from megatron_bridge.engines.megatron_core.weights import megatron_core_to_native, native_to_megatron_core
 from megatron_bridge.models.llama import LlamaModel
-from megatron_bridge.models.mcore.weights import megatron_core_to_native, native_to_megatron_core
 from megatron_bridge.recipes import tiny_llama_pretrain_config
 
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from megatron_bridge.distributed.fsdp2_sharding import set_prefetch_chains
-from megatron_bridge.distributed.mcore_ddp import MegatronCoreDDPBackend
+from megatron_bridge.engines.megatron_core.ddp import MegatronCoreDDPBackend
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 

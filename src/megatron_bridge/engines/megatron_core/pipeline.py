@@ -10,8 +10,9 @@ step's micro-batches (``seq_length`` and ``micro_batch_size`` from the config; a
 ``TransformerConfig.pipeline_dtype``).
 
 Every chunk runs the user's forward step (``forward_step(data_iterator, model)`` or ``(state, data_iterator,
-model)``; by default :func:`~megatron_bridge.training.gpt_step.megatron_core_forward_step`) on its own iterator over
-the step's micro-batches; megatron-core feeds the previous stage's activations through ``set_input_tensor``, and only
+model)``; by default :func:`~megatron_bridge.engines.megatron_core.forward_step.megatron_core_forward_step`) on its
+own iterator over the step's micro-batches; megatron-core feeds the previous stage's activations through
+``set_input_tensor``, and only
 the last stage's loss function runs. Loss normalisation is the loop's: the loss function returns ``(loss_sum,
 num_tokens, report)`` and the back-propagated loss is ``loss_sum × dp_size × cp_size / global_tokens`` (``scale``),
 so the gradient is that of the token-weighted mean over the global batch, as at PP=1. megatron-core divides a

@@ -21,7 +21,7 @@ grad_reduce_in_fp32                         ``grad_reduce_in_fp32`` and ``megatr
                                             torch.float32`` (else None: the parameters' dtype)
 preserve_fp32_weights, or a bf16/fp16       ``megatron_fsdp_main_params_dtype=torch.float32`` (else None: the
 preset (Megatron-Bridge's bf16_mixed)       compute weights are the main weights); bf16/fp16 chunks arrive in
-                                            megatron-core's ``Float16Module`` (models/mcore/precision.py)
+                                            megatron-core's ``Float16Module`` (engines/megatron_core/precision.py)
 fp8_param_gather, fp4_param_gather, ...     the preset's fields (``ddp_precision``)
 nccl_ub, fsdp_double_buffer,                the same fields
 keep_fp8_transpose_cache
@@ -32,7 +32,7 @@ megatron_fsdp_unit_modules                  the adapter's ``fsdp_unit_modules`` 
 ==========================================  ================================================================
 
 What this backend cannot do is refused by ``validate()`` (rule ``megatron_core_fsdp``, config/rules_engine.py).
-The loop drives it through :class:`~megatron_bridge.distributed.mcore_ddp.MegatronCoreDDPBackend`'s methods, which
+The loop drives it through :class:`~megatron_bridge.engines.megatron_core.ddp.MegatronCoreDDPBackend`'s methods, which
 the adapter shares with megatron-core DDP (``no_sync``, ``finish_grad_sync``, ``zero_grad_buffer``, the optimizer's
 own clipping step).
 """
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from megatron_bridge.distributed.mcore_ddp import MegatronCoreDDPBackend
+from megatron_bridge.engines.megatron_core.ddp import MegatronCoreDDPBackend
 from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
@@ -63,7 +63,7 @@ def megatron_fsdp_ddp_config(cfg: "ConfigContainer") -> Any:
     in the module docstring)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
-    from megatron_bridge.models.mcore.precision import ddp_precision
+    from megatron_bridge.engines.megatron_core.precision import ddp_precision
 
     d = cfg.ddp
     fp32 = torch.float32
@@ -169,7 +169,7 @@ class MegatronCoreFSDPBackend(MegatronCoreDDPBackend):
     def unwrap(self, chunk: nn.Module) -> nn.Module:
         """The ``GPTModel`` inside the adapter, megatron-fsdp's ``MegatronFSDP`` and, with bf16/fp16, its
         ``Float16Module``."""
-        from megatron_bridge.models.mcore.precision import unwrap_float16
+        from megatron_bridge.engines.megatron_core.precision import unwrap_float16
 
         inner = getattr(chunk, "module", chunk)
         return unwrap_float16(getattr(inner, "module", inner))

@@ -63,7 +63,7 @@ def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
             raise MegatronBridgeError(
                 f"megatron-core's parallel state already exists with TP×PP×CP = {current} and VP {vp}, but the config "
                 f"asks for {sizes} and VP {m.virtual_pipeline_model_parallel_size}: call "
-                "megatron_bridge.models.mcore.parallel_state.destroy() first")
+                "megatron_bridge.engines.megatron_core.parallel_state.destroy() first")
     else:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=m.tensor_model_parallel_size,

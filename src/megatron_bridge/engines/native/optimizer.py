@@ -1,4 +1,4 @@
-"""The optimizer: AdamW or SGD from torch, with no weight decay on norms and biases."""
+"""The native engine's optimizer: AdamW or SGD from torch, with no weight decay on norms and biases."""
 
 import torch
 from torch import nn
@@ -48,12 +48,8 @@ def _kernel_kwargs(cfg: ConfigContainer, device: torch.device) -> dict[str, bool
 
 
 def build_optimizer(cfg: ConfigContainer, chunks: list[nn.Module], device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (``optimizer.optimizer="adam"``) or SGD over the (wrapped) chunks' parameters; with
-    ``model.engine="megatron_core"`` megatron-core's optimizer (:mod:`megatron_bridge.models.mcore.optimizer`)."""
-    if cfg.model.engine == "megatron_core":
-        from megatron_bridge.models.mcore.optimizer import build_megatron_optimizer
-
-        return build_megatron_optimizer(cfg, chunks)
+    """AdamW (``optimizer.optimizer="adam"``) or SGD over the (wrapped) chunks' parameters (the megatron-core
+    engine's optimizer is :mod:`megatron_bridge.engines.megatron_core.optimizer`)."""
     o = cfg.optimizer
     groups = param_groups(chunks, o.weight_decay)
     kernel = _kernel_kwargs(cfg, device)

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from megatron_bridge.models.mcore.precision import DTYPES
+from megatron_bridge.engines.megatron_core.precision import DTYPES
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
@@ -59,7 +59,8 @@ logger = get_logger(__name__)
 
 def transformer_config(model: "ModelConfig", device: torch.device, precision: dict[str, Any] | None = None) -> Any:
     """megatron-core's ``TransformerConfig`` for ``model`` (see the module docstring for the mapping); ``precision``
-    (:func:`megatron_bridge.models.mcore.precision.transformer_precision`) replaces the dtype fields and adds the
+    (:func:`megatron_bridge.engines.megatron_core.precision.transformer_precision`) replaces the dtype fields and adds
+    the
     bf16/fp16 and FP8/FP4 ones."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -121,8 +122,8 @@ def build_gpt_chunks(cfg: "ConfigContainer", device: torch.device) -> list[torch
         MegatronCoreNeedsCudaError: ``device`` is not a CUDA device.
     """
     from megatron_bridge.config.rule_set import enforce
-    from megatron_bridge.models.mcore import parallel_state
-    from megatron_bridge.models.mcore.precision import transformer_precision, wrap_float16
+    from megatron_bridge.engines.megatron_core import parallel_state
+    from megatron_bridge.engines.megatron_core.precision import transformer_precision, wrap_float16
 
     enforce(cfg, "engine_available", "transformer_impl_available", "megatron_core_context_parallel",
             "megatron_core_features", "megatron_core_pipeline", "megatron_core_sequence_parallel", "pipeline_layers",

@@ -6,7 +6,7 @@ with megatron-core's optimizer inside :func:`~megatron_bridge.training.pretrain.
   :func:`megatron_bridge.distributed.init.build_device_mesh`), and its model-parallel RNG.
 * :mod:`.provider`: ``TransformerConfig`` and the layer spec from the model fields, ``GPTModel`` chunks.
 * :mod:`.optimizer`: ``get_megatron_optimizer`` from ``cfg.optimizer``.
-* :mod:`megatron_bridge.distributed.mcore_ddp`: the ``ddp_wrap`` backend of these chunks.
+* :mod:`megatron_bridge.engines.megatron_core.ddp`: the ``ddp_wrap`` backend of these chunks.
 
 megatron-core is imported only by these modules, never when the config or the native engine is imported. It needs a
 CUDA device (:func:`.parallel_state.require_cuda`); the CPU tests run it through a test-only harness

@@ -20,7 +20,7 @@ def optimizer_config(cfg: "ConfigContainer") -> Any:
     """megatron-core's ``OptimizerConfig`` with the values of ``cfg.optimizer`` (same field names)."""
     from megatron.core.optimizer import OptimizerConfig
 
-    from megatron_bridge.models.mcore.precision import optimizer_precision
+    from megatron_bridge.engines.megatron_core.precision import optimizer_precision
 
     o = cfg.optimizer
     return OptimizerConfig(

@@ -4,8 +4,10 @@
 Its ``DistributedDataParallelConfig`` comes from ``cfg.ddp`` (:func:`ddp_config`): gradient reduction in fp32, overlap
 of gradient reduction and parameter gathering, bucket size, distributed optimizer, averaging inside the collective and
 the NaN check. Under pipeline parallelism the chunks are this rank's (virtual) stages; megatron-core's schedule runs
-them (:mod:`megatron_bridge.models.mcore.pipeline`). Gradients accumulate in megatron-core's contiguous ``main_grad``
-buffers; the optimizer is megatron-core's (:mod:`megatron_bridge.models.mcore.optimizer`) and steps with its own
+them (:mod:`megatron_bridge.engines.megatron_core.pipeline`). Gradients accumulate in megatron-core's contiguous
+``main_grad``
+buffers; the optimizer is megatron-core's (:mod:`megatron_bridge.engines.megatron_core.optimizer`) and steps with its
+own
 clipping (:meth:`MegatronCoreDDPBackend.optimizer_step`). Checkpoints are megatron-core ``torch_dist`` folders
 (:mod:`megatron_bridge.checkpoint.mcore_checkpoint`)."""
 
@@ -29,7 +31,7 @@ def ddp_config(cfg: Any) -> Any:
     """megatron-core's ``DistributedDataParallelConfig`` from ``cfg.ddp`` (Megatron-Bridge's field names)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
-    from megatron_bridge.models.mcore.precision import ddp_precision
+    from megatron_bridge.engines.megatron_core.precision import ddp_precision
 
     d = cfg.ddp
     return DistributedDataParallelConfig(
@@ -69,10 +71,10 @@ class MegatronCoreDDPBackend(DataParallelBackend):
         return self.chunks
 
     def prepare_optimizer(self, optimizer: Any) -> Any:
-        """Keep megatron-core's optimizer (built by :func:`~megatron_bridge.training.optim.build_optimizer`) and let
+        """Keep megatron-core's optimizer (built by :meth:`.engine.MegatronCoreEngine.build_optimizer`) and let
         megatron-core's pipeline schedules scale the loss by its loss scale (``config.grad_scale_func``, as
         Megatron-Bridge sets it; 1 except with fp16). Without pipeline parallelism the loop scales the loss itself
-        (:class:`~megatron_bridge.models.mcore.precision.MegatronCoreLossScaler`)."""
+        (:class:`~megatron_bridge.engines.megatron_core.precision.MegatronCoreLossScaler`)."""
         self.optimizer = optimizer
         for chunk in self.chunks:
             chunk.config.grad_scale_func = optimizer.scale_loss
@@ -107,7 +109,7 @@ class MegatronCoreDDPBackend(DataParallelBackend):
 
     def unwrap(self, chunk: nn.Module) -> nn.Module:
         """The ``GPTModel`` inside megatron-core's DDP and, with bf16/fp16, its ``Float16Module``."""
-        from megatron_bridge.models.mcore.precision import unwrap_float16
+        from megatron_bridge.engines.megatron_core.precision import unwrap_float16
 
         return unwrap_float16(getattr(chunk, "module", chunk))
 

@@ -1,0 +1,67 @@
+"""What an engine builds for a run, and the pipeline runner both engines' schedules implement."""
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import nn
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.distributed.base import DataParallelBackend
+    from megatron_bridge.models.loss import Batch
+
+ForwardStep = Callable[[Iterator["Batch"], nn.Module], Any]
+"""A forward step bound to its state: ``step(data_iterator, model) -> (output_tensor, loss_func)``."""
+
+
+class PipelineRunner(Protocol):
+    """One training or evaluation step of pipeline parallelism over a step's micro-batches."""
+
+    def run(self, batches: list["Batch"], *, scale: float | None, train: bool) -> tuple[float, float]:
+        """Forward (and with ``train`` backward) over ``batches``; this rank's (loss sum, token count): the last
+        stage's, zeros on the other stages."""
+        ...
+
+
+class Engine(Protocol):
+    """The engine-specific parts of a run (``model.engine``); :func:`megatron_bridge.engines.factory.get_engine`
+    picks one from the config."""
+
+    name: str
+    """``model.engine``'s value."""
+
+    def build_model_chunks(self, cfg: "ConfigContainer", device: torch.device, pp_rank: int) -> list[nn.Module]:
+        """This rank's model chunks (one per virtual pipeline stage)."""
+        ...
+
+    def backend_class(self, cfg: "ConfigContainer") -> type["DataParallelBackend"]:
+        """The data-parallel backend ``cfg.dist`` selects for this engine's chunks."""
+        ...
+
+    def build_optimizer(self, cfg: "ConfigContainer", chunks: list[nn.Module], device: torch.device) -> Any:
+        """The optimizer over the wrapped chunks' parameters."""
+        ...
+
+    def grad_scaler(self, cfg: "ConfigContainer", device: torch.device, optimizer: Any) -> Any:
+        """fp16's loss scaler (``scale``/``update``, as ``torch.amp.GradScaler``), None without fp16."""
+        ...
+
+    def pipeline_runner(self, cfg: "ConfigContainer", backend: "DataParallelBackend", device: torch.device,
+                        n_microbatches: int, step: ForwardStep) -> PipelineRunner | None:
+        """The pipeline schedule under PP > 1 (None otherwise); ``step`` is the run's forward step, bound to the
+        training state."""
+        ...
+
+    def default_forward_step(self) -> Callable[..., Any]:
+        """The forward step ``pretrain`` runs when given the library's default."""
+        ...
+
+    def check_forward_step(self, cfg: "ConfigContainer", forward_step: Callable[..., Any]) -> None:
+        """Refuse a forward step this engine cannot run with ``cfg``."""
+        ...
+
+    def destroy_groups(self) -> None:
+        """Destroy process groups this engine created (before the default group goes)."""
+        ...
