@@ -44,7 +44,7 @@ ALLOWED: dict[str, str] = {
     "recipes/perf_configs.py::precision_config": "launch.py's --compute_dtype argument",
     "training/pretrain.py::_build_tokenizer_and_check_vocab": "the tokenizer file's vocabulary vs model.vocab_size",
     "training/pretrain.py::setup": "the checkpoint's step vs train.train_iters",
-    "training/pretrain.py::_check_forward_step": "the forward_step function the caller passes",
+    "engines/native/engine.py::NativeEngine.check_forward_step": "the forward_step function the caller passes",
 }
 """Raise sites of config errors outside config/ (``file::function``) and the runtime fact each one checks."""
 
