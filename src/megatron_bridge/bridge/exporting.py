@@ -21,11 +21,12 @@ from megatron_bridge.bridge.assets import (
     token_ids_from_tokenizer,
     write_json,
 )
+from megatron_bridge.bridge.config_out import exported_hf_config, valid_token_ids
 from megatron_bridge.bridge.families.base import ModelFamily
 from megatron_bridge.bridge.hf_reader import CONFIG_FILENAME, is_hf_folder, read_json
 from megatron_bridge.bridge.hf_writer import DEFAULT_MAX_SHARD_SIZE, SafetensorsShardWriter
 from megatron_bridge.bridge.output import staged_output_dir
-from megatron_bridge.bridge.rope import RopeFormat, rope_format_of
+from megatron_bridge.bridge.rope import RopeFormat
 from megatron_bridge.bridge.weights import to_hf_tensors
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
@@ -59,8 +60,6 @@ def write_hf_pretrained(path: str | Path, family: ModelFamily, config: ModelConf
     sources = [Path(s) for s in asset_sources if Path(s).is_dir()]
     base = next((read_json(s / CONFIG_FILENAME, "config") for s in sources if (s / CONFIG_FILENAME).is_file()), None)
     ids = next((t for t in (token_ids_from_config(s) for s in sources) if t), None) or dict(token_ids or {})
-    ids = _valid_token_ids(ids, config.vocab_size)
-    fmt = rope_format or (rope_format_of(base) if base else "rope_parameters")
     dtype = weight_dtype or params_dtype_of(config)
     path = Path(path)
     with staged_output_dir(path, overwrite=overwrite) as tmp:
@@ -68,8 +67,8 @@ def write_hf_pretrained(path: str | Path, family: ModelFamily, config: ModelConf
         for name, tensor in to_hf_tensors(pairs, family, config):
             writer.add(name, tensor)
         files = writer.finish()
-        hf = family.config_to_hf(config, rope_format=fmt, dtype=DTYPE_NAMES[dtype])
-        hf.update({k: ids.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")})
+        hf = exported_hf_config(family, config, dtype=DTYPE_NAMES[dtype], rope_format=rope_format, source=base,
+                                token_ids=ids)
         write_json(tmp / CONFIG_FILENAME, hf)
         tokenizer_src = next((s for s in sources if has_tokenizer(s)), None)
         copied = copy_assets(tokenizer_src, tmp, with_config=False) if tokenizer_src else []
@@ -77,21 +76,9 @@ def write_hf_pretrained(path: str | Path, family: ModelFamily, config: ModelConf
         if generation_src is not None and GENERATION_CONFIG_FILENAME not in copied:
             copy_assets_file(generation_src, tmp, GENERATION_CONFIG_FILENAME)
         elif generation_src is None:
-            write_json(tmp / GENERATION_CONFIG_FILENAME, generation_config(ids))
+            write_json(tmp / GENERATION_CONFIG_FILENAME, generation_config(valid_token_ids(ids, config.vocab_size)))
     logger.info("wrote %s: %s weight file(s), tokenizer from %s", path, len(files), tokenizer_src or "nowhere")
     return path
-
-
-def _valid_token_ids(ids: dict[str, Any], vocab_size: int) -> dict[str, Any]:
-    """``ids`` without those outside ``[0, vocab_size)`` (warned: transformers would refuse them)."""
-    out = {}
-    for key, value in ids.items():
-        values = value if isinstance(value, list) else [value]
-        if all(isinstance(v, int) and 0 <= v < vocab_size for v in values):
-            out[key] = value
-        else:
-            logger.warning("not writing %s=%s: outside the vocabulary [0, %d)", key, value, vocab_size)
-    return out
 
 
 def copy_assets_file(src: Path, dst: Path, name: str) -> None:
