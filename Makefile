@@ -31,7 +31,7 @@ pretrain: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests scripts
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests scripts
