@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the conversion; returns the exit status."""
     args = parse_args(argv)
     setup_logging("WARNING")
+    from megatron_bridge.utils.paths import check_output_path
+
+    check_output_path(args.dst, "dst", folder=args.to != "torch")
     options = {"weight_dtype": args.dtype, "max_shard_size": args.max_shard_size, "overwrite": args.overwrite,
                "rope_format": args.rope_format}
     if args.hf_source:

@@ -28,9 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.compare:
-        a, b = (json.loads(Path(p).read_text()) for p in args.compare)
+        from megatron_bridge.perf.results import read_results
+
+        a, b = (read_results(p) for p in args.compare)
         print(compare(a, b))
         return 0
+    if args.output_dir is not None:
+        from megatron_bridge.utils.paths import check_output_path
+
+        check_output_path(args.output_dir, "--output_dir")
     from megatron_bridge.launcher import slurm
 
     if slurm.requested(args):  # before the node flags: the Slurm job sets the nodes itself

@@ -36,6 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace):  # noqa: ANN201  (ConfigContainer; keep the script import-light)
     """Recipe → YAML → CLI overrides."""
+    if args.dir is not None:
+        from megatron_bridge.utils.paths import check_output_path
+
+        check_output_path(args.dir, "--dir")
     cfg = get_recipe(args.recipe).fn(dir=args.dir)
     if args.corpus:
         from megatron_bridge.data.corpus import ensure_corpus_indexed

@@ -55,6 +55,11 @@ class LaunchError(MegatronBridgeError):
     cannot meet (nobody answers at the rendezvous endpoint, a node runs another config)."""
 
 
+class PathError(MegatronBridgeError):
+    """A path given for an output or an input cannot be used: under a regular file, in a kernel file system
+    (``/proc``), a file where a folder is needed (or the reverse), missing or unreadable."""
+
+
 class DataError(MegatronBridgeError):
     """A dataset file is missing or malformed, or a data config does not fit the files."""
 

@@ -1,7 +1,8 @@
 """Validation rules about the machine a config runs on: settings that only work with a CUDA device or an
-accelerator. Set-up would refuse them too (``distributed/init.py``, ``distributed/context_parallel.py``,
-``distributed/fsdp2.py``); these rules refuse them in ``validate()``, before any process group or model exists, so a
-dry run on the same machine already names the problem. The probes (``cuda_capability`` and
+accelerator, and output paths its file system can hold (rule ``output_paths``). Set-up would refuse them too
+(``distributed/init.py``, ``distributed/context_parallel.py``, ``distributed/fsdp2.py``); these rules refuse them in
+``validate()``, before any process group or model exists, so a dry run on the same machine already names the
+problem. The probes (``cuda_capability`` and
 ``accelerator_available`` in :mod:`megatron_bridge.utils.packages`) import torch lazily, only for configs that ask.
 """
 
@@ -54,3 +55,24 @@ def _pin_memory(cfg: "ConfigContainer", world_size: int) -> None:
     if not packages.accelerator_available():
         fail("fsdp2.offload_policy.pin_memory=True needs an accelerator (pinned host memory), and this machine has "
              "none: set fsdp2.offload_policy.pin_memory=False", "fsdp2.offload_policy.pin_memory")
+
+
+OUTPUT_FOLDERS = ("checkpoint.save", "logger.tensorboard_dir", "profiling.trace_dir", "dataset.cache_dir")
+"""Config fields naming a folder the run writes into."""
+OUTPUT_FILES = ("logger.save_config_filepath",)
+"""Config fields naming a file the run writes."""
+
+
+@rule("output_paths", OUTPUT_FOLDERS + OUTPUT_FILES + ("profiling.memory_snapshot_path",),
+      "Output folders and files can be created here: not under a regular file, not in /proc, /sys or /dev, a folder "
+      "where a folder is written (a file where a file is).")
+def _output_paths(cfg: "ConfigContainer", world_size: int) -> None:
+    from megatron_bridge.utils.paths import output_path_problem
+
+    files = OUTPUT_FILES + (("profiling.memory_snapshot_path",) if cfg.profiling.record_memory_history else ())
+    for path in OUTPUT_FOLDERS + files:
+        section, name = path.split(".")
+        value = getattr(getattr(cfg, section), name)
+        problem = output_path_problem(value, folder=path in OUTPUT_FOLDERS) if value else None
+        if problem:
+            fail(f"{path}={value!r} cannot be written: {problem}", path)

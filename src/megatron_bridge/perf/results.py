@@ -129,6 +129,27 @@ COMPARED = ("median_step_time_s", "tokens_per_s_per_device", "model_tflops_per_s
             "peak_memory_gib", "final_loss")
 
 
+def read_results(path: str | Path, what: str = "--compare") -> dict:
+    """A results.json written by :func:`write_results`.
+
+    Raises:
+        PathError: the file is missing, not a regular file, or not a results file (not JSON, or none of the
+            compared metrics).
+    """
+    from megatron_bridge.errors import PathError
+    from megatron_bridge.utils.paths import check_input_file
+
+    check_input_file(path, what)
+    try:
+        content = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PathError(f"{what}={str(path)!r} is not a results file (not JSON: {exc})") from None
+    if not isinstance(content, dict) or not any(key in content for key in COMPARED):
+        raise PathError(f"{what}={str(path)!r} is not a results file: it has none of {list(COMPARED)} (give the "
+                        "results.json a run of launch.py wrote)")
+    return content
+
+
 def compare(a: dict, b: dict) -> str:
     """Ratio table B / A of the main metrics."""
     lines = [f"{'metric':32s} {'A':>14s} {'B':>14s} {'B/A':>8s}"]

@@ -255,6 +255,8 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
     "fp8_local_compat": (lambda cfg: (_emulated_fp8(cfg), _set(quantization__quant_cfg="int8")(cfg)), 1,
                          "quantization.quant_cfg",
                          lambda cfg: (_emulated_fp8(cfg), _set(dist__use_torch_fsdp2=True)(cfg))),
+    "output_paths": (_set(checkpoint__save="/proc/self/ckpt"), 1, "checkpoint.save",
+                     _set(checkpoint__save="/tmp/megatron_bridge_rules_case/ckpt")),
     "nccl_needs_cuda": (_set(dist__distributed_backend="nccl"), 1, "dist.distributed_backend",
                         _set(dist__distributed_backend="gloo")),
     "cp_ring_needs_cuda": (_set(model__context_parallel_size=2, model__cp_comm_type="p2p"), 2, "model.cp_comm_type",

@@ -1,0 +1,64 @@
+"""Checks of paths a user gives for outputs and inputs, before anything is written: a path under a regular file, in
+a kernel file system (``/proc``, ``/sys``, ``/dev``), or a file where a folder is needed (and the reverse) is named
+with the reason, instead of failing deep inside a run with ``NotADirectoryError``. Pure ``os.path`` (no torch)."""
+
+import os
+from pathlib import Path
+
+from megatron_bridge.errors import PathError
+
+
+KERNEL_FILE_SYSTEMS = ("/proc", "/sys", "/dev")
+"""Folders whose files are the kernel's, not storage: never an output."""
+
+
+def output_path_problem(path: str | Path, *, folder: bool) -> str | None:
+    """Why ``path`` cannot be written as an output folder (``folder=True``) or file, or None when it can (it may
+    not exist yet: its nearest existing ancestor must be a writable folder)."""
+    p = Path(os.path.abspath(os.path.expanduser(str(path))))
+    kernel = next((k for k in KERNEL_FILE_SYSTEMS if p == Path(k) or Path(k) in p.parents), None)
+    if kernel is not None:
+        return f"it is in {kernel}, a kernel file system, not storage: pick a folder on a disk"
+    if p.exists():
+        if folder and not p.is_dir():
+            return "it is a file, not a folder"
+        if not folder and p.is_dir():
+            return "it is a folder, not a file"
+        return None if os.access(p, os.W_OK) else "it is not writable"
+    ancestor = next(a for a in p.parents if a.exists())
+    if not ancestor.is_dir():
+        return f"{str(ancestor)!r} is a file, not a folder, so nothing can be created under it"
+    return None if os.access(ancestor, os.W_OK | os.X_OK) else f"{str(ancestor)!r} is not writable"
+
+
+def check_output_path(path: str | Path, what: str, *, folder: bool = True) -> Path:
+    """``path`` if it can be written as an output (see :func:`output_path_problem`).
+
+    Raises:
+        PathError: naming ``what`` (the flag or config field), the path and why.
+    """
+    problem = output_path_problem(path, folder=folder)
+    if problem:
+        raise PathError(f"{what}={str(path)!r} cannot be written: {problem}")
+    return Path(path)
+
+
+def check_input_file(path: str | Path, what: str) -> Path:
+    """``path`` if it is a readable regular file.
+
+    Raises:
+        PathError: naming ``what``, the path and why (missing, a folder, in a kernel file system, unreadable).
+    """
+    p = Path(path)
+    absolute = Path(os.path.abspath(str(p)))
+    if any(absolute == Path(k) or Path(k) in absolute.parents for k in KERNEL_FILE_SYSTEMS):
+        why = "it is in a kernel file system, not a file written by this library"
+    elif not p.exists():
+        why = "it does not exist"
+    elif not p.is_file():
+        why = "it is not a regular file"
+    elif not os.access(p, os.R_OK):
+        why = "it is not readable"
+    else:
+        return p
+    raise PathError(f"{what}={str(path)!r} cannot be read: {why}")
