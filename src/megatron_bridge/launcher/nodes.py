@@ -140,6 +140,10 @@ def check_node_layout(layout: NodeLayout) -> None:
     if layout.master_addr is None and layout.rdzv_endpoint is None:
         raise LaunchError(f"--nnodes {layout.nnodes} without a rendezvous: give --master_addr (node 0's address, "
                           "with --node_rank) or --rdzv_endpoint HOST:PORT, the same on every node")
+    if layout.max_restarts > 0 and layout.rdzv_endpoint is not None and layout.node_rank is None:
+        raise LaunchError(f"--max_restarts {layout.max_restarts} with the c10d rendezvous (--rdzv_endpoint without "
+                          "--node_rank): torch counts restarts per node and restarts a healthy node without counting, "
+                          "so the nodes would disagree on the attempt; give --node_rank on every node")
     if layout.master_addr is not None and layout.node_rank is None:
         raise LaunchError(f"--nnodes {layout.nnodes} with --master_addr needs --node_rank on every node (0.."
                           f"{layout.nnodes - 1}; node 0 is the one at --master_addr)")

@@ -128,18 +128,10 @@ def restart_policy_agent() -> type:
             if EXIT_PREEMPTED in codes:
                 return "the workers stopped on the exit signal (train.exit_signal) after saving a checkpoint"
             if EXIT_USER_ERROR in codes:
-                reason = "a worker stopped with an error that a restart repeats (exit code 2: its message is above)"
-                self._mark_store(worker_group, reason)
-                return reason
-            if worker_group.spec.max_restarts > 0:
+                return "a worker stopped with an error that a restart repeats (exit code 2: its message is above)"
+            if self._remaining_restarts > 0:  # only then is the store worth a round trip (its host may be gone)
                 return self._read_store(worker_group)
             return None
-
-        def _mark_store(self, worker_group: WorkerGroup, reason: str) -> None:
-            try:
-                rendezvous_store(worker_group.master_addr, worker_group.master_port).set(NO_RESTART_KEY, reason)
-            except Exception as exc:  # noqa: BLE001  (the node that hosts the store may be gone already)
-                logger.debug("could not write %s: %s", NO_RESTART_KEY, exc)
 
         def _read_store(self, worker_group: WorkerGroup) -> str | None:
             try:

@@ -13,7 +13,9 @@ Differences from plain torchrun:
   this node's workers, which save a checkpoint at one agreed step and exit when ``train.exit_signal_handler`` handles
   that signal (``train.exit_signal``); no restart follows; later stop signals are ignored (a scheduler repeats them,
   e.g. Slurm's step termination when another node's task ended: the workers may still be writing). SIGINT stops the
-  workers at once.
+  workers at once. A stop signal this launcher was started with ignored (Slurm's script: ``trap "" SIGNAL``, since
+  Slurm signals every process of the job itself) stays ignored, here and in the workers, which handle it only when
+  ``train.exit_signal_handler`` installs a handler for it.
 * **Restarts** (``--max_restarts K``): torch's elastic agent with the policy of
   :mod:`megatron_bridge.launcher.restart`: errors that a restart repeats (exit code 2) are not retried, every
   failure and restart is named (rank, node, signal or exit code).
@@ -73,6 +75,8 @@ def _install_stop_handlers(args: object) -> None:
     given = str(getattr(args, "signals_to_handle", TORCH_HANDLED_SIGNALS)).split(",")
     args.signals_to_handle = ",".join(s.strip() for s in given if s.strip() and s.strip() not in ours)  # type: ignore[attr-defined]
     for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:  # started with it ignored: it stays so here and in the workers
+            continue
         signal.signal(sig, _on_stop_signal)
 
 

@@ -29,7 +29,7 @@ logger = get_logger(__name__)
 
 NO_RESTART_KEY = "megatron_bridge/no_restart"
 """Key of the rendezvous store holding the reason a job must not be restarted."""
-STORE_TIMEOUT_S = 10
+STORE_TIMEOUT_S = 5
 """Seconds to reach the rendezvous store when marking or reading the key."""
 
 

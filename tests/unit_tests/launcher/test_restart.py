@@ -54,9 +54,11 @@ def test_stop_signals_are_taken_from_torchs_list() -> None:
     args = argparse.Namespace(signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
     previous = {sig: signal.getsignal(sig) for sig in torchrun.STOP_SIGNALS}
     try:
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # started ignored (Slurm's script): stays ignored
         torchrun._install_stop_handlers(args)
         assert args.signals_to_handle == "SIGINT,SIGHUP,SIGQUIT"
-        assert all(signal.getsignal(sig) is torchrun._on_stop_signal for sig in torchrun.STOP_SIGNALS)
+        assert signal.getsignal(signal.SIGTERM) is signal.getsignal(signal.SIGUSR1) is torchrun._on_stop_signal
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
