@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from megatron_bridge.checkpoint import convert, layout, mcore_fsdp_dtensor, mcore_reader, saved_run
+from megatron_bridge.checkpoint import convert, layout, mcore_megatron_fsdp, mcore_reader, saved_run
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
     SafeFileSystemReader,
@@ -127,10 +127,10 @@ def inspect_folder(folder: Path, weights_only: bool) -> LoadSource:
 
         return LoadSource(str(folder), "mcore_dist", layout.step_of(folder) or 0, weights_only,
                           has_optimizer_state(metadata))
-    if not (folder / layout.MANIFEST_FILENAME).is_file() and mcore_fsdp_dtensor.is_fsdp_dtensor_folder(folder):
+    if not (folder / layout.MANIFEST_FILENAME).is_file() and mcore_megatron_fsdp.is_fsdp_dtensor_folder(folder):
         check_dcp_storage(folder, read_dcp_metadata(folder))  # Megatron-Bridge's / Megatron-LM's fsdp_dtensor
         return LoadSource(str(folder), MCORE_FSDP_DTENSOR, layout.step_of(folder) or 0, weights_only,
-                          mcore_fsdp_dtensor.has_optimizer_state(folder))
+                          mcore_megatron_fsdp.has_optimizer_state(folder))
     manifest = layout.verify_manifest(folder)
     fmt = manifest.get("format")
     if fmt == "torch_dist" and manifest.get("layout") == mcore_reader.MCORE_LAYOUT:

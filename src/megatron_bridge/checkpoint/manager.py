@@ -20,7 +20,7 @@ from megatron_bridge.checkpoint import (
     comm,
     layout,
     mcore_checkpoint,
-    mcore_fsdp_dtensor,
+    mcore_megatron_fsdp,
     mcore_reader,
     mcore_state,
     run_folder,
@@ -184,7 +184,7 @@ class CheckpointManager:
     def _load_mcore(self, source: loading.LoadSource, load_optim: bool) -> None:
         parts = mcore_checkpoint.parts_of(self.cfg, self.backend, self.optimizer, self.scheduler, self.train_state)
         load_rng = self.ckpt.load_rng and not source.weights_only
-        reader = mcore_fsdp_dtensor if source.kind == loading.MCORE_FSDP_DTENSOR else mcore_checkpoint
+        reader = mcore_megatron_fsdp if source.kind == loading.MCORE_FSDP_DTENSOR else mcore_checkpoint
         restored = reader.load(parts, source.path, load_optim=load_optim, load_rng=load_rng)
         if source.weights_only:
             return
@@ -277,7 +277,7 @@ class CheckpointManager:
         layout.fault_point("rank_files_written")
         parts = mcore_checkpoint.parts_of(self.cfg, self.backend, self.optimizer, self.scheduler, self.train_state)
         if self.ckpt.ckpt_format == "fsdp_dtensor":  # Megatron FSDP: synchronous (rule megatron_fsdp_async_save)
-            mcore_fsdp_dtensor.save(parts, job.tmp)
+            mcore_megatron_fsdp.save(parts, job.tmp)
             request = None
         else:
             request = mcore_checkpoint.save(parts, job.tmp, async_save=self.ckpt.async_save)

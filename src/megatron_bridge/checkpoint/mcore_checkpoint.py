@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from megatron_bridge.checkpoint import mcore_fsdp2_state, mcore_reader, mcore_state, saved_run
+from megatron_bridge.checkpoint import mcore_reader, mcore_state, mcore_torch_fsdp2, saved_run
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
@@ -84,8 +84,8 @@ def save(parts: McoreParts, folder: Path, *, async_save: bool = False) -> Any:
     from megatron.core import dist_checkpointing
 
     ckpt = parts.cfg.checkpoint
-    if any(mcore_fsdp2_state.is_fsdp2_chunk(chunk) for chunk in parts.chunks):
-        mcore_fsdp2_state.check_even_shards(parts.chunks)
+    if any(mcore_torch_fsdp2.is_fsdp2_chunk(chunk) for chunk in parts.chunks):
+        mcore_torch_fsdp2.check_even_shards(parts.chunks)
     metadata = mcore_state.content_metadata(parts.cfg)
     state = mcore_state.build_state_dict(
         parts.cfg, parts.chunks, parts.optimizer, parts.scheduler, parts.train_state,
@@ -233,8 +233,8 @@ def _load_model(chunk: torch.nn.Module, loaded: dict[str, Any], key: str, folder
     if key not in loaded:
         raise CheckpointError(f"checkpoint {str(folder)!r} holds no {key!r} state (model chunks differ)")
     state = loaded[key]
-    if mcore_fsdp2_state.is_fsdp2_chunk(chunk):  # local shards → DTensors of the live layout
-        state = mcore_fsdp2_state.as_live_dtensors(state, chunk.state_dict(keep_vars=True))
+    if mcore_torch_fsdp2.is_fsdp2_chunk(chunk):  # local shards → DTensors of the live layout
+        state = mcore_torch_fsdp2.as_live_dtensors(state, chunk.state_dict(keep_vars=True))
     try:
         chunk.load_state_dict(state, strict=True)
     except RuntimeError as exc:
@@ -247,8 +247,8 @@ def _load_optimizer(parts: McoreParts, loaded: dict[str, Any], folder: str | Pat
         raise CheckpointError(f"checkpoint {str(folder)!r} holds no optimizer or opt_param_scheduler state: set "
                               "checkpoint.load_optim=False")
     state = loaded["optimizer"]
-    if any(mcore_fsdp2_state.is_fsdp2_chunk(chunk) for chunk in parts.chunks):
-        state = mcore_fsdp2_state.as_live_dtensors(state, parts.optimizer.state_dict())
+    if any(mcore_torch_fsdp2.is_fsdp2_chunk(chunk) for chunk in parts.chunks):
+        state = mcore_torch_fsdp2.as_live_dtensors(state, parts.optimizer.state_dict())
     with torch.no_grad():
         parts.optimizer.load_state_dict(state)
     mcore_state.untie_optimizer_steps(parts.optimizer)

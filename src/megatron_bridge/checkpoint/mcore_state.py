@@ -12,7 +12,7 @@ virtual stage)
 ``optimizer``                                  megatron-core's ``optimizer.sharded_state_dict(model_sd, metadata=...)``
                                                (the distributed optimizer's ``dp_reshardable`` or
                                                ``fully_reshardable`` parameter state; under FSDP2
-                                               :mod:`.mcore_fsdp2_state` builds the same)
+                                               :mod:`.mcore_torch_fsdp2` builds the same)
 ``opt_param_scheduler``                        Megatron's ``OptimizerParamScheduler`` fields, counted in samples
 ``rng_state``                                  ``ShardedObject("rng_state", [states], (PP, TP), (pp_rank, tp_rank),
                                                replica_id=dp_rank)``; states: ``random_rng_state``,
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from megatron_bridge.checkpoint import mcore_fsdp2_state
+from megatron_bridge.checkpoint import mcore_torch_fsdp2
 from megatron_bridge.errors import CheckpointError
 
 
@@ -218,8 +218,8 @@ def build_state_dict(cfg: "ConfigContainer", chunks: list[torch.nn.Module], opti
     if with_optim:
         if is_loading:
             ensure_optimizer_state(optimizer)
-        if any(mcore_fsdp2_state.is_fsdp2_chunk(chunk) for chunk in chunks):
-            state["optimizer"] = mcore_fsdp2_state.optimizer_sharded_state_dict(optimizer, state, metadata,
+        if any(mcore_torch_fsdp2.is_fsdp2_chunk(chunk) for chunk in chunks):
+            state["optimizer"] = mcore_torch_fsdp2.optimizer_sharded_state_dict(optimizer, state, metadata,
                                                                                 is_loading=is_loading)
         else:
             state["optimizer"] = optimizer.sharded_state_dict(state, metadata=metadata, is_loading=is_loading)

@@ -363,8 +363,9 @@ def test_megatron_fsdp_bf16_mixed_resume(launches: LaunchGroups | None) -> None:
 
 
 def test_megatron_fsdp_no_shard_resume(launches: LaunchGroups | None) -> None:
-    """no_shard (replicated weights and Adam state; the SwiGLU split into replicated halves, mcore_fsdp_preprocess.py):
-    the step-4 checkpoint of test_megatron_fsdp_no_shard resumes bit-exact (losses and state)."""
+    """no_shard (replicated weights and Adam state; the SwiGLU split into replicated halves,
+    mcore_megatron_fsdp_preprocess.py): the step-4 checkpoint of test_megatron_fsdp_no_shard resumes bit-exact
+    (losses and state)."""
     _resume_case("test_megatron_fsdp_no_shard_resume", launches)
 
 

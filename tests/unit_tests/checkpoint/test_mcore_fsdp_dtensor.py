@@ -20,7 +20,7 @@ from megatron_bridge.recipes import tiny_llama_pretrain_config
 pytest.importorskip("megatron.core", reason="megatron-core engine (Python 3.12 environment)")
 
 from megatron_bridge.checkpoint import load as loading  # noqa: E402
-from megatron_bridge.checkpoint import mcore_fsdp_dtensor, mcore_reader  # noqa: E402
+from megatron_bridge.checkpoint import mcore_megatron_fsdp, mcore_reader  # noqa: E402
 from megatron_bridge.checkpoint.manager import CheckpointManager  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def test_torch_dist_with_megatron_fsdp_is_refused_with_the_reason() -> None:
                                      {"checkpoint.pretrained_checkpoint": "/tmp/mb-pretrained",
                                       "checkpoint.load": None, "checkpoint.save": None}])
 def test_no_shard_checkpoints_and_pretrained_checkpoint_pass_validation(setting: dict) -> None:
-    """no_shard checkpoints (their own SwiGLU split, mcore_fsdp_preprocess.py) and pretrained_checkpoint starts
+    """no_shard checkpoints (their own SwiGLU split, mcore_megatron_fsdp_preprocess.py) and pretrained_checkpoint starts
     resume or load bit-exact (tests/functional_tests/mcore/test_wrappers.py): no rule refuses them."""
     cfg = _mfsdp_cfg()
     for path, value in setting.items():
@@ -110,7 +110,7 @@ def _write_megatron_bridge_like(folder: Path) -> None:
 def test_megatron_bridge_fsdp_dtensor_folder_is_recognized(tmp_path: Path) -> None:
     folder = tmp_path / "iter_0000002"
     _write_megatron_bridge_like(folder)
-    assert mcore_fsdp_dtensor.is_fsdp_dtensor_folder(folder)
+    assert mcore_megatron_fsdp.is_fsdp_dtensor_folder(folder)
     source = loading.inspect_folder(folder, weights_only=False)
     assert (source.kind, source.step, source.has_optimizer) == (loading.MCORE_FSDP_DTENSOR, 2, True)
     assert source.kind in loading.MCORE_KINDS
@@ -118,7 +118,7 @@ def test_megatron_bridge_fsdp_dtensor_folder_is_recognized(tmp_path: Path) -> No
 
 def test_plain_dcp_folder_is_not_fsdp_dtensor(tmp_path: Path) -> None:
     dcp.save({"weights": torch.ones(2)}, storage_writer=dcp.FileSystemWriter(str(tmp_path)), no_dist=True)
-    assert not mcore_fsdp_dtensor.is_fsdp_dtensor_folder(tmp_path)
+    assert not mcore_megatron_fsdp.is_fsdp_dtensor_folder(tmp_path)
 
 
 @pytest.mark.parametrize(("use_megatron_fsdp", "kind", "expected"), [
@@ -139,7 +139,7 @@ def test_swiglu_lookup_resolves_model_and_optimizer_names_through_float16module(
     the view resolves both, also through a Float16Module (which the state dict's names skip)."""
     from megatron.core.transformer.module import Float16Module
 
-    from megatron_bridge.checkpoint.mcore_fsdp_preprocess import _ParameterView
+    from megatron_bridge.checkpoint.mcore_megatron_fsdp_preprocess import _ParameterView
 
     gpt = torch.nn.Module()
     gpt.decoder = torch.nn.Linear(2, 2)
@@ -169,4 +169,4 @@ def test_optimizer_of_another_precision_is_refused_before_reading(tmp_path: Path
     (folder / "run_config.yaml").write_text(yaml.safe_dump({"optimizer": {"bf16": True, "fp16": False}}))
     parts = SimpleNamespace(cfg=ConfigContainer())  # fp32: optimizer.bf16 = optimizer.fp16 = False
     with pytest.raises(PrecisionMismatchError, match="checkpoint.load_optim=False"):
-        mcore_fsdp_dtensor.load(parts, folder, load_optim=True, load_rng=False)  # type: ignore[arg-type]
+        mcore_megatron_fsdp.load(parts, folder, load_optim=True, load_rng=False)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ weights to bf16 before sharding, so FSDP2 all-gathers and reduce-scatters bf16 (
 ``Float16OptimizerWithFloat16Params`` keeps fp32 main parameters as DTensor shards and steps on them.
 
 **Checkpoints**: megatron-core ``torch_dist`` folders in Megatron-Bridge's layout, the same global tensors as
-megatron-core DDP writes (:mod:`megatron_bridge.checkpoint.mcore_fsdp2_state`), so they resume under either wrapper:
+megatron-core DDP writes (:mod:`megatron_bridge.checkpoint.mcore_torch_fsdp2`), so they resume under either wrapper:
 in bf16 the bf16 weight shards under ``model`` and the fp32 main parameters and Adam state (``fp32_param``,
 ``exp_avg``, ``exp_avg_sq``) under ``optimizer``; with ``checkpoint.async_save`` through megatron-core's async save
 (:class:`megatron_bridge.checkpoint.mcore_checkpoint.AsyncMcoreSaves`) as with DDP; ``checkpoint.pretrained_checkpoint``

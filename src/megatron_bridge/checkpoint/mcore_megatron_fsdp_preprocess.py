@@ -1,5 +1,5 @@
 """megatron-core's preprocessing of an ``fsdp_dtensor`` state dict (Megatron-Bridge's
-``preprocess_fsdp_dtensor_state_dict``), run before writing and before reading (:mod:`.mcore_fsdp_dtensor`): the
+``preprocess_fsdp_dtensor_state_dict``), run before writing and before reading (:mod:`.mcore_megatron_fsdp`): the
 SwiGLU ``linear_fc1`` split into ``weight_w`` / ``weight_v`` (model and Adam moments), expert re-indexing, and
 megatron-fsdp's uneven-DTensor chunk metadata — plus what megatron-core 0.19's version gets wrong on some layouts:
 

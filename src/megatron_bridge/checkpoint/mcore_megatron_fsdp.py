@@ -23,8 +23,8 @@ key                                            content
 
 Before writing (and before reading), megatron-core's own preprocessing runs as in Megatron-Bridge's
 ``preprocess_fsdp_dtensor_state_dict``: SwiGLU ``linear_fc1`` split into ``weight_w`` / ``weight_v`` (resharding
-across TP sizes), expert re-indexing, uneven-DTensor chunk metadata (:mod:`.mcore_fsdp_preprocess`, with its fixes
-for megatron-core 0.19: optim / optim_grads, bf16, no_shard). Reading goes through the allow-listed DCP metadata
+across TP sizes), expert re-indexing, uneven-DTensor chunk metadata (:mod:`.mcore_megatron_fsdp_preprocess`, with its
+fixes for megatron-core 0.19: optim / optim_grads, bf16, no_shard). Reading goes through the allow-listed DCP metadata
 reader and a planner that reads every non-tensor value with ``torch.load(weights_only=True)`` (NumPy RNG arrays
 allowed; see :mod:`.mcore_reader`) — DCP's default planner would unpickle them without restriction.
 """
@@ -38,7 +38,7 @@ from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint import save as dcp_save
 
 from megatron_bridge.checkpoint import mcore_state, saved_run
-from megatron_bridge.checkpoint.mcore_fsdp_preprocess import complete_optimizer_state, preprocess
+from megatron_bridge.checkpoint.mcore_megatron_fsdp_preprocess import complete_optimizer_state, preprocess
 from megatron_bridge.checkpoint.mcore_reader import SafeMegatronLoadPlanner
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
