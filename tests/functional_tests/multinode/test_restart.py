@@ -1,8 +1,8 @@
 """Automatic restart and preemption of a 2-rank job started through ``python -m megatron_bridge.launcher.torchrun``
 (what ``run_recipe.py`` and ``launch.py`` use), with ``job.py`` as the worker (10 steps, checkpoints every 5).
 
-* kill -9 of rank 1 at step 7 with ``--max_restarts 1``: rc 0, every worker restarted, resumed from step 5, and
-  steps 6-10 have the uninterrupted run's losses bit for bit (CPU);
+* kill -9 of rank 1 at step 7 with ``--max_restarts 1``, two launchers acting as two nodes: rc 0 on both, every
+  worker restarted, resumed from step 5, and steps 6-10 have the uninterrupted run's losses bit for bit (CPU);
 * a project error (exit code 2) with a restart budget: one attempt, its message once, rc 2;
 * SIGUSR1 (the pre-time-limit signal) and then SIGTERM to the launcher in the middle of the run: the ranks stop at one
   step, a checkpoint is there, rc 0 with the tracker's step below train_iters; the next start resumes and the losses
@@ -63,11 +63,27 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     return dict(zip(attempt["steps"], attempt["losses"], strict=True))
 
 
+def _two_nodes(run_dir: Path, *flags: str, **extra: str) -> list[tuple[int, str]]:
+    """Two launchers on this machine acting as two nodes of one process each: (exit code, output) per node."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "megatron_bridge.launcher.torchrun", "--nnodes=2",
+                               f"--node_rank={node}", "--nproc_per_node=1", "--master_addr=127.0.0.1",
+                               f"--master_port={port}", *flags, str(JOB)],
+                              cwd=REPO_ROOT, env=_env(run_dir, **extra), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    outputs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
+    return [(proc.returncode, output) for proc, output in zip(procs, outputs, strict=True)]
+
+
 def test_kill9_restarts_every_worker_from_the_last_checkpoint(tmp_path: Path, reference: dict[int, float]) -> None:
-    code, out = _run(tmp_path, "--max_restarts=1", MB_FAULT="kill:1:7")
-    assert code == 0, out[-4000:]
-    assert "rank 1 (node 0, host" in out and "was killed by SIGKILL: restarting every worker (restart 1 of 1)" in out
-    assert "restarted from step 5" in out, out[-4000:]
+    """Two nodes: rank 1 (node 1) is SIGKILLed at step 7; both nodes restart their workers, which rejoin and resume."""
+    (code0, out0), (code1, out1) = _two_nodes(tmp_path, "--max_restarts=1", MB_FAULT="kill:1:7")
+    out = f"node 0:\n{out0[-3000:]}\nnode 1:\n{out1[-3000:]}"
+    assert code0 == 0 and code1 == 0, out
+    assert "rank 1 (node 1, host" in out1 and "was killed by SIGKILL: restarting every worker (restart 1 of 1)" in out1
+    assert "restarting every worker (restart 1 of 1)" in out0, out  # node 0's worker stopped too, and restarted
+    assert "restarted from step 5" in out0, out
     (resumed,) = _attempts(tmp_path)  # rank 0 writes an attempt's losses only when it ends normally
     assert resumed["attempt"] == 1 and resumed["steps"] == [6, 7, 8, 9, 10], resumed
     assert resumed["losses"] == [reference[s] for s in resumed["steps"]]  # bit-exact on CPU
