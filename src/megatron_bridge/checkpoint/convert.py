@@ -26,6 +26,7 @@ from megatron_bridge.checkpoint.reader import (
     SafeLoadPlanner,
     check_dcp_storage,
     dcp_error_message,
+    latest_step,
     load_torch_file,
     read_dcp_metadata,
 )
@@ -54,12 +55,9 @@ def resolve_checkpoint_folder(path: str | Path, step: int | None = None) -> Path
     if layout.step_of(path) is not None or (path / layout.MANIFEST_FILENAME).is_file():
         return path
     if step is None:
-        step = layout.read_tracker_step(path)
+        step = latest_step(path)  # the step training resumes from (train state tracker, text tracker, newest)
     if step is None:
-        steps = layout.list_checkpoints(path)
-        if not steps:
-            raise CheckpointError(f"{str(path)!r} holds no checkpoint (no tracker file and no iter_* folder)")
-        step = steps[-1]
+        raise CheckpointError(f"{str(path)!r} holds no checkpoint (no tracker file and no iter_* folder)")
     folder = layout.iteration_dir(path, step)
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")

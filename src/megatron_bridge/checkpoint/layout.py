@@ -248,10 +248,16 @@ def read_tracker_step(root: str | Path) -> int | None:
     path = Path(root) / TRACKER_FILENAME
     if not path.is_file():
         return None
-    text = path.read_text().strip()
+    try:
+        text = path.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(
+            f"{str(path)!r} should hold a step number but holds bytes that are not text ({path.read_bytes()[:40]!r}). "
+            f"Fix: set checkpoint.ckpt_step to one of the committed steps {list_checkpoints(root)}, or write one of "
+            "them into the file") from None
     if text == "release":
         raise CheckpointError(f"{str(path)!r} says 'release': release checkpoints are not supported")
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise CheckpointError(
             f"{str(path)!r} should hold a step number but holds {text[:40]!r}. Fix: set checkpoint.ckpt_step to one "
             f"of the committed steps {list_checkpoints(root)}, or write one of them into the file")

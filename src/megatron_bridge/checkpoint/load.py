@@ -28,6 +28,7 @@ from megatron_bridge.checkpoint.reader import (
     check_dcp_storage,
     dcp_error_message,
     dcp_tensor_shapes,
+    latest_step,
     load_torch_file,
     read_dcp_metadata,
 )
@@ -66,31 +67,6 @@ class LoadSource:
 
 
 # ---------------------------------------------------------------------------------------------- resolution
-def latest_step(root: str | Path) -> int | None:
-    """The newest committed step of a checkpoint root per its trackers (None when it has no checkpoint)."""
-    root = Path(root)
-    state_path = root / layout.LATEST_TRAIN_STATE_FILENAME
-    if state_path.is_file():
-        state = load_torch_file(state_path, "tracker")
-        step = state.get("step") if isinstance(state, dict) else None
-        if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_floating_point():
-            step = int(step.item())  # Megatron-Bridge's TrainState.state_dict() (0-d tensors)
-        if not isinstance(step, int):
-            raise CheckpointError(
-                f"tracker {str(state_path)!r} holds no integer 'step' (found {type(step).__name__}). Fix: set "
-                f"checkpoint.ckpt_step to one of the committed steps {layout.list_checkpoints(root)}, or delete the "
-                f"file to resume from {layout.TRACKER_FILENAME}")
-        return step
-    step = layout.read_tracker_step(root)
-    if step is not None:
-        return step
-    steps = layout.list_checkpoints(root)
-    if steps:
-        logger.warning("%s has no tracker file; using its newest committed checkpoint (step %d)", root, steps[-1])
-        return steps[-1]
-    return None
-
-
 def resolve_folder(root: str | Path, step: int | None) -> Path | None:
     """The committed folder to load from ``root`` (``step`` or the latest); None when ``root`` is empty."""
     root = Path(root)

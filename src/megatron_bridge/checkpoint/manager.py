@@ -189,7 +189,8 @@ class CheckpointManager:
         if source.weights_only:
             return
         if (Path(source.path) / layout.TRAIN_STATE_FILENAME).is_file():
-            self.train_state.load_state_dict(loading.read_train_state(source.path))
+            self.train_state.load_state_dict(loading.read_train_state(source.path),
+                                             f"{source.path}/{layout.TRAIN_STATE_FILENAME}")
         elif source.kind == loading.MCORE_FSDP_DTENSOR:  # Megatron-LM writes no train_state.pt
             log_rank_0(logger, "%s has no train_state.pt: step %d from its folder name, sample counters start at 0",
                        source.path, source.step)
@@ -208,7 +209,8 @@ class CheckpointManager:
         return state
 
     def _restore_run_state(self, source: loading.LoadSource) -> None:
-        self.train_state.load_state_dict(loading.read_train_state(source.path))
+        self.train_state.load_state_dict(loading.read_train_state(source.path),
+                                         f"{source.path}/{layout.TRAIN_STATE_FILENAME}")
         if not self.ckpt.load_rng:
             return
         restored = load_rng_file(source.path, self.rank, self.world_size)

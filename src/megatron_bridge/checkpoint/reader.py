@@ -21,8 +21,13 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
+from megatron_bridge.checkpoint import layout
 from megatron_bridge.checkpoint.layout import DCP_METADATA_FILENAME
 from megatron_bridge.errors import CheckpointError
+from megatron_bridge.utils.logging import get_logger
+
+
+logger = get_logger(__name__)
 
 
 _ALLOWED_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.planner"}
@@ -157,3 +162,38 @@ def dcp_error_message(exc: BaseException) -> str:
     if isinstance(exc, CheckpointException):
         return "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, (e, _) in sorted(exc.failures.items()))
     return f"{type(exc).__name__}: {exc}"
+
+
+def latest_step(root: str | Path) -> int | None:
+    """The newest committed step of a checkpoint root per its trackers (None when it has no checkpoint): the step
+    training resumes from and ``convert.py`` exports (``latest_train_state.pt``, then
+    ``latest_checkpointed_iteration.txt``, then the newest ``iter_*`` folder).
+
+    Raises:
+        CheckpointError: a tracker that holds no step number (corrupt), naming the file and the committed steps.
+    """
+    root = Path(root)
+    state_path = root / layout.LATEST_TRAIN_STATE_FILENAME
+    if state_path.is_file():
+        state = load_torch_file(state_path, "tracker")
+        step = state.get("step") if isinstance(state, dict) else None
+        if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_floating_point():
+            step = int(step.item())  # Megatron-Bridge's TrainState.state_dict() (0-d tensors)
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise CheckpointError(
+                f"tracker {str(state_path)!r} holds no integer 'step' (found {type(step).__name__}). Fix: set "
+                f"checkpoint.ckpt_step to one of the committed steps {layout.list_checkpoints(root)}, or delete the "
+                f"file to resume from {layout.TRACKER_FILENAME}")
+        if (root / layout.TRACKER_FILENAME).is_file() and layout.read_tracker_step(root) != step:
+            logger.warning("%s: %s says step %s but %s says step %d; training and convert.py both use step %d",
+                           root, layout.TRACKER_FILENAME, layout.read_tracker_step(root),
+                           layout.LATEST_TRAIN_STATE_FILENAME, step, step)
+        return step
+    step = layout.read_tracker_step(root)
+    if step is not None:
+        return step
+    steps = layout.list_checkpoints(root)
+    if steps:
+        logger.warning("%s has no tracker file; using its newest committed checkpoint (step %d)", root, steps[-1])
+        return steps[-1]
+    return None
