@@ -121,6 +121,19 @@ def _part_shape(shape: tuple[int, ...], stacked: StackedWeight) -> tuple[int, ..
     return (*part[:-2], part[-1], part[-2]) if stacked.transpose else part
 
 
+def hf_tensor_shapes(family: ModelFamily, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF name → HF shape of every tensor an export of ``config`` writes, in our parameters' order (known before
+    any tensor exists: the streaming writer lays out its shards from it)."""
+    names, stacks = family.weight_names(config), family.stacked_weights(config)
+    out: dict[str, tuple[int, ...]] = {}
+    for ours, shape in expected_shapes(config).items():
+        if ours in stacks:
+            out.update(dict.fromkeys(stacks[ours].hf_names, _part_shape(shape, stacks[ours])))
+        elif ours in names:
+            out[names[ours]] = hf_shape(ours, shape, config)
+    return out
+
+
 def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily,
                   config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """``(our name, tensor)`` → ``(HF name, tensor)``, vocabulary rows cut to ``config.vocab_size``, stacked
