@@ -7,7 +7,8 @@
 | ``auto_bridge.py`` | :class:`AutoBridge`, Megatron-Bridge's entry points |
 | ``families/`` | one mapping module per family (config both ways, weight names) and the registry |
 | ``rope.py`` | RoPE base and scaling in both transformers config formats |
-| ``hf_reader.py`` / ``hf_writer.py`` | HF folder layouts in; sharded safetensors + index out |
+| ``hf_reader.py`` / ``hf_writer.py`` | HF folder layouts in; sharded safetensors + index out, streamed |
+| ``config_out.py`` | the exported ``config.json``: the source's own file, changed only where the model differs |
 | ``weights.py`` | name mapping, vocabulary (un)padding, checks of missing/unknown/mis-shaped tensors |
 | ``checkpoints.py`` | our checkpoints, read tensor by tensor; streamed ``torch_dist`` writing |
 | ``exporting.py`` / ``assets.py`` | the HF folder an export writes; tokenizer, generation config, token ids |
