@@ -53,6 +53,18 @@ def run_reference(cfg: ConfigContainer, folder: Path) -> Path:
     return path
 
 
+def cached_reference(cfg: ConfigContainer, tmp_path_factory: Any) -> Path:
+    """:func:`run_reference` once per pytest session for equal configs (test files whose references share a config
+    share one run): kept in the session's base temp folder under the config's digest (its YAML's SHA-256)."""
+    from megatron_bridge.training.job import config_digest
+
+    folder = tmp_path_factory.getbasetemp() / f"reference-{config_digest(cfg)[:16]}"
+    if (folder / "reference.pt").exists():
+        return folder / "reference.pt"
+    folder.mkdir(parents=True, exist_ok=True)
+    return run_reference(cfg, folder)
+
+
 def load_reference() -> dict[str, Any]:
     """The reference written by the launching process (path in $MB_REFERENCE)."""
     return torch.load(os.environ["MB_REFERENCE"], weights_only=True)

@@ -30,9 +30,9 @@ from megatron_bridge.training.pretrain import pretrain
 from tests.functional_tests.launcher import LaunchGroups, is_worker, launch, selected_groups
 from tests.functional_tests.training._common import (
     assert_finite_decreasing,
+    cached_reference,
     load_reference,
     max_weight_diff,
-    run_reference,
     small_config,
 )
 
@@ -134,7 +134,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     """One-process DDP run of the same model and data (launching process only; CPU tests only)."""
     if is_worker() or torch.cuda.is_available():
         return None
-    return run_reference(small_config(), tmp_path_factory.mktemp("mfsdp_reference"))
+    return cached_reference(small_config(), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

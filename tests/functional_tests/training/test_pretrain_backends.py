@@ -26,7 +26,7 @@ from tests.functional_tests.training._common import (
     FullWeights,
     assert_finite_decreasing,
     assert_matches_reference,
-    run_reference,
+    cached_reference,
     small_config,
 )
 
@@ -47,7 +47,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     """Single-process run of the same config (computed once, in the launching process only)."""
     if is_worker():
         return None
-    return run_reference(small_config(), tmp_path_factory.mktemp("reference"))
+    return cached_reference(small_config(), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
