@@ -15,14 +15,26 @@ from typing import TYPE_CHECKING
 
 from megatron_bridge.config.rule_registry import fail, positive, rule
 from megatron_bridge.config.rules import layout_sizes_ok
+from megatron_bridge.errors import ConfigValidationError
 
 
 if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.config.model import ModelConfig
 
 MEGATRON_CORE_INSTALL = ("megatron-core 0.19.2 is a core dependency on Python 3.12: rebuild the environment with "
                          "`make venv` (docs/installation.md)")
 TE_INSTALL = "install transformer-engine[pytorch] on a CUDA machine (pip install 'megatron-bridge[te]')"
+
+
+def require_native_engine(config: "ModelConfig", caller: str) -> None:
+    """Raise ConfigValidationError unless ``config.engine`` is "native": ``caller`` builds the native engine's model
+    (API misuse: the engine's ``build_model_chunks`` picks the builder from the config)."""
+    if config.engine != "native":
+        raise ConfigValidationError(
+            f"{caller} builds the native engine, but model.engine={config.engine!r}: build megatron-core "
+            "chunks with megatron_bridge.engines.megatron_core.provider.build_gpt_chunks(cfg, device) (pretrain() "
+            "does), or set model.engine='native'", ("model.engine",))
 
 
 def _problem(module: str) -> str | None:

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.config.rules_engine import require_native_engine
 from megatron_bridge.models.llama import LlamaModel
 from megatron_bridge.models.validation import check_model_buildable
 from megatron_bridge.utils.logging import get_logger, log_rank_0
@@ -34,12 +34,7 @@ def build_model_chunks(
             a layout the engine does not build, an impossible pipeline split, an engine that is not installed or
             wired, or fields that cannot form a model.
     """
-    if config.engine != "native":
-        raise ConfigValidationError(
-            f"build_model_chunks builds the native engine, but model.engine={config.engine!r}: build megatron-core "
-            "chunks with megatron_bridge.engines.megatron_core.provider.build_gpt_chunks(cfg, device) (pretrain() "
-            "does), or "
-            "set model.engine='native'", ("model.engine",))
+    require_native_engine(config, "build_model_chunks")
     check_model_buildable(config)  # the model rules of validate(), for callers that skipped it
     if config.pipeline_model_parallel_size > 1:
         from megatron_bridge.models.pipeline_stage import build_pipeline_chunks
