@@ -56,7 +56,7 @@ RECIPES: dict[str, RecipeInfo] = {
     "qwen3_600m": RecipeInfo(qwen3_600m_pretrain_config, 1),
     "qwen3_1p7b": RecipeInfo(qwen3_1p7b_pretrain_config, 1),
     "qwen3_4b": RecipeInfo(qwen3_4b_pretrain_config, 2),
-    "qwen3_8b": RecipeInfo(qwen3_8b_pretrain_config, 4),
+    "qwen3_8b": RecipeInfo(qwen3_8b_pretrain_config, 16),
     "qwen3_14b": RecipeInfo(qwen3_14b_pretrain_config, 8),
     "qwen3_32b": RecipeInfo(qwen3_32b_pretrain_config, 16),
     "qwen3_30b_a3b": RecipeInfo(qwen3_30b_a3b_pretrain_config, 16),

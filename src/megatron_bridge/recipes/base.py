@@ -129,3 +129,18 @@ def apply_common_overrides(cfg: ConfigContainer, **overrides: Any) -> ConfigCont
             known = sorted([*COMMON_OVERRIDES, "dir", "seq_length", "data_path", "use_megatron_fsdp"])
             raise ConfigValidationError(f"unknown recipe keyword {key!r}; known: {known}", (key,))
     return cfg
+
+
+def convergence_cohort(cfg: ConfigContainer) -> ConfigContainer:
+    """Megatron-Bridge's 16-GPU convergence values, which its ``qwen3_8b`` and ``qwen3_30b_a3b`` names stand for:
+    100 steps of 1024 samples, micro-batch 1, 40 warmup steps from lr 0, decay over the 100 steps, gradients reduced
+    in bf16 (``bf16_mixed`` with ``grad_reduce_in_fp32=False``), a checkpoint every 50 steps. In place; returned."""
+    from megatron_bridge.config.mixed_precision import bf16_mixed
+
+    cfg.train.train_iters, cfg.train.global_batch_size, cfg.train.micro_batch_size = 100, 1024, 1
+    cfg.scheduler.lr_warmup_iters, cfg.scheduler.lr_decay_iters, cfg.scheduler.lr_warmup_init = 40, 100, 0.0
+    precision = bf16_mixed()
+    precision.grad_reduce_in_fp32 = False
+    cfg.mixed_precision, cfg.ddp.grad_reduce_in_fp32 = precision, False
+    cfg.checkpoint.save_interval = 50
+    return cfg

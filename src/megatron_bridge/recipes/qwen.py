@@ -4,7 +4,7 @@ from typing import Any
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.recipes.base import apply_common_overrides, pretrain_common
+from megatron_bridge.recipes.base import apply_common_overrides, convergence_cohort, pretrain_common
 
 
 def _qwen3(num_layers: int, hidden: int, ffn: int, heads: int, *, tied: bool, tp: int = 1, pp: int = 1,
@@ -47,8 +47,13 @@ def qwen3_4b_pretrain_config(**overrides: Any) -> ConfigContainer:
 
 
 def qwen3_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
-    """Qwen3 8B (36 layers, hidden 4096, FFN 12288, 32 heads); TP4 (on FSDP2) on 4 GPUs."""
-    return _qwen3(36, 4096, 12288, 32, tied=False, tp=4, **overrides)
+    """Qwen3 8B (36 layers, hidden 4096, FFN 12288, 32 heads) as Megatron-Bridge's ``qwen3_8b_pretrain_config``
+    (its ``qwen3_8b_pretrain_16gpu_h100_bf16_config``): TP1, data parallel over 16 GPUs, with its convergence
+    values (:func:`~megatron_bridge.recipes.base.convergence_cohort`: 100 steps of 1024 samples, 40 warmup steps,
+    gradients reduced in bf16). Its 4-GPU variant: ``tensor_model_parallel_size=4, global_batch_size=32,
+    micro_batch_size=2``."""
+    cfg = convergence_cohort(_qwen3(36, 4096, 12288, 32, tied=False, tp=1))
+    return apply_common_overrides(cfg, **overrides)
 
 
 def qwen3_14b_pretrain_config(**overrides: Any) -> ConfigContainer:
@@ -59,3 +64,22 @@ def qwen3_14b_pretrain_config(**overrides: Any) -> ConfigContainer:
 def qwen3_32b_pretrain_config(**overrides: Any) -> ConfigContainer:
     """Qwen3 32B (64 layers, hidden 5120, FFN 25600, 64 heads); TP8 PP2 on 16 GPUs, full recompute (uniform, 1)."""
     return _qwen3(64, 5120, 25600, 64, tied=False, tp=8, pp=2, recompute=True, **overrides)
+
+
+# Megatron-Bridge's import path: ``megatron.bridge.recipes.qwen`` holds the Qwen3-MoE recipes as well.
+from megatron_bridge.recipes.qwen_moe import (  # noqa: E402
+    qwen3_30b_a3b_pretrain_config,
+    qwen3_235b_a22b_pretrain_config,
+)
+
+
+__all__ = [
+    "qwen3_1p7b_pretrain_config",
+    "qwen3_4b_pretrain_config",
+    "qwen3_8b_pretrain_config",
+    "qwen3_14b_pretrain_config",
+    "qwen3_30b_a3b_pretrain_config",
+    "qwen3_32b_pretrain_config",
+    "qwen3_235b_a22b_pretrain_config",
+    "qwen3_600m_pretrain_config",
+]

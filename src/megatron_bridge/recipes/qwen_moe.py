@@ -6,7 +6,7 @@ from typing import Any
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.recipes.base import apply_common_overrides, pretrain_common
+from megatron_bridge.recipes.base import apply_common_overrides, convergence_cohort, pretrain_common
 
 
 def qwen3_moe_model(num_layers: int, hidden: int, ffn: int, heads: int, moe_ffn: int, **layout: Any) -> ModelConfig:
@@ -27,8 +27,9 @@ def qwen3_moe_model(num_layers: int, hidden: int, ffn: int, heads: int, moe_ffn:
 
 def qwen3_30b_a3b_pretrain_config(**overrides: Any) -> ConfigContainer:
     """Qwen3-30B-A3B (48 layers, hidden 2048, 32 heads, 128 experts of width 768, top-8; 30.5B parameters, 3.3B
-    active); Megatron-Bridge's pretraining layout (its ``qwen3_30b_a3b_pretrain_config``, the 16-GPU H100 recipe):
-    TP1 PP1 CP1 EP16 (experts 8 per rank), 16 GPUs.
+    active) as Megatron-Bridge's ``qwen3_30b_a3b_pretrain_config`` (its 16-GPU H100 recipe): TP1 PP1 CP1 EP16
+    (experts 8 per rank), 16 GPUs, with its convergence values (100 steps of 1024 samples, 40 warmup steps,
+    gradients reduced in bf16; :func:`~megatron_bridge.recipes.base.convergence_cohort`).
 
     Megatron-Bridge's 8-GPU variant is TP4 PP2 EP4 with sequence parallelism: pass
     ``tensor_model_parallel_size=4, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
@@ -36,7 +37,7 @@ def qwen3_30b_a3b_pretrain_config(**overrides: Any) -> ConfigContainer:
     docs/training/moe.md).
     """
     model = qwen3_moe_model(48, 2048, 6144, 32, 768, expert_model_parallel_size=16)
-    return apply_common_overrides(pretrain_common(model), **overrides)
+    return apply_common_overrides(convergence_cohort(_mb_training(pretrain_common(model))), **overrides)
 
 
 def qwen3_235b_a22b_pretrain_config(**overrides: Any) -> ConfigContainer:
@@ -44,7 +45,8 @@ def qwen3_235b_a22b_pretrain_config(**overrides: Any) -> ConfigContainer:
     active); Megatron-Bridge's pretraining layout (its 256-GPU H100 recipe): TP4 PP16 CP2 EP8 with sequence
     parallelism, the embedding and the loss each counted as a layer in the pipeline split (94 + 2 = 16 stages × 6:
     the first stage holds the embedding and 5 layers, the last 5 layers and the output layer), bfloat16 activations
-    between stages.
+    between stages; Megatron-Bridge's ``_pretrain_common`` training values (300000 steps, micro-batch 1, 500
+    warmup steps) with its 16 micro-batches per data-parallel rank: global batch 32 at its DP 2, 64 at DP 4 here.
 
     Megatron folds EP over TP × DP × CP (experts with ETP 1 use the TP ranks as expert-parallel ranks), so it runs
     this layout on 256 GPUs (DP 2); here EP is carved out of DP × CP only, so EP8 needs DP × CP >= 8: 512 GPUs
@@ -54,4 +56,17 @@ def qwen3_235b_a22b_pretrain_config(**overrides: Any) -> ConfigContainer:
                             context_parallel_size=2, expert_model_parallel_size=8, sequence_parallel=True,
                             account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
                             pipeline_dtype="bfloat16")
-    return apply_common_overrides(pretrain_common(model), **overrides)
+    cfg = _mb_training(pretrain_common(model))
+    cfg.train.global_batch_size, cfg.train.micro_batch_size = 64, 1  # 16 micro-batches per DP rank, as there
+    return apply_common_overrides(cfg, **overrides)
+
+
+def _mb_training(cfg: ConfigContainer) -> ConfigContainer:
+    """Megatron-Bridge's ``_pretrain_common`` training values, which its Qwen3-MoE recipes start from: 300000 steps
+    of 32 samples, micro-batch 2, 500 warmup steps, eval every 500 steps over 32 batches, the distributed optimizer
+    sharding optimizer state, gradients and parameters."""
+    cfg.train.train_iters, cfg.train.global_batch_size, cfg.train.micro_batch_size = 300_000, 32, 2
+    cfg.scheduler.lr_warmup_iters = 500
+    cfg.validation.eval_interval, cfg.validation.eval_iters = 500, 32
+    cfg.ddp.data_parallel_sharding_strategy = "optim_grads_params"
+    return cfg
