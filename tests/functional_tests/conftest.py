@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.functional_tests.launcher import REPORT_ENV, is_worker
+from tests.functional_tests.launcher import REPORT_ENV, is_worker, set_test_deadline
 
 
 _EXIT_STATUS: list[int] = []
@@ -41,6 +41,24 @@ def _teardown_process_group(request: pytest.FixtureRequest):
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Launching process: the test's launches end before its pytest-timeout would stop it (which counts from here,
+    fixture set-up included), so the launcher reports a hung launch test by test (launcher.py)."""
+    if not is_worker():
+        set_test_deadline(_pytest_timeout(item))
+
+
+def _pytest_timeout(item: pytest.Item) -> float | None:
+    """pytest-timeout's limit for ``item``: its ``timeout`` marker, else ``--timeout``, else the ini value."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+    else:
+        value = item.config.getoption("timeout", None) or item.config.getini("timeout")
+    return float(value) if value else None
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

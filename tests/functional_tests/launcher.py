@@ -14,8 +14,9 @@ own in the launching process), and the process start-up, imports and rendezvous 
 
 Under torchrun, tests/functional_tests/conftest.py tears the process group down after each test and ends each worker
 with ``os._exit`` after pytest printed its summary: torch 2.13's gloo aborts at interpreter teardown in ~10% of runs
-otherwise. Every launch has a timeout and its own free port (``--standalone``: torchrun's agent binds port 0, so
-parallel sessions cannot race for a port).
+otherwise. Every launch has a timeout, cut to end :data:`DEADLINE_MARGIN_S` before the calling test's pytest-timeout
+(so the launcher, not pytest-timeout, reports a hung launch: test by test, with the output tail), and its own free
+port (``--standalone``: torchrun's agent binds port 0, so parallel sessions cannot race for a port).
 """
 
 import json
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,15 +47,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+DEADLINE_MARGIN_S = 30.0
+"""A launch ends this long before the calling test's pytest-timeout would stop it (see :func:`set_test_deadline`)."""
+_DEADLINE: list[float] = []
+
+
+def set_test_deadline(timeout_s: float | None) -> None:
+    """Called by conftest.py as each test starts in the launching process, with its pytest-timeout (None: none)."""
+    _DEADLINE[:] = [] if not timeout_s else [time.monotonic() + timeout_s - DEADLINE_MARGIN_S]
+
+
+def launch_timeout(timeout: float) -> float:
+    """``timeout``, cut to what is left before the running test's deadline (at least 1 s)."""
+    return max(1.0, min(timeout, _DEADLINE[0] - time.monotonic())) if _DEADLINE else timeout
+
+
 def _torchrun_pytest(nodeids: list[str], nproc: int, timeout: float, env: dict[str, str] | None,
                      stop_at_first_failure: bool) -> subprocess.CompletedProcess[str]:
-    """Run pytest on ``nodeids`` under torch.distributed.run; raises subprocess.TimeoutExpired."""
+    """Run pytest on ``nodeids`` under torch.distributed.run; raises subprocess.TimeoutExpired (``timeout`` already
+    cut by :func:`launch_timeout`)."""
     cmd = [  # --standalone: the agent's store binds a free port itself (a port chosen here could be taken first)
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
         "-m", "pytest", *nodeids, "-q", "-s", "-p", "no:cacheprovider", *(["-x"] if stop_at_first_failure else []),
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a launch that timed out: SIGTERM to torchrun's agent, which stops its workers (each in a session of its own,
+    out of reach of a signal to the agent's group) and SIGKILLs them after 30 s; SIGKILL to the agent after 40 s."""
+    proc.terminate()
+    try:
+        proc.communicate(timeout=40)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
 
 
 def _text(stream: str | bytes | None) -> str:
@@ -62,10 +98,11 @@ def _text(stream: str | bytes | None) -> str:
 
 def launch(nodeid: str, *, nproc: int = 2, timeout: float = 420, env: dict[str, str] | None = None) -> str:
     """Run pytest ``nodeid`` on ``nproc`` ranks; fail the calling test with the output tail unless all pass."""
+    timeout = launch_timeout(timeout)
     try:
         proc = _torchrun_pytest([nodeid], nproc, timeout, env, stop_at_first_failure=True)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{nodeid} on {nproc} ranks timed out after {timeout}s\n{_text(exc.stdout)[-6000:]}")
+        pytest.fail(f"{nodeid} on {nproc} ranks timed out after {timeout:.0f}s\n{_text(exc.stdout)[-6000:]}")
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
         pytest.fail(f"{nodeid} on {nproc} ranks failed (exit {proc.returncode}):\n{output[-8000:]}")
@@ -121,6 +158,7 @@ def launch_cases(file: str, names: list[str], *, nproc: int, timeout: float,
     """Run the tests ``names`` of ``file`` in one launch on ``nproc`` ranks, in this order, without stopping at a
     failure; returns each test's outcome over all ranks (conftest.py's worker hook writes them). A test of a class is
     named ``Class::test``; a parametrized one with its id, ``test[id]``."""
+    timeout = launch_timeout(timeout)
     with tempfile.TemporaryDirectory(prefix="mb-cases-") as folder:
         try:
             proc = _torchrun_pytest([f"{file}::{n}" for n in names], nproc, timeout,
@@ -128,7 +166,7 @@ def launch_cases(file: str, names: list[str], *, nproc: int, timeout: float,
             tail = (proc.stdout + proc.stderr)[-6000:]
             ended = f"the launch exited with code {proc.returncode}; output tail:\n{tail}"
         except subprocess.TimeoutExpired as exc:
-            ended = f"the launch timed out after {timeout}s; output tail:\n{_text(exc.stdout)[-6000:]}"
+            ended = f"the launch timed out after {timeout:.0f}s; output tail:\n{_text(exc.stdout)[-6000:]}"
         reports = _read_reports(Path(folder), nproc)
     return {name: _outcome(name, reports, ended) for name in names}
 
