@@ -30,7 +30,8 @@ its output (``2 h`` per token in the residual dtype). ``model.cpu_offloading`` m
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, RankStages, cfg_get, chunks_in_flight, pipeline_ranks
+from megatron_bridge.engines.memory import DTYPE_BYTES
+from megatron_bridge.perf.layout import Layout, RankStages, cfg_get, chunks_in_flight, pipeline_ranks
 
 
 if TYPE_CHECKING:

@@ -14,8 +14,6 @@ if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
 
 Backend = Literal["ddp", "fsdp2", "megatron_fsdp"]
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-"""Bytes per element of the dtypes configs name."""
 
 
 def cfg_get(obj: Any, name: str, default: Any) -> Any:

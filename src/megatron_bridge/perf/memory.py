@@ -16,8 +16,9 @@ allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron
   optim_grads_params → + parameters), gradients in fp32 with ``ddp.grad_reduce_in_fp32``, plus fp32 main weights
   when parameters are 16-bit. DDP shards only optimizer state, with ``optimizer.use_distributed_optimizer`` (ZeRO-1).
   The megatron-core engine under megatron-core DDP or its FSDP2 wrapper counts megatron-core's state instead
-  (:mod:`megatron_bridge.perf.memory_mcore`: compute-dtype weights, the contiguous ``main_grad`` buffer, fp32 main
-  parameters and moments); under its Megatron FSDP adapter the Megatron FSDP formulas above (a note says so).
+  (:mod:`megatron_bridge.engines.megatron_core.memory`, asked through ``engine_memory(cfg)``: compute-dtype
+  weights, the contiguous ``main_grad`` buffer, fp32 main parameters and moments); under its Megatron FSDP adapter the
+  Megatron FSDP formulas above (a note says so).
 * **Activations**: :mod:`megatron_bridge.perf.activations`.
 * **Buffers**: communication and cast copies that are neither state nor activations (:func:`buffer_bytes`): DDP's
   flat gradient buckets (P per parameter, unless ``ddp.gradient_as_bucket_view``) for the whole run, the rest
@@ -31,19 +32,11 @@ Measured against this library on CPU by ``scripts/performance/scaling.py`` (erro
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from megatron_bridge.engines.factory import engine_memory
+from megatron_bridge.engines.memory import DTYPE_BYTES, EngineMemory, fp32_optimizer_bytes, optimizer_moments
 from megatron_bridge.models.flops import parameter_breakdown
 from megatron_bridge.perf.activations import ActivationEstimate, estimate_activations
-from megatron_bridge.perf.layout import DTYPE_BYTES, Layout, RankStages, cfg_get, layout_of, pipeline_ranks
-from megatron_bridge.perf.memory_mcore import (
-    counts_mcore_state,
-    fp32_optimizer_bytes,
-    is_mcore_ddp,
-    mcore_bucket_bytes,
-    mcore_bytes_per_param,
-    mcore_notes,
-    mcore_step_temporary_bytes,
-    optimizer_moments,
-)
+from megatron_bridge.perf.layout import Layout, RankStages, cfg_get, layout_of, pipeline_ranks
 
 
 if TYPE_CHECKING:
@@ -150,10 +143,23 @@ def rank_params(cfg: "ConfigContainer", layout: Layout, rank: RankStages | None 
     return RankParams(dense, expert, edge, lookup, attn + dense_mlp, model_total)
 
 
+def _engine_state(cfg: "ConfigContainer", layout: Layout) -> EngineMemory | None:
+    """The engine's memory model where it replaces the native state formulas (``counts_state``), else None."""
+    model = engine_memory(cfg)
+    return model if model is not None and model.counts_state(cfg, layout) else None
+
+
+def _gradient_buffer(cfg: "ConfigContainer", layout: Layout) -> EngineMemory | None:
+    """The engine's memory model where its contiguous gradient buffer replaces DDP's buckets, else None."""
+    model = engine_memory(cfg)
+    return model if model is not None and model.has_gradient_buffer(cfg, layout) else None
+
+
 def _bytes_per_param(cfg: "ConfigContainer", layout: Layout) -> tuple[int, int, int]:
     """(parameter, gradient, optimizer-state) bytes per parameter before sharding."""
-    if counts_mcore_state(cfg, layout):
-        return mcore_bytes_per_param(cfg, layout)
+    model = _engine_state(cfg, layout)
+    if model is not None:
+        return model.bytes_per_param(cfg, layout)
     pbytes = DTYPE_BYTES[cfg.model.params_dtype]
     if cfg.dist.use_megatron_fsdp:  # fp32 moments, fp32 main weights for 16-bit parameters
         return pbytes, 4 if cfg.ddp.grad_reduce_in_fp32 else pbytes, fp32_optimizer_bytes(cfg)
@@ -187,7 +193,7 @@ def state_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> t
 def ddp_bucket_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> int:
     """DDP's flat gradient buckets (allocated at wrap time, kept for the whole run), beside ``param.grad`` unless
     ``ddp.gradient_as_bucket_view``. megatron-core DDP has none beside its gradient buffer (counted as gradients)."""
-    if layout.backend != "ddp" or cfg.ddp.gradient_as_bucket_view or is_mcore_ddp(cfg, layout):
+    if layout.backend != "ddp" or cfg.ddp.gradient_as_bucket_view or _gradient_buffer(cfg, layout):
         return 0
     return _bytes_per_param(cfg, layout)[1] * params.total
 
@@ -230,8 +236,9 @@ def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams, n_l
     cbytes, pbytes = compute_bytes(cfg), DTYPE_BYTES[cfg.model.params_dtype]
     hidden = layout.tokens_per_microbatch * cfg.model.hidden_size * cbytes
     total, largest = 0, ("none", 0)
-    if is_mcore_ddp(cfg, layout):  # weights already in the compute dtype; buckets are views of the gradient buffer
-        largest = ("megatron-core DDP gradient bucket", mcore_bucket_bytes(cfg, layout, params.total))
+    grad_buffer = _gradient_buffer(cfg, layout)
+    if grad_buffer is not None:  # weights already in the compute dtype; buckets are views of the gradient buffer
+        largest = ("megatron-core DDP gradient bucket", grad_buffer.bucket_bytes(cfg, layout, params.total))
     elif layout.backend == "ddp":
         total += ddp_bucket_bytes(cfg, layout, params)
         if cbytes < pbytes:
@@ -269,7 +276,7 @@ def _estimate_rank(cfg: "ConfigContainer", layout: Layout, rank: RankStages) -> 
     if layout.backend == "fsdp2" and cfg.fsdp2.offload_policy is not None:
         host, p, g, o = p + g + o, 0, 0, 0
         notes.append("fsdp2.offload_policy: sharded parameters, gradients and optimizer state live in host memory")
-    if layout.backend == "ddp" and cfg.optimizer.use_distributed_optimizer and not is_mcore_ddp(cfg, layout):
+    if layout.backend == "ddp" and cfg.optimizer.use_distributed_optimizer and not _gradient_buffer(cfg, layout):
         notes.append("optimizer.use_distributed_optimizer with DDP: ZeRO-1, optimizer state sharded over "
                      "data-parallel ranks (ZeroRedundancyOptimizer)")
     acts = estimate_activations(cfg, layout, rank)
@@ -277,9 +284,11 @@ def _estimate_rank(cfg: "ConfigContainer", layout: Layout, rank: RankStages) -> 
     buffers, largest = buffer_bytes(cfg, layout, params, len(rank.layers))
     opt_params = o // max(1, _bytes_per_param(cfg, layout)[2]) if o else 0
     step_tmp = opt_params * DTYPE_BYTES[cfg.model.params_dtype] if cfg.optimizer.optimizer == "adam" else 0
-    notes.extend(mcore_notes(cfg, layout))  # none for the native engine
-    if counts_mcore_state(cfg, layout):
-        step_tmp = mcore_step_temporary_bytes(cfg, layout, opt_params)
+    model = engine_memory(cfg)
+    notes.extend(model.notes(cfg, layout) if model is not None else [])  # none for the native engine
+    state = _engine_state(cfg, layout)
+    if state is not None:
+        step_tmp = state.step_temporary_bytes(cfg, layout, opt_params)
     notes.extend(acts.notes)
     if layout.pp > 1:
         notes.append(f"pipeline rank {rank.pp_rank} of {layout.pp} is the largest: {len(rank.layers)} layers in "

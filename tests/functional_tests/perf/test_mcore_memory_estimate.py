@@ -1,5 +1,5 @@
-"""The megatron-core engine's memory estimate (src/megatron_bridge/perf/memory_mcore.py) against the bytes megatron-core
-really allocates, on CPU through the test-only harness (tests/functional_tests/mcore_cpu_harness.py).
+"""The megatron-core engine's memory estimate (src/megatron_bridge/engines/megatron_core/memory.py) against the bytes
+megatron-core really allocates, on CPU through the test-only harness (tests/functional_tests/mcore_cpu_harness.py).
 
 One plain Python process (no torchrun; the harness is process-wide, so not this pytest process) runs ``pretrain()`` for
 one step of the functional tests' megatron-core config per case — ``GPTModel`` (in ``Float16Module`` with bf16),

@@ -9,11 +9,6 @@ from tests.unit_tests.architecture.imports import SRC, all_imports, library_modu
 ALLOWED_FILES = {"src/megatron_bridge/engines/factory.py"}
 """Besides the config floor (``src/megatron_bridge/config/``), where the rules read ``model.engine``."""
 
-STILL_COMPARING: dict[str, int] = {
-    "src/megatron_bridge/perf/memory_mcore.py": 3,
-}
-"""Comparisons left to move behind the engine (file → count); this only shrinks."""
-
 NATIVE = ("megatron_bridge.engines.native", "megatron_bridge.models.provider", "megatron_bridge.distributed.pipeline",
           "megatron_bridge.distributed.ddp", "megatron_bridge.distributed.fsdp2",
           "megatron_bridge.distributed.megatron_fsdp")
@@ -55,11 +50,8 @@ def _counts() -> dict[str, list[int]]:
 
 
 def test_no_engine_comparison_outside_config_and_factory() -> None:
-    found = {f: len(lines) for f, lines in _counts().items()}
-    unexpected = {f: _counts()[f] for f in found if found[f] > STILL_COMPARING.get(f, 0)}
-    assert not unexpected, f"model.engine compared outside config/ and engines/factory.py: {unexpected}"
-    stale = {f: n for f, n in STILL_COMPARING.items() if found.get(f, 0) < n}
-    assert not stale, f"fewer comparisons than listed, lower STILL_COMPARING in {__file__}: {stale}"
+    found = _counts()
+    assert not found, f"model.engine compared outside config/ and engines/factory.py (file → lines): {found}"
 
 
 def test_comparison_counter_sees_the_forms_in_use() -> None:

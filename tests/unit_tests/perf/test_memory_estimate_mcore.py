@@ -92,3 +92,20 @@ def test_megatron_fsdp_adapter_keeps_the_megatron_fsdp_formulas_with_a_note() ->
     assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (2 * N // 2, 4 * N // 2, 12 * N // 2)
     report = dry_run_report(cfg, 2)
     assert "# note: model.engine=megatron_core with the Megatron FSDP adapter: megatron-fsdp's formulas" in report
+
+
+def test_the_estimate_asks_the_engine_for_its_memory_model() -> None:
+    """The factory hands the megatron-core engine's model to perf/memory.py and none for the native engine, whose
+    formulas are the estimate's own; neither the factory nor the estimate imports torch."""
+    import subprocess
+    import sys
+
+    from megatron_bridge.engines.factory import engine_memory
+    from megatron_bridge.engines.megatron_core.memory import MegatronCoreMemory
+
+    assert engine_memory(tiny_llama_pretrain_config()) is None
+    assert isinstance(engine_memory(_mcore(2)), MegatronCoreMemory)
+    code = ("import sys, megatron_bridge.engines.factory, megatron_bridge.perf.memory; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
