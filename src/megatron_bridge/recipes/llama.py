@@ -65,6 +65,25 @@ def llama3_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
     return apply_common_overrides(pretrain_common(model), **overrides)
 
 
+def _llama3_70b_long_context(seq_length: int, pp: int, cp: int, overrides: dict[str, Any]) -> ConfigContainer:
+    model = _llama3(80, 8192, 28672, 64, tensor_model_parallel_size=8, pipeline_model_parallel_size=pp,
+                    context_parallel_size=cp, sequence_parallel=True, pipeline_dtype="bfloat16")
+    model.seq_length = seq_length
+    return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def llama3_70b_16k_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3 70B at 16k tokens per sequence: TP8 PP2 CP2 with sequence parallel, 32 GPUs (Megatron-Bridge's
+    ``llama3_70b_pretrain_32gpu_h100_bf16_16k_config``)."""
+    return _llama3_70b_long_context(SEQUENCE_LENGTH_16K, 2, 2, overrides)
+
+
+def llama3_70b_64k_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3 70B at 64k tokens per sequence: TP8 PP4 CP8 with sequence parallel, 256 GPUs (Megatron-Bridge's
+    ``llama3_70b_pretrain_256gpu_h100_bf16_64k_config``)."""
+    return _llama3_70b_long_context(SEQUENCE_LENGTH_64K, 4, 8, overrides)
+
+
 def llama31_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
     """Llama 3.1 8B: Llama 3 8B with Llama 3.1 RoPE scaling (factor 8); TP1 PP1 CP2 on 2 GPUs."""
     cfg = pretrain_common(_llama3(32, 4096, 14336, 32, context_parallel_size=2, **_LLAMA31_ROPE))

@@ -31,6 +31,8 @@ MB_VALUES: dict[str, tuple] = {
     "llama3_8b_64k": (32, 4, 2, None, 4, 1, True, *_LLAMA, 65536),
     "llama3_8b_128k": (64, 4, 2, None, 8, 1, True, *_LLAMA, 131072),
     "llama3_70b": (32, 4, 4, 5, 2, 1, True, *_LLAMA, 8192),
+    "llama3_70b_16k": (32, 8, 2, None, 2, 1, True, *_LLAMA, 16384),
+    "llama3_70b_64k": (256, 8, 4, None, 8, 1, True, *_LLAMA, 65536),
     "llama31_8b": (2, 1, 1, None, 2, 1, False, *_LLAMA, 8192),
     "llama31_70b": (32, 4, 4, 5, 2, 1, True, *_LLAMA, 131072),
     "llama31_405b": (256, 8, 8, 2, 4, 1, True, *_LLAMA, 131072),
