@@ -51,7 +51,11 @@ def qwen3_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
     (its ``qwen3_8b_pretrain_16gpu_h100_bf16_config``): TP1, data parallel over 16 GPUs, with its convergence
     values (:func:`~megatron_bridge.recipes.base.convergence_cohort`: 100 steps of 1024 samples, 40 warmup steps,
     gradients reduced in bf16). Its 4-GPU variant: ``tensor_model_parallel_size=4, global_batch_size=32,
-    micro_batch_size=2``."""
+    micro_batch_size=2``.
+
+    Memory (``run_recipe.py --recipe qwen3_8b --dry-run --nproc 16``): ~79 GiB per H100 with
+    ``model.engine=megatron_core`` (Megatron-Bridge's bf16 weights), ~152 GiB on the native engine (fp32 weights and
+    gradients under DDP); ~55 GiB on the native engine with ``dist.use_torch_fsdp2=true``."""
     cfg = convergence_cohort(_qwen3(36, 4096, 12288, 32, tied=False, tp=1))
     return apply_common_overrides(cfg, **overrides)
 
