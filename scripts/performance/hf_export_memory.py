@@ -105,4 +105,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from megatron_bridge.utils.cli import run_cli
+
+    sys.exit(run_cli(main))
