@@ -61,17 +61,6 @@ class NodeLayout:
         return self.nnodes * nproc_per_node
 
 
-def non_negative_int(value: str) -> int:
-    """An integer >= 0 (``--max_restarts``, ``--node_rank``)."""
-    try:
-        number = int(value, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
-    return number
-
-
 def port_number(value: str) -> int:
     """A TCP port, 1 .. 65535."""
     try:
@@ -85,7 +74,7 @@ def port_number(value: str) -> int:
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     """The node and restart flags (torch's names; both ``--node_rank`` and ``--node-rank`` spellings)."""
-    from megatron_bridge.utils.cli import positive_int
+    from megatron_bridge.utils.cli import non_negative_int, positive_int
 
     g = parser.add_argument_group("nodes and restarts (torch.distributed.run's flags; docs/training/multi-node.md)")
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes of the job (run the same command on each)")

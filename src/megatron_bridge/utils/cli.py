@@ -111,12 +111,21 @@ def finish(code: int) -> int:
 
 def positive_int(value: str) -> int:
     """An integer >= 1 (process counts, parallel sizes, batch sizes, steps)."""
+    return _int_at_least(value, 1)
+
+
+def non_negative_int(value: str) -> int:
+    """An integer >= 0 (``--max_restarts``, ``--node_rank``)."""
+    return _int_at_least(value, 0)
+
+
+def _int_at_least(value: str, minimum: int) -> int:
     try:
         number = int(value, 10)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value!r}") from None
+    if number < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {number}")
     return number
 
 
