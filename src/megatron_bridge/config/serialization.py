@@ -49,6 +49,13 @@ def to_yaml(obj: Any, path: str | Path | None = None) -> str:
     return text
 
 
+def config_digest(obj: Any) -> str:
+    """SHA-256 (hex) of ``obj``'s YAML (what ``--dry-run`` prints): equal configs, equal digests."""
+    import hashlib
+
+    return hashlib.sha256(to_yaml(obj).encode()).hexdigest()
+
+
 def from_yaml(cls: type[T], path: str | Path) -> T:
     """Build ``cls`` from a YAML file (safe loader)."""
     return from_dict(cls, _load_yaml_mapping(path))

@@ -1,12 +1,12 @@
 """results.json of a performance run: throughput, model TFLOP/s, MFU, memory, loss; the comparison table; the plot."""
 
-import hashlib
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.serialization import config_digest
 
 
 # Dense peak TFLOP/s per device (vendor datasheets, without sparsity), by dtype.
@@ -31,11 +31,6 @@ def peak_tflops(device_name: str | None, dtype: str) -> float | None:
     return PEAK_TFLOPS[max(matches, key=len)].get(dtype)
 
 
-def config_digest(cfg: ConfigContainer) -> str:
-    """sha256 of the config's YAML (first 16 hex digits)."""
-    return hashlib.sha256(cfg.to_yaml().encode()).hexdigest()[:16]
-
-
 def build_results(cfg: ConfigContainer, result: Any, *, device_name: str | None, warmup_steps: int = 3) -> dict:
     """The results.json content of a finished run (``result`` is a TrainResult)."""
     times = result.step_times[warmup_steps:] or result.step_times
@@ -46,7 +41,7 @@ def build_results(cfg: ConfigContainer, result: Any, *, device_name: str | None,
     dtype = cfg.mixed_precision_config.compute_dtype if cfg.mixed_precision_config else "float32"
     peak = peak_tflops(device_name, dtype)
     return {
-        "recipe_digest": config_digest(cfg),
+        "recipe_digest": config_digest(cfg)[:16],
         "device": device_name or "cpu",
         "compute_dtype": dtype,
         "world_size": world,

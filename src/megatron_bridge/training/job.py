@@ -15,12 +15,12 @@ restarted attempt), and what a worker tells the launcher when it fails (whether 
   node's launcher (:mod:`megatron_bridge.launcher.restart`) finds it by the time its own workers fail because of it.
 """
 
-import hashlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from megatron_bridge.config.serialization import config_digest
 from megatron_bridge.errors import LaunchError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
@@ -49,11 +49,6 @@ class RankFacts:
     """Host name."""
     attempt: int
     """torch's ``TORCHELASTIC_RESTART_COUNT`` on this node."""
-
-
-def config_digest(cfg: Any) -> str:
-    """SHA-256 (hex) of the config's YAML (what ``--dry-run`` prints)."""
-    return hashlib.sha256(cfg.to_yaml().encode()).hexdigest()
 
 
 def _my_facts(cfg: Any) -> RankFacts:
