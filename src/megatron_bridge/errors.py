@@ -64,6 +64,12 @@ class DataError(MegatronBridgeError):
     """A dataset file is missing or malformed, or a data config does not fit the files."""
 
 
+class ForwardStepError(MegatronBridgeError):
+    """A ``forward_step_func`` given to ``pretrain()`` cannot be called in any of Megatron-Bridge's forward-step forms
+    (``(data_iterator, model)``, ``(data_iterator, model, return_schedule_plan)``, ``(state, data_iterator, model)``,
+    ``(state, data_iterator, model, return_schedule_plan)``)."""
+
+
 class TrainingError(RuntimeError):
     """Training cannot go on, e.g. the loss became NaN or Inf."""
 

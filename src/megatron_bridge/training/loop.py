@@ -23,7 +23,6 @@ import torch.distributed as dist
 
 from megatron_bridge.errors import TrainingError
 from megatron_bridge.training.callbacks import fire
-from megatron_bridge.training.gpt_step import call_forward_step
 from megatron_bridge.training.metrics import StepMetrics, Timer, peak_memory_bytes
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
@@ -127,7 +126,7 @@ def _accumulate(ctx: Any, forward_step_func: Callable[..., Any], batches: list[d
     for i, batch in enumerate(batches):
         with backend.grad_sync_context(is_last_microbatch=i == n_micro - 1):
             with backend.forward_context():
-                output, loss_func = call_forward_step(forward_step_func, ctx, iter([batch]), ctx.model)
+                output, loss_func = forward_step_func(iter([batch]), ctx.model)
                 micro_loss, micro_tokens, report = loss_func(output)
             _add_report(report_sums, report)
             if global_tokens is not None:
@@ -197,7 +196,7 @@ def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dic
             token_sum += step_tokens
     for _ in range(0 if ctx.pipeline is not None else ctx.cfg.validation.eval_iters * n_micro):
         with ctx.backend.forward_context():
-            output, loss_func = call_forward_step(forward_step_func, ctx, data, ctx.model)
+            output, loss_func = forward_step_func(data, ctx.model)
             micro_loss, micro_tokens, _ = loss_func(output)
         loss_sum += float(micro_loss)
         token_sum += float(micro_tokens)
@@ -223,7 +222,11 @@ def _eval_due(ctx: Any, step: int, stopping: bool) -> bool:
 
 
 def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult:
-    """Train until an exit condition fires; save checkpoints on schedule and at exit."""
+    """Train until an exit condition fires; save checkpoints on schedule and at exit.
+
+    ``forward_step_func`` is called as ``forward_step_func(data_iterator, model)``: a step that takes the state comes
+    bound to it (:func:`megatron_bridge.training.forward_step_forms.prepare_forward_step_func`, as ``pretrain`` does).
+    """
     cfg, state = ctx.cfg, ctx.train_state
     result = ctx.result
     timer = Timer(ctx.device)

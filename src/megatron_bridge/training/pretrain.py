@@ -1,4 +1,5 @@
-"""``pretrain(cfg, forward_step_func)``: validate → set up → train → tear down.
+"""``pretrain(config, forward_step_func, callbacks)`` (Megatron-Bridge's signature): validate → set up → train →
+tear down.
 
 Set-up order: process groups → seeds → model chunks (meta device when asked) → modelopt quantizers (restored or
 calibrated, ``cfg.quantization``) → torchao FP8 Linear layers (FP8 presets) → ``ddp_wrap`` → distillation teacher
@@ -21,6 +22,7 @@ from megatron_bridge.engines.factory import get_engine
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.exits import ExitConditions
+from megatron_bridge.training.forward_step_forms import check_forward_step_signature, prepare_forward_step_func
 from megatron_bridge.training.gpt_step import forward_step as default_forward_step
 from megatron_bridge.training.loop import TrainResult, run_training
 from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
@@ -36,7 +38,8 @@ logger = get_logger(__name__)
 
 @dataclass
 class TrainingContext:
-    """Everything the loop needs; also the ``state`` argument of 3-argument forward steps."""
+    """Everything the loop needs; also the ``state`` argument of forward steps that take it
+    (:mod:`megatron_bridge.training.forward_step_forms`)."""
 
     cfg: ConfigContainer
     env: Any
@@ -207,12 +210,8 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
 
 def _pipeline_runner(engine: Engine, ctx: TrainingContext,
                      forward_step_func: Callable[..., Any] | None) -> PipelineRunner | None:
-    """The engine's pipeline schedule (PP > 1); a 3-argument forward step gets ``ctx`` as its state."""
-    from functools import partial
-
-    from megatron_bridge.training.gpt_step import call_forward_step
-
-    step = partial(call_forward_step, forward_step_func or engine.default_forward_step(), ctx)
+    """The engine's pipeline schedule (PP > 1); a forward step that takes the state gets ``ctx``."""
+    step = prepare_forward_step_func(forward_step_func or engine.default_forward_step(), ctx)
     n_micro = ctx.cfg.num_microbatches(ctx.env.world_size)
     return engine.pipeline_runner(ctx.cfg, ctx.backend, ctx.env.device, n_micro, step)
 
@@ -225,11 +224,17 @@ def _distiller(cfg: ConfigContainer, backend: Any, device: torch.device) -> Any:
 
 
 def pretrain(
-    cfg: ConfigContainer,
+    config: ConfigContainer,
     forward_step_func: Callable[..., Any] = default_forward_step,
     callbacks: list[Callback] | None = None,
 ) -> TrainResult:
-    """Validate ``cfg`` and train; returns a :class:`TrainResult` on every rank.
+    """Validate ``config`` and train; returns a :class:`TrainResult` on every rank.
+
+    Megatron-Bridge's signature and keyword names (``pretrain(config=..., forward_step_func=..., callbacks=...)``);
+    ``forward_step_func`` defaults to the engine's GPT step and may take any of Megatron-Bridge's forms
+    (``(data_iterator, model)``, ``(data_iterator, model, return_schedule_plan=False)``, ``(state, data_iterator,
+    model)``, ``(state, data_iterator, model, return_schedule_plan=False)``), called as Megatron-Bridge calls them
+    (:mod:`megatron_bridge.training.forward_step_forms`); a step no form fits is refused before anything is built.
 
     Works in a plain process (a 1-rank group is created) and under ``torchrun`` (gloo on CPU, nccl on CUDA unless
     ``dist.distributed_backend`` says otherwise). Process groups this call created are destroyed on return; a script
@@ -238,16 +243,22 @@ def pretrain(
     When anything raises on a rank, that rank aborts the process groups (no barrier, pending async saves are
     abandoned) and re-raises, so the other ranks' collectives fail at once and the whole job stops within seconds;
     see docs/troubleshooting.md.
-    With ``cfg.distillation`` the default forward step is replaced by the distillation one; a custom 3-argument
-    forward step finds the teacher and the losses in ``state.distiller``.
+    With ``config.distillation`` the default forward step is replaced by the distillation one; a custom forward step
+    that takes the state finds the teacher and the losses in ``state.distiller``.
+
+    Raises:
+        ConfigValidationError: ``config`` fails ``validate()``, or the engine refuses the forward step with it.
+        ForwardStepError: ``forward_step_func`` fits none of the forms above.
     """
     from megatron_bridge.distributed.failure import abort_distributed, annotate_failure
     from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
     from megatron_bridge.training.job import agree_on_job, forbid_restart_after, log_resume
     from megatron_bridge.utils.process import watch_parent
 
+    cfg = config
     setup_logging(cfg.logger.logging_level)
     cfg.validate()
+    check_forward_step_signature(forward_step_func)
     engine = get_engine(cfg)
     engine.check_forward_step(cfg, forward_step_func)
     if forward_step_func is default_forward_step:
@@ -269,7 +280,7 @@ def pretrain(
         log_rank_0(logger, "training %.2fM parameters for %d steps on %d rank(s) with %s (%d micro-batches/step)",
                    n_params / 1e6, cfg.train_iters, env.world_size, ctx.backend.name,
                    cfg.num_microbatches(env.world_size))
-        result = run_training(ctx, forward_step_func)
+        result = run_training(ctx, prepare_forward_step_func(forward_step_func, ctx))
     except BaseException as exc:
         # Fail fast: no barrier, no wait for pending saves; aborting the groups makes the peers' collectives fail
         # at once instead of after the collective timeout.

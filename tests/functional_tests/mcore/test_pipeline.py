@@ -212,17 +212,20 @@ def run_and_compare(label: str, engine: str = "megatron_core", ref: dict[str, An
 _STEP_CALLS: list[Any] = []
 
 
-def state_forward_step(state: Any, data_iterator: Any, model: torch.nn.Module) -> Any:
-    """A custom 3-argument forward step: records its ``state``, then runs the default megatron-core step."""
-    from megatron_bridge.engines.megatron_core.forward_step import megatron_core_forward_step
+def state_forward_step(state: Any, data_iterator: Any, model: torch.nn.Module,
+                       return_schedule_plan: bool = False) -> Any:
+    """A custom forward step in Megatron-Bridge's 4-argument form: records its ``state``, then runs the native
+    model's step (``model(tokens, position_ids=..., labels=...)``), which megatron-core's chunks accept
+    (engines/megatron_core/forward_step.py::accept_native_call)."""
+    from megatron_bridge.training.gpt_step import forward_step
 
-    _STEP_CALLS.append(state)
-    return megatron_core_forward_step(data_iterator, model)
+    _STEP_CALLS.append((state, return_schedule_plan))
+    return forward_step(data_iterator, model)
 
 
 def test_pp2_1f1b(launches: LaunchGroups | None) -> None:
-    """megatron-core PP=2 (1F1B; a custom 3-argument forward step) and the native engine at PP=2 give the
-    one-process losses from the same weights."""
+    """megatron-core PP=2 (1F1B; a custom 4-argument forward step of the native model's form) and the native engine
+    at PP=2 give the one-process losses from the same weights."""
     if not is_worker():
         launches.check("test_pp2_1f1b")  # type: ignore[union-attr]
         return
@@ -230,7 +233,7 @@ def test_pp2_1f1b(launches: LaunchGroups | None) -> None:
 
     run_and_compare("megatron-core PP2 1F1B, custom forward step", forward_step=state_forward_step,
                     **{"model.pipeline_model_parallel_size": 2})
-    assert _STEP_CALLS and all(isinstance(s, TrainingContext) for s in _STEP_CALLS)
+    assert _STEP_CALLS and all(isinstance(s, TrainingContext) and not plan for s, plan in _STEP_CALLS)
     run_and_compare("native PP2 1F1B", engine="native", **{"model.pipeline_model_parallel_size": 2})
 
 

@@ -75,7 +75,9 @@ class MegatronCoreEngine:
         return megatron_core_forward_step
 
     def check_forward_step(self, cfg: "ConfigContainer", forward_step_func: Callable[..., Any]) -> None:
-        """Nothing: megatron-core's schedules run any forward step of Megatron's shape."""
+        """Nothing to refuse: megatron-core's schedules run every Megatron-Bridge form (``pretrain`` checks the form
+        first), and a step written for the native model's call ``model(tokens, position_ids=..., labels=...)`` runs on
+        ``GPTModel`` too (:func:`.forward_step.accept_native_call`, a pre-hook on every chunk)."""
 
     def destroy_groups(self) -> None:
         """megatron-core's process groups, if this process created them (:func:`.parallel_state.destroy`)."""

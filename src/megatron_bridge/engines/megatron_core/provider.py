@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from megatron_bridge.engines.megatron_core.forward_step import accept_native_call
 from megatron_bridge.engines.megatron_core.precision import DTYPES
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
@@ -159,6 +160,7 @@ def _build_chunk(model: "ModelConfig", config: Any, device: torch.device, vp_sta
         rope_scaling_factor=model.rope_scaling_factor,
         vp_stage=vp_stage,
     )
+    gpt.register_forward_pre_hook(accept_native_call, with_kwargs=True)  # custom steps of the native model's form
     if device.type == "cuda":
         gpt.cuda(device)
     return gpt
