@@ -1,11 +1,20 @@
 """``cfg.model``: the GPT/Llama-family decoder to build, and how it is split over devices."""
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 
 DType = Literal["float32", "bfloat16", "float16"]
 PipelineSchedule = Literal["1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+
+SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+"""Values of ``model.pipeline_schedule`` (torch.distributed.pipelining class names without ``Schedule``)."""
+SINGLE_STAGE_SCHEDULES = ("1F1B",)
+"""Schedules with one stage per rank (no virtual stages)."""
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+"""Schedules with the V-shaped stage placement (exactly two stages per rank)."""
+SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""Zero-bubble schedules: backward split into input and weight gradients (FSDP2 must keep parameters unsharded)."""
 
 
 @dataclass(kw_only=True)
@@ -232,3 +241,10 @@ class ModelConfig:
         """Vocabulary size padded to a multiple of make_vocab_size_divisible_by × TP (Megatron's rule)."""
         multiple = self.make_vocab_size_divisible_by * self.tensor_model_parallel_size
         return ((self.vocab_size + multiple - 1) // multiple) * multiple
+
+
+def resolve_schedule(m: ModelConfig) -> str:
+    """``model.pipeline_schedule``, or the default: Interleaved1F1B with virtual stages, else 1F1B."""
+    if m.pipeline_schedule is not None:
+        return m.pipeline_schedule
+    return "Interleaved1F1B" if m.virtual_pipeline_model_parallel_size is not None else "1F1B"

@@ -23,18 +23,9 @@ Impossible splits raise :class:`PipelineLayoutError` naming the fields.
 from dataclasses import dataclass
 from typing import Literal
 
-from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.model import V_SCHEDULES, ModelConfig, resolve_schedule
 from megatron_bridge.errors import ConfigValidationError
 
-
-SCHEDULES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-"""Values of ``model.pipeline_schedule`` (torch.distributed.pipelining class names without ``Schedule``)."""
-SINGLE_STAGE_SCHEDULES = ("1F1B",)
-"""Schedules with one stage per rank (no virtual stages)."""
-V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
-"""Schedules with the V-shaped stage placement (exactly two stages per rank)."""
-SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-"""Zero-bubble schedules: backward split into input and weight gradients (FSDP2 must keep parameters unsharded)."""
 
 _FIRST, _LAST = "model.num_layers_in_first_pipeline_stage", "model.num_layers_in_last_pipeline_stage"
 _EMB, _LOSS = "model.account_for_embedding_in_pipeline_split", "model.account_for_loss_in_pipeline_split"
@@ -68,13 +59,6 @@ class StageSpec:
     def is_last(self) -> bool:
         """Holds the final norm, the output layer and the loss."""
         return self.index == self.num_stages - 1
-
-
-def resolve_schedule(m: ModelConfig) -> str:
-    """``model.pipeline_schedule``, or the default: Interleaved1F1B with virtual stages, else 1F1B."""
-    if m.pipeline_schedule is not None:
-        return m.pipeline_schedule
-    return "Interleaved1F1B" if m.virtual_pipeline_model_parallel_size is not None else "1F1B"
 
 
 def stages_per_rank(m: ModelConfig) -> int:

@@ -7,15 +7,14 @@ zero-bubble schedules; classic DDP only runs single-stage schedules (the DDP bac
 
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.pipeline_layout import (
+from megatron_bridge.config.model import (
     SCHEDULES,
     SINGLE_STAGE_SCHEDULES,
     SPLIT_BACKWARD_SCHEDULES,
     V_SCHEDULES,
-    PipelineLayoutError,
     resolve_schedule,
-    stage_layer_counts,
 )
+from megatron_bridge.config.pipeline_layout import PipelineLayoutError, stage_layer_counts
 from megatron_bridge.config.rule_registry import fail, positive, rule
 from megatron_bridge.config.rules import layout_sizes_ok
 

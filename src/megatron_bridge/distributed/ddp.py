@@ -46,7 +46,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
-from megatron_bridge.config.pipeline_layout import resolve_schedule
+from megatron_bridge.config.model import resolve_schedule
 from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.distributed.activation_checkpointing import ac_settings, apply_ac_settings
 from megatron_bridge.distributed.base import DataParallelBackend, _as_module

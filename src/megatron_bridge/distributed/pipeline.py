@@ -19,13 +19,8 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 from torch.nn import functional as F
 
-from megatron_bridge.config.pipeline_layout import (
-    SINGLE_STAGE_SCHEDULES,
-    V_SCHEDULES,
-    build_stage_specs,
-    resolve_schedule,
-    stages_of_rank,
-)
+from megatron_bridge.config.model import SINGLE_STAGE_SCHEDULES, V_SCHEDULES, resolve_schedule
+from megatron_bridge.config.pipeline_layout import build_stage_specs, stages_of_rank
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.loss import masked_next_token_loss
 from megatron_bridge.utils.logging import get_logger, log_rank_0

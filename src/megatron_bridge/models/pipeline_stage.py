@@ -16,8 +16,8 @@ Megatron, where each pipeline rank seeds its own initialization).
 import torch
 from torch import nn
 
-from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.config.pipeline_layout import StageSpec, build_stage_specs, resolve_schedule
+from megatron_bridge.config.model import ModelConfig, resolve_schedule
+from megatron_bridge.config.pipeline_layout import StageSpec, build_stage_specs
 from megatron_bridge.models.layers import RotaryEmbedding
 from megatron_bridge.models.llama import LlamaModel
 from megatron_bridge.utils.logging import get_logger, log_rank_0

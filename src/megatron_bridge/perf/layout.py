@@ -78,7 +78,7 @@ def backend_of(cfg: "ConfigContainer") -> Backend:
 
 
 def _schedule(model: Any, pp: int, vp: int) -> str:
-    """The schedule the engine runs (:func:`megatron_bridge.config.pipeline_layout.resolve_schedule`)."""
+    """The schedule the engine runs (:func:`megatron_bridge.config.model.resolve_schedule`)."""
     if pp <= 1:
         return "none"
     named = cfg_get(model, "pipeline_schedule", None)

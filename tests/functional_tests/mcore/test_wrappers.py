@@ -99,7 +99,8 @@ CASES: dict[str, dict[str, Any]] = {
     "test_megatron_fsdp_pretrained_checkpoint": {**MFSDP, "ddp.data_parallel_sharding_strategy": "optim_grads_params",
                                                  "train.train_iters": 2},
     "test_fsdp2": {**FSDP2, **_save("fsdp2"), "checkpoint.async_save": True},
-    "test_fsdp2_tp2": {**FSDP2, **TP2, **_save("fsdp2_tp2")},
+    "test_fsdp2_tp2": {**FSDP2, **TP2, **_save("fsdp2_tp2"), "fsdp2.fsdp2_forward_prefetch_depth": 0,
+                       "fsdp2.fsdp2_backward_prefetch_depth": 1},
     "test_fsdp2_sync_every_microbatch_no_reshard": {**FSDP2, "fsdp2.defer_fsdp_grad_sync": False,
                                                     "fsdp2.reshard_after_forward": False},
     "test_fsdp2_bf16": {**FSDP2, **BF16, **_save("fsdp2_bf16")},
@@ -193,12 +194,16 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
     mfsdp_checks.configure_checkpoints(name, cfg.checkpoint, work, SAVE_AT)
     bf16 = cfg.mixed_precision_config is not None and cfg.mixed_precision_config.bf16
     callbacks = [_Fp32MainWeights()] if bf16 and cfg.dist.use_megatron_fsdp else []
+    if name in PREFETCH_CHECKED:
+        f = cfg.fsdp2
+        callbacks.append(_PrefetchChains(f.fsdp2_forward_prefetch_depth, f.fsdp2_backward_prefetch_depth))
     callbacks += _fsdp2_checkpoint_callbacks(name, work) + mfsdp_checks.case_callbacks(name, work, SAVE_AT)
     try:
         result = pretrain(cfg, callbacks=callbacks)
     finally:
         parallel_state.destroy()  # megatron-core's groups: the next test may use another TP size
     assert result.final_step == cfg.train.train_iters, result
+    assert all(c.checked for c in callbacks if isinstance(c, _PrefetchChains)), name
     _check_fsdp2_checkpoint_case(name, work, callbacks)
     mfsdp_checks.check_case(name, work, result.losses, callbacks, SAVE_AT)
     if dist.get_rank() == 0:
@@ -216,6 +221,31 @@ class _Fp32MainWeights(Callback):
         assert {g.main_weight_buffer.dtype for g in groups} == {torch.float32}  # main weights
         main = {p.dtype for group in ctx.optimizer.optimizer.param_groups for p in group["params"]}
         assert main == {torch.float32}, main
+
+
+PREFETCH_CHECKED = ("test_fsdp2", "test_fsdp2_tp2")
+"""FSDP2 cases whose prefetch chains are checked: the default depths (forward 1, backward 2) and forward 0,
+backward 1."""
+
+
+class _PrefetchChains(Callback):
+    """Worker: ``fsdp2.fsdp2_forward_prefetch_depth`` / ``fsdp2_backward_prefetch_depth`` reach megatron-core's FSDP2
+    units: layer i prefetches layers i+1..i+forward in forward and i-1..i-backward in backward."""
+
+    def __init__(self, forward: int, backward: int) -> None:
+        self.forward, self.backward, self.checked = forward, backward, False
+
+    def on_train_start(self, ctx: Any) -> None:
+        from megatron.core.transformer.transformer_layer import TransformerLayer
+
+        layers = [m for m in ctx.backend.chunks[0].module.modules() if isinstance(m, TransformerLayer)]
+        index = {id(layer._get_fsdp_state()): i for i, layer in enumerate(layers)}
+        got = [([index[id(s)] for s in layer._get_fsdp_state()._states_to_forward_prefetch],
+                [index[id(s)] for s in layer._get_fsdp_state()._states_to_backward_prefetch]) for layer in layers]
+        want = [(list(range(i + 1, min(i + 1 + self.forward, len(layers)))),
+                 list(range(i - 1, max(i - 1 - self.backward, -1), -1))) for i in range(len(layers))]
+        assert len(layers) >= 2 and got == want, (got, want)
+        self.checked = True
 
 
 def _fsdp2_checkpoint_callbacks(name: str, work: Path) -> list[Callback]:

@@ -134,6 +134,13 @@ def test_unsupported_features_are_named_together() -> None:
     assert "model.engine='native'" in str(info.value)
 
 
+def test_expert_parallelism_is_refused_on_megatron_core() -> None:
+    cfg = _mcore_cfg(num_moe_experts=4, expert_model_parallel_size=2)
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_features\]") as info:
+        cfg.validate(world_size=2)
+    assert "model.expert_model_parallel_size" in info.value.paths and "model.engine='native'" in str(info.value)
+
+
 def test_transformer_engine_spec_without_transformer_engine() -> None:
     cfg = _mcore_cfg(transformer_impl="transformer_engine")
     with pytest.raises(ConfigValidationError, match=r"\[rule transformer_impl_available\]") as info:

@@ -5,7 +5,9 @@
 (:func:`megatron_bridge.training.loop.train_step`, :func:`~megatron_bridge.training.loop.evaluate`) drives both the
 same way. A step calls ``get_forward_backward_func()`` — megatron-core's 1F1B
 (``forward_backward_pipelining_without_interleaving``) or, with virtual stages, its interleaved 1F1B
-(``forward_backward_pipelining_with_interleaving``) — over this rank's DDP-wrapped ``GPTModel`` chunks, with the
+(``forward_backward_pipelining_with_interleaving``): ``model.pipeline_schedule`` None, "1F1B" or "Interleaved1F1B"
+(rule ``megatron_core_pipeline`` refuses the others), chosen by megatron-core from the virtual stage count — over
+this rank's DDP-wrapped ``GPTModel`` chunks, with the
 step's micro-batches (``seq_length`` and ``micro_batch_size`` from the config; activations exchanged in
 ``TransformerConfig.pipeline_dtype``).
 
