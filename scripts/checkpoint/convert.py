@@ -30,7 +30,7 @@ architecture or rope_type) exits with status 2 and a one-line error; no partial 
 import argparse
 import sys
 
-from megatron_bridge.checkpoint.convert import TARGETS, convert_weights
+from megatron_bridge.bridge.convert import TARGETS, convert_weights
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.utils.logging import setup_logging
 

@@ -1,4 +1,6 @@
-"""The Bridge: Hugging Face folders in and out of megatron-bridge, exact, for every model family we ship.
+"""Conversion between formats, the library's one home for it: Hugging Face folders in and out (the Bridge,
+``AutoBridge``), exact, for every model family we ship; one engine's checkpoints as the other's; weights files.
+It sits above ``checkpoint/`` (save/resume, the engines' own formats) and imports it, never the other way round.
 
 ``from megatron_bridge import AutoBridge`` (lazy) or ``from megatron_bridge.bridge import AutoBridge``. Modules:
 
@@ -10,15 +12,20 @@
 | ``hf_reader.py`` / ``hf_writer.py`` | HF folder layouts in; sharded safetensors + index out, streamed |
 | ``config_out.py`` | the exported ``config.json``: the source's own file, changed only where the model differs |
 | ``weights.py`` | name mapping, vocabulary (un)padding, checks of missing/unknown/mis-shaped tensors |
-| ``checkpoints.py`` | our checkpoints, read tensor by tensor; streamed ``torch_dist`` writing |
+| ``convert.py`` | the entry points of ``scripts/checkpoint/convert.py``: any source to any format |
+| ``engine_checkpoints.py`` | native weights ⇄ megatron-core ``torch_dist`` checkpoints (one process, CPU) |
+| ``checkpoints.py`` | our checkpoints, read tensor by tensor; streamed native ``torch_dist`` writing |
 | ``exporting.py`` / ``assets.py`` | the HF folder an export writes; tokenizer, generation config, token ids |
-| ``pretrained.py`` | ``checkpoint.pretrained_checkpoint`` = HF folder: config check against ``cfg.model`` |
+| ``pretrained.py`` | ``checkpoint.pretrained_checkpoint`` = HF folder: config check against ``cfg.model``; the
+  loader's ``Converter`` |
 | ``model_io.py`` / ``output.py`` / ``memory.py`` | model fill/read, all-or-nothing output folders, memory meter |
 """
 
 from megatron_bridge.bridge.auto_bridge import AutoBridge
+from megatron_bridge.bridge.convert import convert_weights, read_model_weights, write_hf_folder, write_torch_weights
 from megatron_bridge.bridge.families import ModelFamily, register_family, supported_architectures
 from megatron_bridge.bridge.hf_reader import is_hf_folder
 
 
-__all__ = ["AutoBridge", "ModelFamily", "is_hf_folder", "register_family", "supported_architectures"]
+__all__ = ["AutoBridge", "ModelFamily", "convert_weights", "is_hf_folder", "read_model_weights", "register_family",
+           "supported_architectures", "write_hf_folder", "write_torch_weights"]

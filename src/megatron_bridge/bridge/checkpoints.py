@@ -9,6 +9,7 @@ Writing: DCP's save planner is handed meta tensors (shapes only) and fetches eac
 the writer asks for it (:class:`StreamingSavePlanner`); one file per tensor, so a written tensor is freed at once.
 """
 
+import copy
 import io
 import warnings
 from collections.abc import Callable
@@ -23,7 +24,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import WriteItem
 
 from megatron_bridge.bridge.memory import track
+from megatron_bridge.bridge.output import staged_output_dir
 from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
 from megatron_bridge.checkpoint.mcore_reader import is_mcore_checkpoint
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
@@ -42,8 +45,6 @@ class CheckpointTensors:
     """Names, shapes and tensors (full, our names) of one of our checkpoints or weights files."""
 
     def __init__(self, path: str | Path, step: int | None = None) -> None:
-        from megatron_bridge.checkpoint.convert import resolve_checkpoint_folder
-
         path = Path(path)
         self.folder: Path | None = None
         self._dcp_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
@@ -54,7 +55,7 @@ class CheckpointTensors:
             return
         self.folder = resolve_checkpoint_folder(path, step)
         if is_mcore_checkpoint(self.folder):  # the megatron-core engine's: read through a TP=1 GPTModel
-            from megatron_bridge.checkpoint.mcore_convert import model_config_of, read_mcore_weights
+            from megatron_bridge.bridge.engine_checkpoints import model_config_of, read_mcore_weights
 
             self._tensors = read_mcore_weights(self.folder, model_config_of(self.folder, None))
             return
@@ -181,3 +182,15 @@ def write_streaming_checkpoint(root: Path, cfg: ConfigContainer, shapes: dict[st
                                "has_optimizer": False, "has_rng": False})
     layout.write_trackers(root, 0, train_state)
     return final
+
+
+def write_native_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContainer", root: str | Path,
+                            overwrite: bool = False) -> Path:
+    """Write native-named ``weights`` as the native engine's checkpoint (``torch_dist`` DCP, step 0, model only;
+    the Bridge's writer), its run config with ``model.engine='native'``. Returns ``root``."""
+    out_cfg = copy.deepcopy(cfg)
+    out_cfg.model.engine = "native"
+    shapes = {name: (tuple(t.shape), t.dtype) for name, t in weights.items()}
+    with staged_output_dir(root, overwrite=overwrite) as tmp:
+        write_streaming_checkpoint(tmp, out_cfg, shapes, weights.__getitem__)
+    return Path(root)

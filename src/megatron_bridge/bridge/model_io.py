@@ -43,7 +43,7 @@ def _state(chunk: nn.Module) -> dict[str, torch.Tensor]:
 def load_weights_into(model: list[nn.Module] | nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
     """Copy every tensor of ``weights`` (full tensors, our names) into the model's parameters — plain or DTensor
     shards — reading one tensor at a time; BridgeError when names differ."""
-    from megatron_bridge.checkpoint.load import _copy_full_into
+    from megatron_bridge.checkpoint.load import copy_full_into
 
     targets: dict[str, torch.Tensor] = {}
     for chunk in _chunks(model):
@@ -55,7 +55,7 @@ def load_weights_into(model: list[nn.Module] | nn.Module, weights: Mapping[str, 
         tensor = weights[name]
         if tuple(tensor.shape) != tuple(targets[name].shape):
             raise BridgeError(f"{name!r}: weights {list(tensor.shape)} vs model {list(targets[name].shape)}")
-        _copy_full_into(targets[name], tensor)
+        copy_full_into(targets[name], tensor)
         del tensor
 
 

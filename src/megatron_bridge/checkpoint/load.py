@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from megatron_bridge.checkpoint import convert, layout, mcore_megatron_fsdp, mcore_reader, saved_run
+from megatron_bridge.checkpoint import layout, mcore_megatron_fsdp, mcore_reader, saved_run
+from megatron_bridge.checkpoint.converter import Converter, no_converter_error
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
     SafeFileSystemReader,
@@ -30,7 +31,9 @@ from megatron_bridge.checkpoint.reader import (
     dcp_tensor_shapes,
     latest_step,
     load_torch_file,
+    pad_vocab,
     read_dcp_metadata,
+    read_weights_file,
 )
 from megatron_bridge.config.checkpoint import CheckpointConfig
 from megatron_bridge.config.model import ModelConfig
@@ -93,6 +96,21 @@ def resolve_folder(root: str | Path, step: int | None) -> Path | None:
     return folder
 
 
+def resolve_checkpoint_folder(path: str | Path, step: int | None = None) -> Path:
+    """The ``iter_NNNNNNN`` folder meant by ``path``: itself, or (for a checkpoint root) ``step`` or the latest."""
+    path = Path(path)
+    if layout.step_of(path) is not None or (path / layout.MANIFEST_FILENAME).is_file():
+        return path
+    if step is None:
+        step = latest_step(path)  # the step training resumes from (train state tracker, text tracker, newest)
+    if step is None:
+        raise CheckpointError(f"{str(path)!r} holds no checkpoint (no tracker file and no iter_* folder)")
+    folder = layout.iteration_dir(path, step)
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
+    return folder
+
+
 def inspect_folder(folder: Path, weights_only: bool) -> LoadSource:
     """Verify a committed folder (manifest sizes + crc32, DCP metadata) and describe it. A megatron-core
     ``torch_dist`` folder without our manifest (written by Megatron-LM or Megatron-Bridge) is checked through its
@@ -126,7 +144,7 @@ def inspect_folder(folder: Path, weights_only: bool) -> LoadSource:
                       bool(manifest.get("has_optimizer")), manifest.get("world_size"))
 
 
-def check_load_root(path_str: str) -> None:
+def check_load_root(path_str: str, converter: Converter | None = None) -> None:
     """A ``checkpoint.load`` path that exists must be a checkpoint folder: a file, or a folder with other content
     and no checkpoint, is an error (not "starting fresh"). A missing or empty folder starts fresh."""
     path = Path(path_str)
@@ -140,8 +158,8 @@ def check_load_root(path_str: str) -> None:
     ignorable = {"run.lock"}
     other = sorted(p.name for p in path.iterdir() if p.name not in ignorable and not layout.is_stale_folder(p))
     if other:
-        hint = (" (a Hugging Face folder: use checkpoint.pretrained_checkpoint)" if convert.is_hf_folder(path)
-                else "")
+        hint = (" (a Hugging Face folder: use checkpoint.pretrained_checkpoint)"
+                if converter is not None and converter.is_hf_folder(path) else "")
         raise CheckpointError(
             f"checkpoint.load={path_str!r} holds no checkpoint (no tracker file, no committed iter_* folder) but is "
             f"not empty: {other[:_MAX_NAMED]}{hint}. Point checkpoint.load at a checkpoint folder, or at a missing "
@@ -149,15 +167,16 @@ def check_load_root(path_str: str) -> None:
         )
 
 
-def resolve_source(ckpt_cfg: CheckpointConfig) -> LoadSource | None:
-    """Decide what ``cfg.checkpoint`` asks to load (run on rank 0). None means start fresh."""
+def resolve_source(ckpt_cfg: CheckpointConfig, converter: Converter | None = None) -> LoadSource | None:
+    """Decide what ``cfg.checkpoint`` asks to load (run on rank 0). None means start fresh. Hugging Face folders are
+    recognised through ``converter`` (:mod:`.converter`)."""
     if ckpt_cfg.load:
         folder = resolve_folder(ckpt_cfg.load, ckpt_cfg.ckpt_step)
         if folder is not None:
             return inspect_folder(folder, weights_only=ckpt_cfg.finetune)
-        check_load_root(ckpt_cfg.load)
+        check_load_root(ckpt_cfg.load, converter)
     if ckpt_cfg.pretrained_checkpoint:
-        return resolve_pretrained(ckpt_cfg.pretrained_checkpoint)
+        return resolve_pretrained(ckpt_cfg.pretrained_checkpoint, converter)
     if ckpt_cfg.load and ckpt_cfg.exit_on_missing_checkpoint:
         raise CheckpointError(
             f"checkpoint.load={ckpt_cfg.load!r} holds no checkpoint and checkpoint.exit_on_missing_checkpoint=True"
@@ -165,12 +184,13 @@ def resolve_source(ckpt_cfg: CheckpointConfig) -> LoadSource | None:
     return None
 
 
-def resolve_pretrained(path_str: str) -> LoadSource:
-    """Describe a ``pretrained_checkpoint`` path (always loaded as weights only)."""
+def resolve_pretrained(path_str: str, converter: Converter | None = None) -> LoadSource:
+    """Describe a ``pretrained_checkpoint`` path (always loaded as weights only); a Hugging Face folder is
+    recognised through ``converter``."""
     path = Path(path_str)
     if path.is_file():
         return LoadSource(str(path), "weights", 0, True)
-    if convert.is_hf_folder(path):
+    if converter is not None and converter.is_hf_folder(path):
         return LoadSource(str(path), "hf", 0, True)
     folder = resolve_folder(path, None) if path.is_dir() else None
     if folder is None:
@@ -240,22 +260,23 @@ def load_dcp(source: LoadSource, state: dict[str, Any], group: dist.ProcessGroup
         raise CheckpointError(f"loading {source.path!r} failed: {dcp_error_message(exc)}") from exc
 
 
-def full_state_of(source: LoadSource, padded_vocab_size: int | None,
-                  model_config: ModelConfig | None = None) -> dict[str, Any]:
+def full_state_of(source: LoadSource, padded_vocab_size: int | None, model_config: ModelConfig | None = None,
+                  converter: Converter | None = None) -> dict[str, Any]:
     """Full-tensor state of a non-DCP source: ``{"model": ...}`` (+ optimizer and scheduler for torch folders).
-    Weights files and HF folders get their vocabulary rows zero-padded to ``padded_vocab_size``. A HF folder with
-    ``model_config`` is first checked against it (the first differing field is named) and read lazily."""
+    Weights files and HF folders get their vocabulary rows zero-padded to ``padded_vocab_size``. A HF folder (read by
+    ``converter``) with ``model_config`` is first checked against it (the first differing field is named) and read
+    lazily."""
+    if source.kind == "hf" and converter is None:
+        raise no_converter_error(source.path)
     if source.kind == "hf" and model_config is not None:
-        from megatron_bridge.bridge.pretrained import hf_weights_for_model
-
-        return {"model": hf_weights_for_model(source.path, model_config)}
+        return {"model": converter.hf_weights(source.path, model_config)}
     if source.kind == "torch":
         content = load_torch_file(Path(source.path) / layout.TORCH_FILENAME, "checkpoint")
         if not isinstance(content, dict) or "model" not in content:
             raise CheckpointError(f"{source.path!r}/{layout.TORCH_FILENAME} holds no 'model' state")
         return content
-    weights = convert.read_model_weights(source.path)
-    return {"model": convert.pad_vocab(weights, padded_vocab_size) if padded_vocab_size else weights}
+    weights = dict(converter.hf_weights(source.path, None)) if source.kind == "hf" else read_weights_file(source.path)
+    return {"model": pad_vocab(weights, padded_vocab_size) if padded_vocab_size else weights}
 
 
 def fill_from_full(target: Any, full: Any, path: str) -> Any:
@@ -278,12 +299,12 @@ def fill_from_full(target: Any, full: Any, path: str) -> Any:
         if not isinstance(full, torch.Tensor) or tuple(full.shape) != tuple(target.shape):
             got = list(full.shape) if isinstance(full, torch.Tensor) else type(full).__name__
             raise CheckpointError(f"checkpoint entry {path!r}: checkpoint {got} vs model {list(target.shape)}")
-        _copy_full_into(target, full)
+        copy_full_into(target, full)
         return target
     return full
 
 
-def _copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
+def copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
     """Copy a full tensor into a plain tensor or into this rank's shard of a DTensor (no communication)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -297,10 +318,11 @@ def _copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
 
 
 def load_full(source: LoadSource, state: dict[str, Any], padded_vocab_size: int | None,
-              model_config: ModelConfig | None = None, group: dist.ProcessGroup | None = None) -> None:
-    """Fill ``state`` in place from a ``torch`` folder, a weights file or a HF folder (checked against
-    ``model_config`` when given; collective: the model keys of all ranks are checked together)."""
-    full = full_state_of(source, padded_vocab_size, model_config)
+              model_config: ModelConfig | None = None, group: dist.ProcessGroup | None = None,
+              converter: Converter | None = None) -> None:
+    """Fill ``state`` in place from a ``torch`` folder, a weights file or a HF folder (read by ``converter``;
+    checked against ``model_config`` when given; collective: the model keys of all ranks are checked together)."""
+    full = full_state_of(source, padded_vocab_size, model_config, converter)
     for chunk_key, shapes in model_shapes(state, group).items():
         if chunk_key not in full:
             raise CheckpointError(f"checkpoint {source.path!r} holds no {chunk_key!r} weights")

@@ -36,6 +36,7 @@ from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.stateful import Stateful
 
+    from megatron_bridge.checkpoint.converter import Converter
     from megatron_bridge.checkpoint.train_state import TrainState
     from megatron_bridge.config.container import ConfigContainer
     from megatron_bridge.distributed.base import DataParallelBackend
@@ -61,6 +62,8 @@ class CheckpointManager:
         train_state: the run's counters; restored in place by :meth:`load`, saved by :meth:`save`.
         extra_files: returns more rank-0 files (name → bytes) to store in every checkpoint, e.g. the modelopt state
             of a quantized model (read back before the model is wrapped, see megatron_bridge.optimization).
+        converter: reads the sources this package has no reader for (a Hugging Face folder as
+            ``pretrained_checkpoint``); ``pretrain()`` passes the Bridge's (see :mod:`.converter`).
     """
 
     def __init__(
@@ -71,9 +74,11 @@ class CheckpointManager:
         scheduler: "Stateful",
         train_state: "TrainState",
         extra_files: Callable[[], dict[str, bytes]] | None = None,
+        converter: "Converter | None" = None,
     ) -> None:
         self.cfg = cfg
         self.extra_files = extra_files
+        self.converter = converter
         self.ckpt = cfg.checkpoint
         self.backend = backend
         self.optimizer = optimizer
@@ -108,7 +113,7 @@ class CheckpointManager:
                 its model shapes differ from the model's.
         """
         self._lock_save_folder()
-        source = comm.run_on_rank0(lambda: loading.resolve_source(self.ckpt), self.group)
+        source = comm.run_on_rank0(lambda: loading.resolve_source(self.ckpt, self.converter), self.group)
         if source is None:
             if self.ckpt.load:
                 log_rank_0(logger, "no checkpoint in checkpoint.load=%s: starting fresh", self.ckpt.load)
@@ -146,11 +151,11 @@ class CheckpointManager:
             raise CheckpointError(
                 f"model.engine='megatron_core' loads megatron-core torch_dist checkpoints, but {source.path!r} is a "
                 f"{source.kind!r} source of the native engine: convert it with scripts/checkpoint/convert.py "
-                "--to megatron_core (megatron_bridge.checkpoint.mcore_convert), or set model.engine='native'")
+                "--to megatron_core (megatron_bridge.bridge.engine_checkpoints), or set model.engine='native'")
         raise CheckpointError(
             f"{source.path!r} is a megatron-core torch_dist checkpoint (model.engine='megatron_core'): set "
             "model.engine='megatron_core' to resume it, or convert its weights with scripts/checkpoint/convert.py "
-            "--to megatron (megatron_bridge.checkpoint.mcore_convert)")
+            "--to megatron (megatron_bridge.bridge.engine_checkpoints)")
 
     def _check_mcore_format(self, source: loading.LoadSource) -> None:
         """Megatron FSDP reads fsdp_dtensor folders only, megatron-core DDP torch_dist ones only (megatron-core's
@@ -173,7 +178,8 @@ class CheckpointManager:
         if source.kind == "dcp":
             loading.load_dcp(source, state, self.group, self.cfg.model)
         else:
-            loading.load_full(source, state, self.cfg.model.padded_vocab_size, self.cfg.model, self.group)
+            loading.load_full(source, state, self.cfg.model.padded_vocab_size, self.cfg.model, self.group,
+                              self.converter)
         self.backend.load_model_state_dict({k: v for k, v in state.items() if k.startswith("model")})
         if load_optim:
             self.backend.load_optimizer_state_dict(self.optimizer, state["optimizer"])

@@ -1,10 +1,15 @@
-"""Reading checkpoint files without executing anything they say.
+"""The reader of the native engine's formats (DCP folders, ``torch`` files, weights files), which executes nothing
+the files say.
 
 * DCP's ``.metadata`` is a pickle: :class:`SafeFileSystemReader` unpickles it with an allow-list of the DCP metadata
   classes (anything else is a :class:`CheckpointError`).
 * DCP stores non-tensor values (optimizer hyper-parameters, scheduler state) as ``torch.save`` bytes and its default
   planner reads them with ``weights_only=False``: :class:`SafeLoadPlanner` reads them with ``weights_only=True``.
 * Plain files go through :func:`load_torch_file` (``torch.load(weights_only=True)``).
+
+Whole-model reads in one process (no process group): :func:`read_dcp_model_weights` (a DCP folder's full model
+tensors) and :func:`read_weights_file` (``{"model": {name: tensor}}`` or ``{name: tensor}``); :func:`pad_vocab` pads
+their vocabulary rows for a model. megatron-core's format has its own reader (``mcore_reader.py``).
 """
 
 import io
@@ -14,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
@@ -197,3 +203,59 @@ def latest_step(root: str | Path) -> int | None:
         logger.warning("%s has no tracker file; using its newest committed checkpoint (step %d)", root, steps[-1])
         return steps[-1]
     return None
+
+
+# -------------------------------------------------------------------------------------------- whole models
+VOCAB_KEYS = ("embed_tokens.weight", "lm_head.weight")
+"""Our parameters whose rows are the (padded) vocabulary."""
+
+
+def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """The ``{name: tensor}`` weights of a file written by ``write_torch_weights`` (or a ``model_optim.pt``)."""
+    content = load_torch_file(path, "weights")
+    weights = content.get("model", content) if isinstance(content, dict) else None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"{str(path)!r} holds no {{name: tensor}} model weights")
+    return weights
+
+
+def read_dcp_model_weights(folder: str | Path, prefix: str = "model") -> dict[str, torch.Tensor]:
+    """The full tensors under ``prefix`` of a DCP checkpoint, read in this process only (no process group)."""
+    metadata = read_dcp_metadata(folder)
+    check_dcp_storage(folder, metadata)
+    state: dict[str, torch.Tensor] = {}
+    for key, item in metadata.state_dict_metadata.items():
+        if key.startswith(prefix + ".") and isinstance(item, TensorStorageMetadata):
+            state[key[len(prefix) + 1 :]] = torch.empty(item.size, dtype=item.properties.dtype)
+    if not state:
+        raise CheckpointError(f"DCP checkpoint {str(folder)!r} holds no '{prefix}' tensors")
+    try:
+        dcp.load({prefix: state}, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner(),
+                 no_dist=True)
+    except CheckpointError:
+        raise
+    except DCP_ERRORS as exc:
+        raise CheckpointError(f"reading DCP checkpoint {str(folder)!r} failed: {dcp_error_message(exc)}") from exc
+    return state
+
+
+def read_native_weights(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Full model weights of a committed native-engine ``iter_*`` folder (DCP or ``torch``), manifest verified."""
+    folder = Path(folder)
+    manifest = layout.verify_manifest(folder)
+    if manifest.get("format") == "torch" or (folder / layout.TORCH_FILENAME).is_file():
+        return read_weights_file(folder / layout.TORCH_FILENAME)
+    return read_dcp_model_weights(folder)
+
+
+def pad_vocab(weights: dict[str, torch.Tensor], padded_vocab_size: int) -> dict[str, torch.Tensor]:
+    """``weights`` with the vocabulary rows of the embedding and output layer zero-padded to
+    ``padded_vocab_size``."""
+    return {k: pad_rows(v, padded_vocab_size) if k in VOCAB_KEYS and v.shape[0] < padded_vocab_size else v
+            for k, v in weights.items()}
+
+
+def pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``tensor`` with zero rows appended up to ``rows``."""
+    pad = tensor.new_zeros((rows - tensor.shape[0], *tensor.shape[1:]))
+    return torch.cat([tensor, pad], dim=0)

@@ -27,6 +27,7 @@ from megatron_bridge.errors import CheckpointError
 
 if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.config.model import ModelConfig
 
 PRECISIONS = ("fp32", "bf16_mixed", "fp16_mixed")
 """The precisions a checkpoint's optimizer state can belong to (the ``mixed_precision`` presets that set them)."""
@@ -54,6 +55,20 @@ def read_run_config(folder: str | Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     return content if isinstance(content, dict) else None
+
+
+def read_model_config(folder: str | Path) -> "ModelConfig":
+    """The ``model`` section of a checkpoint's ``run_config.yaml``, as this library's :class:`ModelConfig` (safe YAML
+    loader; CheckpointError naming the fix when the folder has none or it is not ours)."""
+    from megatron_bridge.config.container import ConfigContainer
+
+    path = Path(folder) / RUN_CONFIG_FILENAME
+    if not path.is_file():
+        raise CheckpointError(f"{str(path)!r} does not exist: pass the model config explicitly")
+    try:
+        return ConfigContainer.from_yaml(path).model
+    except ValueError as exc:
+        raise CheckpointError(f"{str(path)!r} is not a valid run config: {exc}") from exc
 
 
 def precision_of_flags(bf16: Any, fp16: Any) -> str | None:

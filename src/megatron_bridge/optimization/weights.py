@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from megatron_bridge.bridge.pretrained import PretrainedConverter
 from megatron_bridge.checkpoint import comm
 from megatron_bridge.checkpoint import load as loading
 from megatron_bridge.config.container import ConfigContainer
@@ -23,7 +24,7 @@ def resolve_start_source(cfg: ConfigContainer) -> loading.LoadSource | None:
     c = cfg.checkpoint
     if not (c.load or c.pretrained_checkpoint):
         return None
-    return comm.run_on_rank0(lambda: loading.resolve_source(c), comm.new_checkpoint_group())
+    return comm.run_on_rank0(lambda: loading.resolve_source(c, PretrainedConverter()), comm.new_checkpoint_group())
 
 
 def modelopt_state_to_resume(cfg: ConfigContainer) -> tuple[str, dict[str, Any]] | None:
@@ -45,7 +46,7 @@ def load_weights_into(module: nn.Module, source: loading.LoadSource) -> None:
         loading.load_dcp(source, state, comm.new_checkpoint_group())
     else:
         config = getattr(module, "config", None)
-        loading.load_full(source, state, getattr(config, "padded_vocab_size", None))
+        loading.load_full(source, state, getattr(config, "padded_vocab_size", None), converter=PretrainedConverter())
     result = module.load_state_dict(state["model"], strict=False)
     missing = [k for k in result.missing_keys if not is_quantizer_key(k)]
     if missing or result.unexpected_keys:

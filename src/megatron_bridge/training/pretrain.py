@@ -123,6 +123,7 @@ def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, sche
     c = cfg.checkpoint
     if not (c.save or c.load or c.pretrained_checkpoint):
         return None
+    from megatron_bridge.bridge.pretrained import PretrainedConverter
     from megatron_bridge.checkpoint import CheckpointManager
 
     extra_files = None
@@ -132,7 +133,8 @@ def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, sche
         def extra_files() -> dict[str, bytes]:
             return {MODELOPT_STATE_FILENAME: modelopt_state_bytes(backend.unwrap(backend.chunks[0]))}
 
-    return CheckpointManager(cfg, backend, optimizer, scheduler, state, extra_files=extra_files)
+    return CheckpointManager(cfg, backend, optimizer, scheduler, state, extra_files=extra_files,
+                             converter=PretrainedConverter())
 
 
 def _quantize(cfg: ConfigContainer, chunks: list[nn.Module], tokenizer: Any, device: torch.device) -> list[nn.Module]:

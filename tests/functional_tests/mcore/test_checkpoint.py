@@ -486,8 +486,8 @@ def test_conversion_round_trip_native_mcore_exact(tmp_path: Path) -> None:
     if is_worker():
         pytest.skip("runs in the launching process")
     from megatron_bridge.bridge.checkpoints import write_streaming_checkpoint
+    from megatron_bridge.bridge.convert import convert_weights, read_model_weights
     from megatron_bridge.checkpoint import mcore_reader
-    from megatron_bridge.checkpoint.convert import convert_weights, read_model_weights
     from megatron_bridge.models.llama import LlamaModel
     from tests.functional_tests.training.test_megatron_core_engine import mcore_config
 
@@ -517,7 +517,7 @@ def test_bf16_checkpoint_converts_its_model_weights(launches: LaunchGroups | Non
         pytest.skip("runs in the launching process")
     from torch.distributed.checkpoint import load as dcp_load
 
-    from megatron_bridge.checkpoint.convert import convert_weights, read_model_weights
+    from megatron_bridge.bridge.convert import convert_weights, read_model_weights
     from megatron_bridge.checkpoint.reader import SafeFileSystemReader
 
     launches.check("test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_core")  # type: ignore[union-attr]

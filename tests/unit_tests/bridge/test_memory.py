@@ -10,8 +10,8 @@ import json
 import torch
 
 from megatron_bridge import AutoBridge
+from megatron_bridge.bridge.convert import read_hf_folder
 from megatron_bridge.bridge.memory import TensorMeter
-from megatron_bridge.checkpoint.convert import read_hf_folder
 
 
 SHARD = 200_000

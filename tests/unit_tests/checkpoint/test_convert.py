@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from megatron_bridge.checkpoint.convert import (
+from megatron_bridge.bridge.convert import (
     convert_weights,
     read_hf_folder,
     read_model_weights,

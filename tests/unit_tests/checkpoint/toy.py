@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron_bridge.bridge.pretrained import PretrainedConverter
 from megatron_bridge.checkpoint import CheckpointManager
 from megatron_bridge.checkpoint.train_state import TrainState
 from megatron_bridge.config.checkpoint import CheckpointConfig
@@ -55,7 +56,8 @@ def build_run(cfg: ConfigContainer, seed: int = 0) -> Run:
     optimizer = backend.prepare_optimizer(build_optimizer(cfg, backend.chunks, torch.device("cpu")))
     scheduler = OptimizerParamScheduler(optimizer, cfg)
     state = TrainState()
-    return Run(cfg, backend, optimizer, scheduler, state, CheckpointManager(cfg, backend, optimizer, scheduler, state))
+    manager = CheckpointManager(cfg, backend, optimizer, scheduler, state, converter=PretrainedConverter())
+    return Run(cfg, backend, optimizer, scheduler, state, manager)
 
 
 def batch(step: int, rows: int = 2, rank: int | None = None) -> torch.Tensor:

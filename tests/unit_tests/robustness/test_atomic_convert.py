@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from megatron_bridge.checkpoint import convert
+from megatron_bridge.bridge import convert
 from megatron_bridge.errors import CheckpointError
 from tests.unit_tests.checkpoint.toy import build_run, tiny_cfg
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from megatron_bridge.bridge.convert import resolve_checkpoint_folder
 from megatron_bridge.checkpoint import layout
 from megatron_bridge.checkpoint import load as loading
-from megatron_bridge.checkpoint.convert import resolve_checkpoint_folder
 from megatron_bridge.checkpoint.train_state import TrainState
 from megatron_bridge.errors import CheckpointError
 from tests.unit_tests.checkpoint.toy import build_run, tiny_cfg, train

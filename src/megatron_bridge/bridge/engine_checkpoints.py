@@ -20,7 +20,7 @@ MLP halves; written by :func:`save_one_process`); :mod:`megatron_bridge.engines.
 megatron-core needs ``torch.distributed``: a 1-process gloo group (and megatron-core's parallel state) is created
 for the call and destroyed afterwards; inside a multi-process job the conversion is refused.
 ``scripts/checkpoint/convert.py --to megatron_core`` and ``convert_weights`` (:mod:`.convert`) call these; HF
-folders go through the Bridge on the way in and out.
+folders go through the rest of the Bridge on the way in and out.
 """
 
 import copy
@@ -35,8 +35,12 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint import save as dcp_save
 
+from megatron_bridge.bridge.hf_reader import CONFIG_FILENAME, is_hf_folder, read_json
+from megatron_bridge.bridge.output import staged_output_dir
 from megatron_bridge.checkpoint import layout, mcore_reader, mcore_state
+from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
+from megatron_bridge.checkpoint.saved_run import read_model_config
 from megatron_bridge.errors import CheckpointError
 
 
@@ -153,7 +157,6 @@ def write_mcore_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContain
     Raises:
         CheckpointError: the weights do not fit ``cfg.model``, or ``root`` holds files and not ``overwrite``.
     """
-    from megatron_bridge.bridge.output import staged_output_dir
     from megatron_bridge.checkpoint.save import serialize
     from megatron_bridge.checkpoint.train_state import TrainState
     from megatron_bridge.engines.megatron_core.weights import native_to_megatron_core
@@ -194,14 +197,13 @@ def run_config_of(src: str | Path, step: int | None, model_config: "ModelConfig 
     Raises:
         CheckpointError: ``src`` is a weights file or a foreign checkpoint and ``model_config`` is None.
     """
-    from megatron_bridge.checkpoint.convert import is_hf_folder, resolve_checkpoint_folder
+    from megatron_bridge.bridge.families import family_for_hf_config
     from megatron_bridge.config.container import ConfigContainer
 
     path = Path(src)
-    if is_hf_folder(path):
-        from megatron_bridge.bridge import AutoBridge
-
-        cfg = ConfigContainer(model=AutoBridge.from_hf_pretrained(path).to_megatron_provider())
+    if is_hf_folder(path):  # the model config AutoBridge.from_hf_pretrained(path).to_megatron_provider() returns
+        hf = read_json(path / CONFIG_FILENAME, "config")
+        cfg = ConfigContainer(model=family_for_hf_config(hf).config_from_hf(hf))
     elif path.is_dir() and (resolve_checkpoint_folder(path, step) / layout.RUN_CONFIG_FILENAME).is_file() and (
             model_config is None):
         try:
@@ -219,21 +221,6 @@ def run_config_of(src: str | Path, step: int | None, model_config: "ModelConfig 
     return cfg
 
 
-def write_native_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContainer", root: str | Path,
-                            overwrite: bool = False) -> Path:
-    """Write native-named ``weights`` as the native engine's checkpoint (``torch_dist`` DCP, step 0, model only;
-    the Bridge's writer), its run config with ``model.engine='native'``. Returns ``root``."""
-    from megatron_bridge.bridge.checkpoints import write_streaming_checkpoint
-    from megatron_bridge.bridge.output import staged_output_dir
-
-    out_cfg = copy.deepcopy(cfg)
-    out_cfg.model.engine = "native"
-    shapes = {name: (tuple(t.shape), t.dtype) for name, t in weights.items()}
-    with staged_output_dir(root, overwrite=overwrite) as tmp:
-        write_streaming_checkpoint(tmp, out_cfg, shapes, weights.__getitem__)
-    return Path(root)
-
-
 def model_config_of(folder: str | Path, model_config: "ModelConfig | None") -> "ModelConfig":
     """``model_config``, else the ``model`` section of the folder's ``run_config.yaml`` (ours).
 
@@ -242,8 +229,6 @@ def model_config_of(folder: str | Path, model_config: "ModelConfig | None") -> "
     """
     if model_config is not None:
         return model_config
-    from megatron_bridge.checkpoint.convert import read_model_config
-
     try:
         return read_model_config(folder)
     except CheckpointError as exc:
