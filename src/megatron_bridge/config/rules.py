@@ -52,6 +52,8 @@ _POSITIVE_FIELDS = (
     "dataset.mock_num_samples",
     "logger.log_interval",
     "logger.tensorboard_log_interval",
+    "logger.tensorboard_queue_size",
+    "logger.throughput_window_size",
     "dist.distributed_timeout_minutes",
 )
 _POSITIVE_OR_NONE_FIELDS = (

@@ -54,7 +54,7 @@ def pretrain_common(model: ModelConfig) -> ConfigContainer:
                                   override_opt_param_scheduler=True),
         dataset=DatasetConfig(mock=True, seq_length=model.seq_length, split="9999,8,2", random_seed=1234),
         tokenizer=TokenizerConfig(tokenizer_type="null", vocab_size=model.vocab_size),
-        logger=LoggerConfig(log_interval=10),
+        logger=LoggerConfig(log_interval=10, log_timers_to_tensorboard=True),
         checkpoint=CheckpointConfig(save_interval=500, ckpt_format="torch_dist"),
         ddp=DistributedDataParallelConfig(check_for_nan_in_grad=True, grad_reduce_in_fp32=True,
                                           overlap_grad_reduce=True, overlap_param_gather=True,

@@ -31,7 +31,8 @@ def tiny_llama_pretrain_config(**overrides: Any) -> ConfigContainer:
         scheduler=SchedulerConfig(lr_warmup_fraction=0.05, lr_decay_style="cosine"),
         dataset=DatasetConfig(mock=True, seq_length=model.seq_length, split="95,5,0"),
         tokenizer=TokenizerConfig(tokenizer_type="byte"),
-        logger=LoggerConfig(log_interval=10),
+        logger=LoggerConfig(log_interval=10, log_timers_to_tensorboard=True, log_throughput=True,
+                            log_throughput_to_tensorboard=True, log_memory_to_tensorboard=True),
         checkpoint=CheckpointConfig(save_interval=100, most_recent_k=2, ckpt_format="torch_dist"),
         mixed_precision="fp32",
     )

@@ -23,7 +23,9 @@ import torch.distributed as dist
 
 from megatron_bridge.errors import TrainingError
 from megatron_bridge.training.callbacks import fire
-from megatron_bridge.training.metrics import StepMetrics, Timer, peak_memory_bytes
+from megatron_bridge.training.metrics import StepMetrics
+from megatron_bridge.training.tensorboard import peak_memory_bytes
+from megatron_bridge.training.timers import Timer
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
@@ -119,13 +121,13 @@ def _accumulate(ctx: Any, forward_step_func: Callable[..., Any], batches: list[d
                 global_tokens: float | None) -> tuple[float, float, dict[str, list[float]]]:
     """Forward and backward of every micro-batch (no pipeline); returns this rank's (loss sum, token count) and the
     summed report entries (see :func:`_add_report`)."""
-    backend, n_micro = ctx.backend, len(batches)
+    backend, n_micro, timers = ctx.backend, len(batches), ctx.metrics.timers
     loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     token_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     report_sums: dict[str, list[float]] = {}
     for i, batch in enumerate(batches):
         with backend.grad_sync_context(is_last_microbatch=i == n_micro - 1):
-            with backend.forward_context():
+            with timers("forward-compute"), backend.forward_context():
                 output, loss_func = forward_step_func(iter([batch]), ctx.model)
                 micro_loss, micro_tokens, report = loss_func(output)
             _add_report(report_sums, report)
@@ -135,11 +137,24 @@ def _accumulate(ctx: Any, forward_step_func: Callable[..., Any], batches: list[d
                 scaled = micro_loss / micro_tokens.clamp(min=1) / n_micro
             if ctx.grad_scaler is not None:
                 scaled = ctx.grad_scaler.scale(scaled)
-            scaled.backward()
+            with timers("backward-compute"):
+                scaled.backward()
         loss_sum += micro_loss.detach().to(torch.float64)
         token_sum += micro_tokens.detach().to(torch.float64)
     backend.finish_grad_sync()
     return loss_sum.item(), token_sum.item(), report_sums
+
+
+def _forward_backward(ctx: Any, forward_step_func: Callable[..., Any], batches: list[dict[str, torch.Tensor]],
+                      global_tokens: float | None) -> tuple[float, float, dict[str, list[float]]]:
+    """Every micro-batch's forward and backward and the gradient reduction: through the pipeline schedule or
+    :func:`_accumulate`; returns this rank's (loss sum, token count, report sums)."""
+    if ctx.pipeline is None:
+        return _accumulate(ctx, forward_step_func, batches, global_tokens)
+    scale = None if global_tokens is None else ctx.dp_size * ctx.cp_size / global_tokens
+    local_loss, local_tokens = ctx.pipeline.run(batches, scale=scale, train=True)
+    ctx.backend.finish_grad_sync()  # the schedule reduced the backend's gradients; expert-parallel ones here
+    return local_loss, local_tokens, {}
 
 
 def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, float, dict[str, float]]:
@@ -150,20 +165,16 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
     losses are the forward step's report entries besides the objective, token-weighted globally (in the loss's
     all-reduce); empty when it reports only "lm loss".
     """
-    backend, cfg = ctx.backend, ctx.cfg
+    backend, cfg, timers = ctx.backend, ctx.cfg, ctx.metrics.timers
     n_micro = cfg.num_microbatches(ctx.env.world_size)
-    batches = [next(ctx.train_iter) for _ in range(n_micro)]
+    with timers("batch-generator"):
+        batches = [next(ctx.train_iter) for _ in range(n_micro)]
     global_tokens = _global_tokens(ctx, batches)
     if ctx.moe is not None:  # MoE aux-loss gradients: mean over the step's micro-batches
         ctx.moe.begin_step(n_micro, float(ctx.grad_scaler.get_scale()) if ctx.grad_scaler is not None else 1.0)
     backend.zero_grad(ctx.optimizer)
-    report_sums: dict[str, list[float]] = {}
-    if ctx.pipeline is not None:
-        scale = None if global_tokens is None else ctx.dp_size * ctx.cp_size / global_tokens
-        local_loss, local_tokens = ctx.pipeline.run(batches, scale=scale, train=True)
-        backend.finish_grad_sync()  # the schedule reduced the backend's gradients; expert-parallel ones here
-    else:
-        local_loss, local_tokens, report_sums = _accumulate(ctx, forward_step_func, batches, global_tokens)
+    with timers("forward-backward"):
+        local_loss, local_tokens, report_sums = _forward_backward(ctx, forward_step_func, batches, global_tokens)
     if ctx.moe is not None:  # global expert load, expert-bias update, logged statistics
         ctx.moe.end_step()
     flat = [local_loss, local_tokens] + [v for pair in report_sums.values() for v in pair]
@@ -175,9 +186,10 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
             f"the training loss is {loss} at iteration {ctx.train_state.step + 1}: lower optimizer.lr, check the data, "
             "or use mixed_precision='fp32' / 'bf16_mixed' instead of fp16"
         )
-    grad_norm = backend.optimizer_step(ctx.optimizer, cfg.optimizer.clip_grad, ctx.grad_scaler)
-    if getattr(ctx, "fp8", None) is not None:  # torchao: FP8 weight scales for the next FSDP2 all-gather
-        ctx.fp8.after_optimizer_step(backend.chunks)
+    with timers("optimizer"):
+        grad_norm = backend.optimizer_step(ctx.optimizer, cfg.optimizer.clip_grad, ctx.grad_scaler)
+        if getattr(ctx, "fp8", None) is not None:  # torchao: FP8 weight scales for the next FSDP2 all-gather
+            ctx.fp8.after_optimizer_step(backend.chunks)
     ctx.scheduler.step()
     return loss, grad_norm, reported_losses
 

@@ -36,7 +36,7 @@ def _eod_masked(cfg):  # noqa: ANN001, ANN202
 
 
 def test_exit_interval_and_tensorboard(tmp_path) -> None:
-    cfg = small_config(train_iters=8)
+    cfg = small_config(train_iters=8, log_interval=2)
     cfg.train.exit_interval = 3
     cfg.logger.tensorboard_dir = str(tmp_path / "tb")
     result = pretrain(cfg)
@@ -46,16 +46,21 @@ def test_exit_interval_and_tensorboard(tmp_path) -> None:
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    from megatron_bridge.training.metrics import DISTILLATION_TAGS, TENSORBOARD_TAGS
+    from megatron_bridge.training.tensorboard import CUDA_ONLY_TAGS, DISTILLATION_TAGS, TENSORBOARD_TAGS
 
-    not_here = ("params-norm", "lm loss validation", *DISTILLATION_TAGS)  # tested in test_distillation_tensorboard
-    cpu_tags = {t for t in TENSORBOARD_TAGS if "reserved" not in t and t not in not_here}
+    # the tiny recipe's switches: timers (level 0), throughput (its rolling window is 100 steps) and memory
+    not_here = {"params-norm", "world-size", *DISTILLATION_TAGS, *CUDA_ONLY_TAGS}
+    cpu_tags = {t for t, (switch, _) in TENSORBOARD_TAGS.items() if t not in not_here and "validation" not in t
+                and not (t.endswith("-time") and t != "iteration-time") and "_per_sec" not in t
+                and not t.endswith("batch_size")}
     assert cpu_tags <= tags, cpu_tags - tags  # Megatron-Bridge's tag names
-    for tag in ("lm loss", "learning-rate", "batch-size", "loss-scale", "world-size", "grad-norm"):
+    for tag in ("lm loss", "learning-rate", "batch-size", "loss-scale", "grad-norm"):
         assert f"{tag} vs samples" in tags, tag
     assert [e.step for e in events.Scalars("lm loss vs samples")] == [8, 16, 24]  # 8 samples per step
     assert [e.value for e in events.Scalars("batch-size")] == [8, 8, 8]
+    assert [e.step for e in events.Scalars("iteration-time")] == [2]  # every log_interval steps
     assert events.Scalars("throughput/tflops/device")[-1].value > 0
+    assert events.Scalars("memory/mem-max-allocated-gigabytes")[-1].value > 0
     assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3]
     assert all(math.isfinite(e.value) for e in events.Scalars("lm loss"))
 
@@ -64,7 +69,7 @@ def test_distillation_tensorboard(tmp_path) -> None:
     """A distillation run writes every distillation tag of TENSORBOARD_TAGS, and the plain tags beside them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from megatron_bridge.training.metrics import DISTILLATION_TAGS, TENSORBOARD_TAGS
+    from megatron_bridge.training.tensorboard import DISTILLATION_TAGS, TENSORBOARD_TAGS
 
     teacher = small_config(train_iters=1, global_batch_size=2)
     teacher.checkpoint.save = str(tmp_path / "teacher")
