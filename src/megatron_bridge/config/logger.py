@@ -57,6 +57,14 @@ class LoggerConfig:
     """Write ``world-size`` (the number of processes) to TensorBoard."""
     log_validation_ppl_to_tensorboard: bool = False
     """Write ``lm loss validation ppl`` beside ``lm loss validation`` to TensorBoard."""
+    log_runtime_to_tensorboard: bool = False
+    """Write ``time/*`` to TensorBoard: consumed ``time/tokens``, ``time/samples`` and ``time/batches``, the wall time
+    since training started (``time/total``) and ``time/remaining_estimate`` (that time scaled to
+    ``train.train_iters``, as Megatron-Bridge estimates it: steps restored from a checkpoint count as done)."""
+    runtime_time_unit: Literal["seconds", "minutes", "hours", "days"] = "hours"
+    """Unit of ``time/total`` and ``time/remaining_estimate``."""
+    skip_train_metrics_log: bool = False
+    """Log no training step at all: no stdout line, no per-step TensorBoard scalar (evaluation is still logged)."""
     log_params_norm: bool = False
     """Compute the L2 norm of all parameters every step (a pass over the weights) and log it (stdout and
     ``params-norm``)."""

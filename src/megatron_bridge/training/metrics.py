@@ -67,6 +67,8 @@ class TrainingLogger:
         """Record a step; print and write scalars when their intervals are due (call on every rank)."""
         lc = self.cfg.logger
         self.timers.end_step()
+        if lc.skip_train_metrics_log:
+            return
         tb_due = lc.tensorboard_dir is not None and m.step % lc.tensorboard_log_interval == 0
         log_due = m.step % lc.log_interval == 0 or m.step == self.cfg.train_iters
         tb_timers, memory, line_timers = self._rank_maxima(tb_due, log_due)
@@ -142,7 +144,8 @@ class TrainingLogger:
     def log_moe(self, step: int, stats: Any) -> None:
         """TensorBoard scalars of the MoE layers every ``logger.tensorboard_log_interval`` steps
         (:meth:`TensorBoardScalars.moe`)."""
-        if self.tensorboard is not None and step % self.cfg.logger.tensorboard_log_interval == 0:
+        lc = self.cfg.logger
+        if self.tensorboard is not None and step % lc.tensorboard_log_interval == 0 and not lc.skip_train_metrics_log:
             self.tensorboard.moe(step, stats)
 
     def log_eval(self, step: int, loss: float, split: str = "validation") -> None:

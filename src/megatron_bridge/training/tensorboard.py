@@ -7,6 +7,7 @@ every tag of each switch combination. Only the last rank writes.
 import math
 import resource
 import sys
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,12 @@ TENSORBOARD_TAGS: dict[str, tuple[str, str]] = {
     "memory/mem-alloc-retires": ("log_memory_to_tensorboard", "CUDA only: cudaMalloc retries (Megatron-Bridge's "
                                                               "spelling)"),
     "memory/mem-allocated-count": ("log_memory_to_tensorboard", "CUDA only: number of live allocations"),
+    "time/tokens": ("log_runtime_to_tensorboard", "tokens consumed so far (samples x seq_length)"),
+    "time/samples": ("log_runtime_to_tensorboard", "samples consumed so far"),
+    "time/batches": ("log_runtime_to_tensorboard", "steps done so far"),
+    "time/total": ("log_runtime_to_tensorboard", "wall time since training started, in `runtime_time_unit`"),
+    "time/remaining_estimate": ("log_runtime_to_tensorboard", "`time/total` scaled to the remaining steps of "
+                                                              "train_iters"),
     "lm loss validation": (ALWAYS, "validation loss (eval_iters batches); also `... vs samples`"),
     "lm loss validation ppl": ("log_validation_ppl_to_tensorboard", "exp of the validation loss (capped at e^20); "
                                                                     "also `... vs samples`"),
@@ -95,6 +102,8 @@ MEMORY_KEYS: dict[str, str] = {
     "allocation.all.current": "mem-allocated-count",
 }
 """``logger.memory_keys``'s default: ``torch.cuda.memory_stats()`` key -> logged name (Megatron-Bridge's)."""
+SECONDS_PER: dict[str, float] = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
+"""Seconds in each ``logger.runtime_time_unit``."""
 
 
 def memory_report(device: torch.device, memory_keys: dict[str, str] | None = None) -> dict[str, float]:
@@ -150,6 +159,7 @@ class TensorBoardScalars:
         self.cfg, self.world_size, lc = cfg, world_size, cfg.logger
         self.writer: Any = SummaryWriter(log_dir=lc.tensorboard_dir, max_queue=lc.tensorboard_queue_size)
         self._history: deque[tuple[float, int]] = deque(maxlen=lc.throughput_window_size + 1)
+        self._start = time.time()
 
     def record_time(self, step: int, wall_time: float) -> None:
         """Remember when ``step`` ended (the rolling throughput's window)."""
@@ -173,6 +183,9 @@ class TensorBoardScalars:
                 w.add_scalar(tag, value, m.step)
         for name, value in memory.items():
             w.add_scalar(f"memory/{name}", value, m.step)
+        if lc.log_runtime_to_tensorboard:
+            for tag, value in self._runtime(m).items():
+                w.add_scalar(tag, value, m.step)
         self._both("learning-rate", m.lr, m.step, samples)
         self._both("batch-size", self.cfg.train.global_batch_size, m.step, samples)
         self._both(m.objective_name, m.loss, m.step, samples)
@@ -202,6 +215,16 @@ class TensorBoardScalars:
                 "throughput/device/samples_per_sec": samples / n, "throughput/device/tokens_per_sec": tokens / n,
                 "throughput/micro_batch_size": train.micro_batch_size,
                 "throughput/global_batch_size": train.global_batch_size}
+
+    def _runtime(self, m: "StepMetrics") -> dict[str, float]:
+        """Megatron-Bridge's ``time/*``: what was consumed, the time so far and the time left at this rate."""
+        unit = SECONDS_PER[self.cfg.logger.runtime_time_unit]
+        elapsed = time.time() - self._start
+        done = m.step / max(self.cfg.train_iters, 1)
+        remaining = elapsed / done * (1 - done) if done > 0 else 0.0
+        tokens = m.consumed_samples * self.cfg.model.seq_length
+        return {"time/remaining_estimate": remaining / unit, "time/tokens": tokens, "time/samples": m.consumed_samples,
+                "time/batches": m.step, "time/total": elapsed / unit}
 
     def interval(self, step: int, iteration_time: float | None, tflops_per_device: float) -> None:
         """The scalars of the ``log_interval`` steps: ``iteration-time`` and model TFLOP/s."""

@@ -127,6 +127,23 @@ def test_throughput_values(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     assert events["throughput/tflops/device"] == [(2, pytest.approx(0.1)), (4, pytest.approx(0.1))]  # 1e9 / 0.01 s
 
 
+def test_runtime_values(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, log_runtime_to_tensorboard=True, runtime_time_unit="seconds")
+    _feed(cfg)
+    events = _events(tmp_path / "tb")
+    assert events["time/batches"] == [(1, 1), (2, 2), (3, 3), (4, 4)]  # train_iters 4
+    assert events["time/samples"][-1] == (4, 32) and events["time/tokens"][-1] == (4, 32 * 64)
+    assert events["time/remaining_estimate"][-1] == (4, 0.0)
+    assert 0 <= events["time/total"][0][1] <= events["time/total"][-1][1] < 60
+
+
+def test_skip_train_metrics_log_leaves_only_evaluation(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, skip_train_metrics_log=True, **_all_on())
+    _feed(cfg)
+    assert set(_events(tmp_path / "tb")) == {"lm loss validation", "lm loss validation vs samples",
+                                             "lm loss validation ppl", "lm loss validation ppl vs samples"}
+
+
 def test_training_loop_writes_every_switched_on_tag(tmp_path: Path) -> None:
     """Two real steps on the tiny Llama with every switch on and timing_log_level 2: the loop's timers measured."""
     from megatron_bridge.training.pretrain import pretrain
