@@ -9,6 +9,8 @@ within 2e-5 absolute. The distributed runs differ from the reference only in flo
 Launches (launcher.py's ``LaunchGroups``, each test reported on its own): the first runs the DDP and FSDP2 parity
 tests and the first phase of the ZeRO-1 resume check on one shared process group; the second (new processes) runs the
 resumed phase, then ``test_pretrain_twice_in_one_process``, whose pretrain() calls create and destroy their own groups.
+The FSDP2 run also writes TensorBoard at ``logger.timing_log_level`` 2 with memory on: the timers' and memory's maxima
+over ranks (an all-reduce every step on both ranks) reach the last rank's event file.
 """
 
 import json
@@ -69,9 +71,12 @@ def _join_shared_group() -> None:
         dist.init_process_group("gloo")
 
 
-def _run_and_compare(use_fsdp2: bool) -> None:
+def _run_and_compare(use_fsdp2: bool, tensorboard: Path | None = None) -> None:
     _join_shared_group()
     cfg = small_config(use_torch_fsdp2=use_fsdp2)
+    if tensorboard is not None:  # every timer and memory: maxima over both ranks (an all-reduce on each rank)
+        lc = cfg.logger
+        lc.tensorboard_dir, lc.timing_log_level, lc.log_world_size_to_tensorboard = str(tensorboard), 2, True
     weights = FullWeights()
     result = pretrain(cfg, callbacks=[weights])
     assert result.world_size == 2
@@ -80,6 +85,23 @@ def _run_and_compare(use_fsdp2: bool) -> None:
     assert_finite_decreasing(result.losses)
     assert_matches_reference(result, weights.weights, loss_rtol=LOSS_RTOL, weight_atol=WEIGHT_ATOL,
                              label=f"backend={result.backend}")
+    if tensorboard is not None and int(os.environ["RANK"]) == 1:  # the last rank writes
+        _assert_timer_and_memory_tags(tensorboard)
+
+
+def _assert_timer_and_memory_tags(folder: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from megatron_bridge.training.timers import TIMER_LEVELS
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {f"{name}-time" for name in TIMER_LEVELS} | {"iteration-time", "memory/mem-allocated-gigabytes",
+                                                              "memory/mem-max-allocated-gigabytes", "world-size"}
+    assert expected <= tags, expected - tags
+    assert [e.value for e in events.Scalars("world-size")] == [2.0] * 8
+    assert all(e.value > 0 for e in events.Scalars("forward-backward-time"))
 
 def test_ddp_pretrain_basic(launches: tuple[LaunchGroups, LaunchGroups] | None) -> None:
     if not is_worker():
@@ -92,7 +114,7 @@ def test_fsdp2_pretrain_basic(launches: tuple[LaunchGroups, LaunchGroups] | None
     if not is_worker():
         launches[0].check("test_fsdp2_pretrain_basic")  # type: ignore[index]
         return
-    _run_and_compare(use_fsdp2=True)
+    _run_and_compare(use_fsdp2=True, tensorboard=Path(os.environ["MB_ZERO_DIR"]) / "tb_fsdp2")
 
 
 def test_pretrain_twice_in_one_process(launches: tuple[LaunchGroups, LaunchGroups] | None) -> None:
