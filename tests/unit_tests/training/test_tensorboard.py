@@ -222,3 +222,25 @@ def test_the_logging_page_lists_every_tag_and_switch() -> None:
                 if "tensorboard" in f.name or f.name in SWITCHES or "timing" in f.name or "throughput" in f.name
                 if f"`logger.{f.name}`" not in page]
     assert not missing, missing
+
+
+def test_moe_tags_every_tensorboard_interval(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = _config(tmp_path, tensorboard_log_interval=2)
+    log = TrainingLogger(cfg, CPU, world_size=1)
+    stats = SimpleNamespace(aux_loss=0.5, layer_aux_loss={0: 0.2, 1: 0.3}, tokens_per_expert={0: [1.0, 3.0]})
+    for step in (1, 2):
+        log.log_moe(step, stats)
+    log.close()
+    events = _events(tmp_path / "tb")
+    assert events["moe/load_balancing_loss"] == [(2, 0.5)]
+    assert {t for t in events if t.startswith("moe/")} == {
+        "moe/load_balancing_loss", "moe/load_balancing_loss/layer_00", "moe/load_balancing_loss/layer_01",
+        "moe/max_over_mean_load/layer_00"}
+    assert events["moe/max_over_mean_load/layer_00"] == [(2, 1.5)]  # 3 / mean(1, 3)
+    histograms = EventAccumulator(str(tmp_path / "tb"))
+    histograms.Reload()
+    assert histograms.Tags()["histograms"] == ["moe/tokens_per_expert/layer_00"]
