@@ -142,6 +142,11 @@ class ModelConfig:
     """With cpu_offloading: offload weights too."""
     init_model_with_meta_device: bool = False
     """Build the model on the meta device and let the data-parallel wrapper materialize only its shards."""
+    deterministic_mode: bool = False
+    """Bit-reproducible runs (Megatron-Bridge's ``deterministic_mode``): training calls
+    ``torch.use_deterministic_algorithms(True)`` and sets ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, ``NCCL_ALGO=Ring`` and
+    ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0`` where the environment does not already set them (before the process
+    groups start); the megatron-core engine also passes it to ``TransformerConfig``. Slower."""
     # -------------------------------------------------------------------------------- mixture of experts (MoE)
     num_moe_experts: int | None = None
     """Number of routed experts per MoE layer; None builds a dense model (every layer has the plain MLP)."""

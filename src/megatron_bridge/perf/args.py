@@ -122,10 +122,12 @@ def recipe_name(args: argparse.Namespace) -> str:
 
 
 def perf_config(args: argparse.Namespace) -> PerfConfig | None:
-    """The per-GPU perf config ``-g`` selects for this recipe and dtype (None without ``-g`` or when none exists)."""
+    """The flat perf recipe ``-mr/-g/-c/-ng`` select as Megatron-Bridge's launcher does
+    (:func:`~megatron_bridge.recipes.perf_configs.get_perf_config`: the one of ``-ng`` GPUs, else the default one);
+    None without ``-g`` or when Megatron-Bridge has none for the recipe, GPU and dtype."""
     if args.gpu is None:
         return None
-    return get_perf_config(recipe_name(args), args.gpu, args.compute_dtype or "bf16")
+    return get_perf_config(recipe_name(args), args.gpu, args.compute_dtype or "bf16", args.num_gpus)
 
 
 def _set_compute_dtype(cfg: ConfigContainer, dtype: str | None, has_perf_config: bool) -> None:
@@ -227,6 +229,6 @@ def environment(args: argparse.Namespace, cfg: ConfigContainer) -> dict[str, str
     CUDA_DEVICE_MAX_CONNECTIONS is 32 (megatron-fsdp needs more than 1, as Megatron-Bridge's FSDP perf recipes set)."""
     perf = perf_config(args)
     env: dict[str, Any] = dict(perf.env_vars) if perf is not None else {}
-    if cfg.dist.use_megatron_fsdp and env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+    if cfg.dist.use_megatron_fsdp and str(env.get("CUDA_DEVICE_MAX_CONNECTIONS")) == "1":
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
     return {k: str(v) for k, v in env.items()}

@@ -12,13 +12,16 @@ from megatron_bridge.recipes.llama import (
     llama3_8b_16k_pretrain_config,
     llama3_8b_64k_pretrain_config,
     llama3_8b_128k_pretrain_config,
+    llama3_8b_low_precision_pretrain_config,
     llama3_8b_pretrain_config,
     llama3_70b_16k_pretrain_config,
     llama3_70b_64k_pretrain_config,
     llama3_70b_pretrain_config,
+    llama3_70b_pretrain_deterministic_config,
     llama31_8b_pretrain_config,
     llama31_70b_pretrain_config,
     llama31_405b_pretrain_config,
+    llama31_405b_pretrain_deterministic_config,
     llama32_1b_pretrain_config,
     llama32_3b_pretrain_config,
 )
@@ -27,10 +30,11 @@ from megatron_bridge.recipes.qwen import (
     qwen3_4b_pretrain_config,
     qwen3_8b_pretrain_config,
     qwen3_14b_pretrain_config,
+    qwen3_30b_a3b_pretrain_config,
     qwen3_32b_pretrain_config,
+    qwen3_235b_a22b_pretrain_config,
     qwen3_600m_pretrain_config,
 )
-from megatron_bridge.recipes.qwen_moe import qwen3_30b_a3b_pretrain_config, qwen3_235b_a22b_pretrain_config
 from megatron_bridge.recipes.tiny import tiny_llama_pretrain_config, tiny_moe_pretrain_config
 
 
@@ -49,12 +53,15 @@ RECIPES: dict[str, RecipeInfo] = {
     "llama3_8b_16k": RecipeInfo(llama3_8b_16k_pretrain_config, 16),
     "llama3_8b_64k": RecipeInfo(llama3_8b_64k_pretrain_config, 32),
     "llama3_8b_128k": RecipeInfo(llama3_8b_128k_pretrain_config, 64),
+    "llama3_8b_low_precision": RecipeInfo(llama3_8b_low_precision_pretrain_config, 2),
     "llama3_70b": RecipeInfo(llama3_70b_pretrain_config, 32),
     "llama3_70b_16k": RecipeInfo(llama3_70b_16k_pretrain_config, 32),
     "llama3_70b_64k": RecipeInfo(llama3_70b_64k_pretrain_config, 256),
+    "llama3_70b_deterministic": RecipeInfo(llama3_70b_pretrain_deterministic_config, 32),
     "llama31_8b": RecipeInfo(llama31_8b_pretrain_config, 2),
     "llama31_70b": RecipeInfo(llama31_70b_pretrain_config, 32),
     "llama31_405b": RecipeInfo(llama31_405b_pretrain_config, 256),
+    "llama31_405b_deterministic": RecipeInfo(llama31_405b_pretrain_deterministic_config, 256),
     "llama32_1b": RecipeInfo(llama32_1b_pretrain_config, 1),
     "llama32_3b": RecipeInfo(llama32_3b_pretrain_config, 1),
     "qwen3_600m": RecipeInfo(qwen3_600m_pretrain_config, 1),
@@ -69,10 +76,14 @@ RECIPES: dict[str, RecipeInfo] = {
 
 
 def get_recipe(name: str) -> RecipeInfo:
-    """Look up a recipe by name (with or without the ``_pretrain_config`` suffix)."""
+    """Look up a recipe by name (with or without the ``_pretrain_config`` suffix) or by its function's name
+    (``llama3_70b_pretrain_deterministic_config``)."""
     from megatron_bridge.errors import ConfigValidationError
 
     key = name.removesuffix("_pretrain_config")
+    by_function = {info.fn.__name__: info for info in RECIPES.values()}
+    if key not in RECIPES and name in by_function:
+        return by_function[name]
     if key not in RECIPES:
         raise ConfigValidationError(f"unknown recipe {name!r}; known: {sorted(RECIPES)}", ("recipe",))
     return RECIPES[key]
@@ -86,12 +97,15 @@ __all__ = [
     "llama3_8b_16k_pretrain_config",
     "llama3_8b_64k_pretrain_config",
     "llama3_8b_128k_pretrain_config",
+    "llama3_8b_low_precision_pretrain_config",
     "llama3_70b_16k_pretrain_config",
     "llama3_70b_64k_pretrain_config",
     "llama3_70b_pretrain_config",
+    "llama3_70b_pretrain_deterministic_config",
     "llama31_8b_pretrain_config",
     "llama31_70b_pretrain_config",
     "llama31_405b_pretrain_config",
+    "llama31_405b_pretrain_deterministic_config",
     "llama32_1b_pretrain_config",
     "llama32_3b_pretrain_config",
     "qwen3_600m_pretrain_config",

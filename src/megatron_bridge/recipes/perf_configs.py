@@ -1,25 +1,33 @@
-"""Per-GPU performance configs: Megatron-Bridge's flat perf recipes (``perf_recipes/<family>/<gpu>/...``) as data.
+"""Per-GPU performance configs: Megatron-Bridge's flat perf recipes (``perf_recipes/<family>/<gpu>/...``), as the rows
+of :mod:`megatron_bridge.recipes.perf_tables`, and how its launcher picks one.
 
-``scripts/performance/launch.py -g <gpu>`` applies the config registered for (recipe, GPU, compute dtype) on top of
-the recipe; without ``-g`` (or without a registered config) the recipe itself is benchmarked. Each entry states the
-number of GPUs it was tuned for: a different ``-ng`` weak-scales the global batch with the data-parallel size, as
-Megatron-Bridge's launcher does (unless ``-gb`` is given).
+``scripts/performance/launch.py -mr <recipe> -g <gpu> -c <dtype> -ng <N>`` applies the config Megatron-Bridge's
+``run_script.py`` would load: ``<recipe>_pretrain_<N>gpu_<gpu>_<dtype>_config`` when it exists; otherwise the default
+one for (recipe, GPU, dtype) (:data:`DEFAULT_GPU_COUNT`, else the largest GPU count), whose global batch the launcher
+then weak-scales with the data-parallel size (unless ``-gb`` is given). Without ``-g``, or for a (recipe, GPU, dtype)
+Megatron-Bridge has no perf recipe for, the recipe itself is benchmarked (Megatron-Bridge refuses that case).
 """
 
+import re
 from dataclasses import dataclass, field
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.mixed_precision import MixedPrecisionConfig, get_mixed_precision_preset
 from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.recipes.perf_tables import ROW_FIELDS, ROWS
+from megatron_bridge.recipes.perf_tables.env import COMMON_PERF_ENV_VARS
+from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
-COMMON_PERF_ENV_VARS: dict[str, str] = {"TORCH_NCCL_HIGH_PRIORITY": "1"}
-"""Megatron-Bridge's ``COMMON_PERF_ENV_VARS`` (perf_recipes/environment.py): set in every flat perf recipe."""
+logger = get_logger(__name__)
+
+__all__ = ["COMMON_PERF_ENV_VARS", "COMPUTE_DTYPE_PRESETS", "DEFAULT_GPU_COUNT", "PERF_CONFIGS", "PerfConfig",
+           "get_perf_config", "perf_config_key", "precision_config"]
 
 
 @dataclass(frozen=True)
 class PerfConfig:
-    """One flat perf recipe: layout, batch, precision details and the process environment it is measured with."""
+    """One flat perf recipe: layout, batch, memory options and the process environment it is measured with."""
 
     num_gpus: int
     """GPUs the values are tuned for (the ``<N>gpu`` of Megatron-Bridge's recipe name)."""
@@ -27,31 +35,74 @@ class PerfConfig:
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
     sequence_parallel: bool = False
     global_batch_size: int = 128
     micro_batch_size: int = 1
+    seq_length: int | None = None
+    """Model and dataset sequence length; None keeps the recipe's."""
+    recompute: tuple[str, str | None, int | None] | None = None
+    """(recompute_granularity, recompute_method, recompute_num_layers); None: no recompute."""
+    cpu_offloading_num_layers: int | None = None
+    """Offload the activations of this many blocks to CPU memory (weights stay); None: no offloading."""
+    use_megatron_fsdp: bool = False
+    """Megatron FSDP (:func:`megatron_bridge.recipes.perf.megatron_fsdp_overrides`), the row's layout kept."""
+    pipeline_model_parallel_layout: str | None = None
+    """Megatron-Bridge's explicit stage layout; not expressible here: the even split is used (logged)."""
+    moe_token_dispatcher_type: str | None = None
+    """``"flex"`` (DeepEP/HybridEP kernels) there; here MoE tokens travel with all-to-all (logged)."""
     grad_reduce_in_fp32: bool = False
     """Megatron-Bridge's ``_perf_precision`` always reduces gradients in the compute dtype."""
-    env_vars: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, int | str] = field(default_factory=dict)
     """Environment of the measured run (applied with ``os.environ.setdefault`` by the launcher)."""
     source: str = ""
     """The Megatron-Bridge function these values come from."""
 
     def apply(self, cfg: ConfigContainer, compute_dtype: str) -> ConfigContainer:
-        """Set the layout, batch sizes and precision on ``cfg`` (in place; returned for chaining)."""
+        """Set the layout, batch sizes, memory options and precision on ``cfg`` (in place; returned)."""
+        if self.use_megatron_fsdp:
+            from megatron_bridge.recipes.perf import megatron_fsdp_overrides
+
+            megatron_fsdp_overrides(cfg)  # before the layout: the row's CP wins over the overrides' CP=1
+        self._apply_layout(cfg)
+        self._apply_memory_options(cfg)
+        cfg.train.global_batch_size, cfg.train.micro_batch_size = self.global_batch_size, self.micro_batch_size
+        if self.seq_length is not None:
+            cfg.model.seq_length = cfg.dataset.seq_length = self.seq_length
+        precision = precision_config(compute_dtype)
+        precision.grad_reduce_in_fp32 = self.grad_reduce_in_fp32
+        cfg.mixed_precision = precision
+        self._log_what_is_not_expressible()
+        return cfg
+
+    def _apply_layout(self, cfg: ConfigContainer) -> None:
         m = cfg.model
         m.tensor_model_parallel_size = self.tensor_model_parallel_size
         m.pipeline_model_parallel_size = self.pipeline_model_parallel_size
         m.context_parallel_size = self.context_parallel_size
         m.virtual_pipeline_model_parallel_size = self.virtual_pipeline_model_parallel_size
         m.sequence_parallel = self.sequence_parallel
-        cfg.dist.use_torch_fsdp2 = self.tensor_model_parallel_size > 1  # TP runs on FSDP2 here
-        cfg.train.global_batch_size = self.global_batch_size
-        cfg.train.micro_batch_size = self.micro_batch_size
-        precision = precision_config(compute_dtype)
-        precision.grad_reduce_in_fp32 = self.grad_reduce_in_fp32
-        cfg.mixed_precision = precision
-        return cfg
+        if m.num_moe_experts:
+            m.expert_model_parallel_size = self.expert_model_parallel_size
+            m.expert_tensor_parallel_size = self.expert_tensor_parallel_size
+        if not cfg.dist.use_megatron_fsdp:
+            cfg.dist.use_torch_fsdp2 = self.tensor_model_parallel_size > 1  # TP runs on FSDP2 here
+
+    def _apply_memory_options(self, cfg: ConfigContainer) -> None:
+        m = cfg.model
+        m.recompute_granularity, m.recompute_method, m.recompute_num_layers = self.recompute or (None, None, None)
+        if self.cpu_offloading_num_layers is not None:
+            m.cpu_offloading, m.cpu_offloading_weights = True, False
+            m.cpu_offloading_num_layers = self.cpu_offloading_num_layers
+
+    def _log_what_is_not_expressible(self) -> None:
+        if self.pipeline_model_parallel_layout is not None:
+            log_rank_0(logger, "%s: pipeline_model_parallel_layout=%r is not expressible here; the layers are split "
+                       "evenly over the pipeline stages", self.source, self.pipeline_model_parallel_layout)
+        if self.moe_token_dispatcher_type == "flex":
+            log_rank_0(logger, "%s: the 'flex' MoE dispatcher (DeepEP/HybridEP) is not built here; tokens travel "
+                       "with all-to-all", self.source)
 
 
 COMPUTE_DTYPE_PRESETS: dict[str, str] = {
@@ -64,6 +115,8 @@ COMPUTE_DTYPE_PRESETS: dict[str, str] = {
 PERF_PRESET_CHANGES: dict[str, dict[str, object]] = {"fp8_cs": {"first_last_layers_bf16": False}}
 """Fields the launcher changes on the preset: ``fp8_cs`` runs every layer in FP8 ("Disable BF16 Transformer layers in
 the performance config", as Megatron-Bridge's ``get_precision_config`` does)."""
+RECIPE_NAME_DTYPES: dict[str, str] = {"bf16": "bf16", "fp8cs": "fp8_cs", "fp8mx": "fp8_mx", "nvfp4": "nvfp4"}
+"""The dtype of a flat perf recipe's name → the ``-c`` value (Megatron-Bridge's ``_PRECISION_NAME_MAP``, inverted)."""
 
 
 def precision_config(compute_dtype: str) -> MixedPrecisionConfig:
@@ -77,21 +130,51 @@ def precision_config(compute_dtype: str) -> MixedPrecisionConfig:
     return precision
 
 
-PERF_CONFIGS: dict[tuple[str, str, str], PerfConfig] = {
-    ("llama3_8b", "h100", "bf16"): PerfConfig(
-        num_gpus=8, tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=2,
-        virtual_pipeline_model_parallel_size=None, sequence_parallel=False, global_batch_size=128,
-        micro_batch_size=1, grad_reduce_in_fp32=False,
-        env_vars={**COMMON_PERF_ENV_VARS, "CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_GRAPH_REGISTER": "0",
-                  "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
-                  "NCCL_NVLS_ENABLE": "0", "NVTE_BWD_LAYERNORM_SM_MARGIN": "20",
-                  "NVTE_FWD_LAYERNORM_SM_MARGIN": "20"},
-        source="megatron.bridge.perf_recipes.llama.h100.llama3.llama3_8b_pretrain_8gpu_h100_bf16_config",
-    ),
+_NAME = re.compile(r"^(?P<recipe>\w+?)_pretrain_(?P<gpus>\d+)gpu_(?P<gpu>[a-z0-9]+)_(?P<dtype>[a-z0-9]+)_config$")
+
+
+def perf_config_key(function_name: str) -> tuple[str, str, str, int]:
+    """(recipe, GPU, ``-c`` dtype, GPU count) of a flat perf recipe's function name."""
+    match = _NAME.match(function_name)
+    if match is None or match["dtype"] not in RECIPE_NAME_DTYPES:
+        raise ValueError(f"not a flat pretraining perf recipe name: {function_name!r}")
+    return match["recipe"], match["gpu"], RECIPE_NAME_DTYPES[match["dtype"]], int(match["gpus"])
+
+
+def _perf_config(name: str, row: tuple) -> PerfConfig:
+    *values, extras = row if isinstance(row[-1], dict) and len(row) > len(ROW_FIELDS) else (*row, {})
+    module = {"llama3": "llama3", "llama31": "llama31", "qwen3": "qwen3_moe"}[name.split("_")[0]]
+    recipe, gpu, _, gpus = perf_config_key(name)
+    family = "llama" if recipe.startswith("llama") else "qwen"
+    return PerfConfig(num_gpus=gpus, **dict(zip(ROW_FIELDS, values, strict=True)), **extras,
+                      source=f"megatron.bridge.perf_recipes.{family}.{gpu}.{module}.{name}")
+
+
+PERF_CONFIGS: dict[tuple[str, str, str, int], PerfConfig] = {
+    perf_config_key(name): _perf_config(name, row) for name, row in ROWS.items()
 }
-"""(recipe, GPU, compute dtype) → perf config. Add an entry per measured Megatron-Bridge flat recipe."""
+"""(recipe, GPU, compute dtype, GPU count) → perf config, one per Megatron-Bridge flat pretraining perf recipe."""
+DEFAULT_GPU_COUNT: dict[tuple[str, str, str], int] = {
+    ("llama3_8b", gpu, dtype): 8 for gpu, dtype in (("b200", "bf16"), ("b200", "fp8_cs"), ("gb200", "bf16"),
+                                                    ("gb200", "fp8_cs"), ("gb300", "bf16"), ("gb300", "fp8_cs"),
+                                                    ("gb300", "fp8_mx"), ("gb300", "nvfp4"), ("h100", "bf16"),
+                                                    ("h100", "fp8_cs"))
+} | {
+    ("qwen3_30b_a3b", gpu, dtype): 8 for gpu in ("b200", "gb200", "gb300") for dtype in ("bf16", "fp8_cs")
+} | {("qwen3_30b_a3b", "h100", "bf16"): 16, ("qwen3_30b_a3b", "h100", "fp8_cs"): 16}
+"""Megatron-Bridge's ``_DEFAULT_GPU_COUNT_OVERRIDES`` for our families: the config used when ``-ng`` names no GPU
+count of its own; every other (recipe, GPU, dtype) defaults to its largest GPU count."""
 
 
-def get_perf_config(recipe: str, gpu: str, compute_dtype: str) -> PerfConfig | None:
-    """The registered perf config, or None (the launcher then benchmarks the recipe itself)."""
-    return PERF_CONFIGS.get((recipe, gpu.lower(), compute_dtype))
+def get_perf_config(recipe: str, gpu: str, compute_dtype: str, num_gpus: int | None = None) -> PerfConfig | None:
+    """The perf config Megatron-Bridge's launcher loads for ``-mr recipe -g gpu -c compute_dtype -ng num_gpus``: the
+    one of exactly ``num_gpus`` GPUs, else the default one (:data:`DEFAULT_GPU_COUNT`, else the largest GPU count);
+    None when Megatron-Bridge has none for (recipe, GPU, dtype)."""
+    gpu = gpu.lower()
+    counts = sorted(n for (r, g, d, n) in PERF_CONFIGS if (r, g, d) == (recipe, gpu, compute_dtype))
+    if not counts:
+        return None
+    if num_gpus in counts:
+        return PERF_CONFIGS[recipe, gpu, compute_dtype, num_gpus]
+    default = DEFAULT_GPU_COUNT.get((recipe, gpu, compute_dtype), counts[-1])
+    return PERF_CONFIGS[recipe, gpu, compute_dtype, default]

@@ -254,6 +254,7 @@ def pretrain(
     """
     from megatron_bridge.distributed.failure import abort_distributed, annotate_failure
     from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
+    from megatron_bridge.training.determinism import apply_deterministic_mode
     from megatron_bridge.training.job import agree_on_job, forbid_restart_after, log_resume
     from megatron_bridge.utils.process import watch_parent
 
@@ -269,6 +270,7 @@ def pretrain(
         from megatron_bridge.optimization.distillation import distillation_forward_step
 
         forward_step_func = distillation_forward_step
+    apply_deterministic_mode(cfg.model.deterministic_mode)  # before the process groups: NCCL reads NCCL_ALGO
     env = initialize_distributed(cfg)
     watch_parent()  # under a launcher (torchrun): exit when it dies instead of training on as an orphan
     ctx: TrainingContext | None = None

@@ -24,14 +24,26 @@ from megatron_bridge.recipes import (
 )
 
 
+H100 = (9, 0)
+"""Compute capability of the GPU Megatron-Bridge's recipes are laid out for; FP8 recipes validate against it (CUDA
+mocked: the boundary), and without it fail rule fp8_requirements naming the missing device."""
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
-def test_recipe_validates_at_its_world_size(name: str) -> None:
+def test_recipe_validates_at_its_world_size(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every recipe validates at its world size, except layouts the engine does not build yet (pipeline and context
     parallel recipes), which fail with exactly the rules of those layouts (as pretrain() would):
-    engine_parallel_layout, and fsdp2_pipeline where TP (on FSDP2) meets PP."""
+    engine_parallel_layout, and fsdp2_pipeline where TP (on FSDP2) meets PP. FP8 recipes on an H100 (mocked)."""
+    import megatron_bridge.utils.packages as packages
+
     info = RECIPES[name]
     cfg = info.fn()
     m = cfg.model
+    if cfg.finalize().mixed_precision.fp8:
+        monkeypatch.setattr(packages, "cuda_capability", lambda: None)
+        with pytest.raises(ConfigValidationError, match=r"needs a CUDA device.*\[rule fp8_requirements\]"):
+            info.fn().validate(world_size=info.world_size)
+        monkeypatch.setattr(packages, "cuda_capability", lambda: H100)
     try:
         cfg.validate(world_size=info.world_size)
     except ConfigValidationError as exc:

@@ -72,6 +72,13 @@ def test_cp_comm_type_reaches_transformer_config() -> None:
     assert transformer_config(m, CPU).cp_comm_type == "p2p"
 
 
+def test_deterministic_mode_reaches_transformer_config() -> None:
+    m = tiny_llama_pretrain_config().model
+    assert transformer_config(m, CPU).deterministic_mode is False
+    m.deterministic_mode = True
+    assert transformer_config(m, CPU).deterministic_mode is True
+
+
 def test_torch_ddp_options_are_refused_naming_the_equivalent() -> None:
     cfg = tiny_llama_pretrain_config()
     cfg.model.engine, cfg.ddp.bucket_cap_mb, cfg.ddp.static_graph = "megatron_core", 25.0, True

@@ -16,7 +16,8 @@ virtual_pipeline_model_parallel_size,
 num_layers_in_first/last_pipeline_stage,
 account_for_embedding/loss_in_pipeline_split,
 overlap_p2p_comm, batch_p2p_comm,
-cp_comm_type (TE attention under CP)
+cp_comm_type (TE attention under CP),
+deterministic_mode
 activation="swiglu" / "gelu"                ``gated_linear_unit=True, activation_func=F.silu`` / ``False, F.gelu``
 params_dtype, pipeline_dtype (None:         ``TransformerConfig`` bf16/fp16, dtypes, FP8/FP4 fields
 params_dtype), mixed precision              (:mod:`.precision`); bf16/fp16 chunks in ``Float16Module``
@@ -99,6 +100,7 @@ def transformer_config(model: "ModelConfig", device: torch.device, precision: di
         pipeline_dtype=DTYPES[model.pipeline_dtype or model.params_dtype],
         use_cpu_initialization=device.type == "cpu",
         attention_softmax_in_fp32=True,
+        deterministic_mode=model.deterministic_mode,
     )
     kwargs.update(precision or {})
     return TransformerConfig(**kwargs)

@@ -1,4 +1,5 @@
-"""Llama 3 / 3.1 / 3.2 pretraining recipes (dimensions of the published models; no Hugging Face Hub access)."""
+"""Llama 3 / 3.1 / 3.2 pretraining recipes (dimensions of the published models; no Hugging Face Hub access), under
+Megatron-Bridge's names (its ``recipes/llama/llama3.py`` aliases of the H100 recipes)."""
 
 from typing import Any
 
@@ -55,6 +56,39 @@ def llama3_8b_128k_pretrain_config(**overrides: Any) -> ConfigContainer:
     return _llama3_8b_long_context(SEQUENCE_LENGTH_128K, 8, overrides)
 
 
+LOW_PRECISION_PRESETS = ("bf16_with_fp8_current_scaling_mixed", "bf16_with_mxfp8_mixed", "bf16_with_nvfp4_mixed")
+"""The presets of Megatron-Bridge's low-precision Llama 3 8B recipes (FP8 current scaling, MXFP8, NVFP4)."""
+
+
+def llama3_8b_low_precision(preset: str, overrides: dict[str, Any]) -> ConfigContainer:
+    """Megatron-Bridge's ``_llama3_8b_pretrain_2gpu_h100_low_precision``: the 2-GPU Llama 3 8B layout (TP1 PP1 CP2)
+    with global batch 768, lr 6e-4 → 6e-6 and the ``preset`` (one of :data:`LOW_PRECISION_PRESETS`); NVFP4 keeps
+    the last 4 transformer layers in bf16 (``first_last_layers_bf16``, 0 at the start, 4 at the end)."""
+    from megatron_bridge.config.mixed_precision import get_mixed_precision_preset
+
+    if preset not in LOW_PRECISION_PRESETS:
+        raise ValueError(f"low-precision preset {preset!r} is not one of {list(LOW_PRECISION_PRESETS)}")
+    cfg = pretrain_common(_llama3(32, 4096, 14336, 32, context_parallel_size=2))
+    cfg.train.global_batch_size = 768
+    cfg.optimizer.lr, cfg.optimizer.min_lr = 6e-4, 6e-6
+    if preset == "bf16_with_nvfp4_mixed":
+        precision = get_mixed_precision_preset(preset)
+        precision.first_last_layers_bf16 = True
+        precision.num_layers_at_start_in_bf16, precision.num_layers_at_end_in_bf16 = 0, 4
+        cfg.mixed_precision = precision
+    else:
+        cfg.mixed_precision = preset
+    return apply_common_overrides(cfg, **overrides)
+
+
+def llama3_8b_low_precision_pretrain_config(**overrides: Any) -> ConfigContainer:
+    """Llama 3 8B in FP8 with current (per-tensor) scaling, 2 GPUs: Megatron-Bridge's
+    ``llama3_8b_low_precision_pretrain_config`` (= ``llama3_8b_pretrain_2gpu_h100_fp8cs_config``): preset
+    ``bf16_with_fp8_current_scaling_mixed`` (first and last layer in bf16), global batch 768, lr 6e-4 → 6e-6.
+    Needs an FP8 GPU (compute capability >= 8.9) and the engine's FP8 library (rule ``fp8_requirements``)."""
+    return llama3_8b_low_precision("bf16_with_fp8_current_scaling_mixed", overrides)
+
+
 def llama3_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
     """Llama 3 70B (80 layers, hidden 8192, FFN 28672, 64 heads); TP4 PP4 VP5 CP2 with sequence parallel, 32 GPUs.
 
@@ -63,6 +97,21 @@ def llama3_70b_pretrain_config(**overrides: Any) -> ConfigContainer:
                     virtual_pipeline_model_parallel_size=5, context_parallel_size=2, sequence_parallel=True,
                     pipeline_dtype="bfloat16")
     return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def deterministic(cfg: ConfigContainer) -> ConfigContainer:
+    """Megatron-Bridge's ``apply_determinism_overrides``: ``model.deterministic_mode=True`` (in place; returned).
+    Its other changes have no counterpart here: no fused cross-entropy and no TP communication overlap to turn off;
+    its environment (``CUBLAS_WORKSPACE_CONFIG``, ``NCCL_ALGO``, ``NVTE_ALLOW_NONDETERMINISTIC_ALGO``) is set by
+    training (:mod:`megatron_bridge.training.determinism`)."""
+    cfg.model.deterministic_mode = True
+    return cfg
+
+
+def llama3_70b_pretrain_deterministic_config(**overrides: Any) -> ConfigContainer:
+    """:func:`llama3_70b_pretrain_config` with deterministic kernels and reductions (Megatron-Bridge's
+    ``llama3_70b_pretrain_deterministic_config``), 32 GPUs."""
+    return apply_common_overrides(deterministic(llama3_70b_pretrain_config()), **overrides)
 
 
 def _llama3_70b_long_context(seq_length: int, pp: int, cp: int, overrides: dict[str, Any]) -> ConfigContainer:
@@ -114,6 +163,12 @@ def llama31_405b_pretrain_config(**overrides: Any) -> ConfigContainer:
                     pipeline_dtype="bfloat16", **_LLAMA31_ROPE)
     model.seq_length = SEQUENCE_LENGTH_128K
     return apply_common_overrides(pretrain_common(model), **overrides)
+
+
+def llama31_405b_pretrain_deterministic_config(**overrides: Any) -> ConfigContainer:
+    """:func:`llama31_405b_pretrain_config` with deterministic kernels and reductions (Megatron-Bridge's
+    ``llama31_405b_pretrain_deterministic_config``), 256 GPUs."""
+    return apply_common_overrides(deterministic(llama31_405b_pretrain_config()), **overrides)
 
 
 def llama32_1b_pretrain_config(**overrides: Any) -> ConfigContainer:

@@ -40,6 +40,19 @@ def qwen3_30b_a3b_pretrain_config(**overrides: Any) -> ConfigContainer:
     return apply_common_overrides(convergence_cohort(_mb_training(pretrain_common(model))), **overrides)
 
 
+def qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3-30B-A3B as Megatron-Bridge's 8-GPU H100 recipe (``qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config``): TP4
+    PP2 EP4 with sequence parallelism, bfloat16 activations between stages, full recompute (uniform, 1 layer), its
+    ``_pretrain_common`` training values (300000 steps of 32 samples, micro-batch 2, 500 warmup steps).
+
+    It runs on 8 GPUs there (EP folded over TP × DP); here EP is carved out of DP × CP, so EP4 needs DP 4:
+    32 GPUs (docs/megatron-bridge-differences.md, MoE parallel folding)."""
+    model = qwen3_moe_model(48, 2048, 6144, 32, 768, tensor_model_parallel_size=4, pipeline_model_parallel_size=2,
+                            expert_model_parallel_size=4, sequence_parallel=True, pipeline_dtype="bfloat16")
+    model.recompute_granularity, model.recompute_method, model.recompute_num_layers = "full", "uniform", 1
+    return apply_common_overrides(_mb_training(pretrain_common(model)), **overrides)
+
+
 def qwen3_235b_a22b_pretrain_config(**overrides: Any) -> ConfigContainer:
     """Qwen3-235B-A22B (94 layers, hidden 4096, 64 heads, 128 experts of width 1536, top-8; 235B parameters, 22B
     active); Megatron-Bridge's pretraining layout (its 256-GPU H100 recipe): TP4 PP16 CP2 EP8 with sequence
@@ -70,3 +83,11 @@ def _mb_training(cfg: ConfigContainer) -> ConfigContainer:
     cfg.validation.eval_interval, cfg.validation.eval_iters = 500, 32
     cfg.ddp.data_parallel_sharding_strategy = "optim_grads_params"
     return cfg
+
+
+__all__ = [
+    "qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config",
+    "qwen3_30b_a3b_pretrain_config",
+    "qwen3_235b_a22b_pretrain_config",
+    "qwen3_moe_model",
+]

@@ -60,6 +60,13 @@ def qwen3_8b_pretrain_config(**overrides: Any) -> ConfigContainer:
     return apply_common_overrides(cfg, **overrides)
 
 
+def qwen3_8b_pretrain_4gpu_h100_bf16_config(**overrides: Any) -> ConfigContainer:
+    """Qwen3 8B on 4 GPUs (Megatron-Bridge's ``qwen3_8b_pretrain_4gpu_h100_bf16_config``, which its 16-GPU recipe
+    starts from): TP4 (on FSDP2) with its ``_pretrain_common`` training values (300000 steps of 32 samples,
+    micro-batch 2, 500 warmup steps)."""
+    return _qwen3(36, 4096, 12288, 32, tied=False, tp=4, **overrides)
+
+
 def qwen3_14b_pretrain_config(**overrides: Any) -> ConfigContainer:
     """Qwen3 14B (40 layers, hidden 5120, FFN 17408, 40 heads); TP8 (on FSDP2) on 8 GPUs."""
     return _qwen3(40, 5120, 17408, 40, tied=False, tp=8, **overrides)
@@ -70,20 +77,12 @@ def qwen3_32b_pretrain_config(**overrides: Any) -> ConfigContainer:
     return _qwen3(64, 5120, 25600, 64, tied=False, tp=8, pp=2, recompute=True, **overrides)
 
 
-# Megatron-Bridge's import path: ``megatron.bridge.recipes.qwen`` holds the Qwen3-MoE recipes as well.
-from megatron_bridge.recipes.qwen_moe import (  # noqa: E402
-    qwen3_30b_a3b_pretrain_config,
-    qwen3_235b_a22b_pretrain_config,
-)
-
-
 __all__ = [
     "qwen3_1p7b_pretrain_config",
     "qwen3_4b_pretrain_config",
     "qwen3_8b_pretrain_config",
+    "qwen3_8b_pretrain_4gpu_h100_bf16_config",
     "qwen3_14b_pretrain_config",
-    "qwen3_30b_a3b_pretrain_config",
     "qwen3_32b_pretrain_config",
-    "qwen3_235b_a22b_pretrain_config",
     "qwen3_600m_pretrain_config",
 ]
