@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_bridge.training.callbacks import Callback
+
 
 _INSTALLED = False
 _ORIGINALS: dict[str, Any] = {}
@@ -203,3 +205,15 @@ def full_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
                 tensor[tuple(slice(o, o + n) for o, n in zip(part_offsets, part.shape))] = part
         full[key] = tensor
     return full
+
+
+class MegatronFullWeights(Callback):
+    """A training callback: full weights of the Megatron FSDP model at the end of training (collective; every rank
+    keeps them)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def on_train_end(self, ctx: Any) -> None:
+        """Gather the full weights (:func:`full_weights`)."""
+        self.weights = full_weights(ctx.backend.model_state_dict()["model"])

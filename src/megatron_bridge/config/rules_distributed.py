@@ -93,17 +93,6 @@ def _ckpt_options(cfg: "ConfigContainer", world_size: int) -> None:
              "checkpoint.finetune")
 
 
-@rule("megatron_fsdp_context_parallel", ("dist.use_megatron_fsdp", "model.context_parallel_size"),
-      "Megatron FSDP is not supported with context parallelism (CP > 1): use FSDP2 or DDP.")
-def _mfsdp_cp(cfg: "ConfigContainer", world_size: int) -> None:
-    cp = cfg.model.context_parallel_size
-    if cfg.dist.use_megatron_fsdp and cp > 1:
-        fail(f"dist.use_megatron_fsdp=True does not support model.context_parallel_size={cp} in this version (the "
-             "Megatron FSDP backend does not wire the CP attention or the dp×cp gradient reduction): set "
-             "model.context_parallel_size=1, or use dist.use_torch_fsdp2=True (FSDP2 shards over dp×cp) or DDP",
-             "dist.use_megatron_fsdp", "model.context_parallel_size")
-
-
 @rule("fsdp2_prefetch_depths", ("fsdp2.fsdp2_forward_prefetch_depth", "fsdp2.fsdp2_backward_prefetch_depth"),
       "FSDP2 prefetch depths are >= 0.")
 def _prefetch(cfg: "ConfigContainer", world_size: int) -> None:

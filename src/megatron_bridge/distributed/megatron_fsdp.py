@@ -7,6 +7,12 @@ the pure function ``megatron_fsdp_kwargs`` (:mod:`.megatron_fsdp_compat`, re-exp
 against the installed signature); the table is in docs/training/megatron-fsdp.md. Options the installed
 megatron-fsdp does not accept raise a MegatronBridgeError naming the option, the version and the fix. megatron-fsdp
 has no CPU code path: without CUDA ``wrap()`` raises before calling into the package.
+
+Context parallelism (``model.context_parallel_size > 1``): as megatron-core's adapter does, megatron-fsdp gets a
+``("dp_cp", "tp")`` mesh whose ``"dp_cp"`` dimension is the flattened data × context-parallel group, so parameters,
+gradients and optimizer state are sharded, and gradients reduced, over dp × cp ranks (all ranks: TP = PP = 1 here);
+the attention modules get the CP attention over the ``"cp"`` group of the layout's mesh (:mod:`.context_parallel`,
+the same path as DDP and FSDP2).
 """
 
 from collections.abc import Iterator
@@ -28,6 +34,7 @@ from megatron_bridge.distributed.common import (
     has_meta_params,
     resolve_autocast_dtype,
 )
+from megatron_bridge.distributed.context_parallel import apply_context_parallel
 from megatron_bridge.distributed.megatron_fsdp_compat import (
     MESH_DIM_NAMES,
     apply_communication_unit_size,
@@ -40,6 +47,7 @@ from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
 if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.distributed.init import DistEnv
 
 logger = get_logger(__name__)
 
@@ -167,8 +175,9 @@ def materialize_meta_buffers(model: nn.Module, device: torch.device) -> None:
 
 # ------------------------------------------------------------------------------------------------ backend
 class MegatronFSDPBackend(DataParallelBackend):
-    """Megatron FSDP (megatron-fsdp) over all ranks: ZeRO-1/2/3 or DDP-like, per ``ddp.data_parallel_sharding_
-    strategy``. Needs CUDA; checkpoints in ``fsdp_dtensor`` (DCP of DTensor state dicts)."""
+    """Megatron FSDP (megatron-fsdp) over the dp × cp ranks (all ranks): ZeRO-1/2/3 or DDP-like, per
+    ``ddp.data_parallel_sharding_strategy``. Needs CUDA; checkpoints in ``fsdp_dtensor`` (DCP of DTensor state
+    dicts)."""
 
     name = "megatron_fsdp"
 
@@ -176,6 +185,9 @@ class MegatronFSDPBackend(DataParallelBackend):
         super().__init__(cfg, device)
         self.autocast_dtype = resolve_autocast_dtype("ddp.autocast_dtype", None, cfg, use_preset=True)
         self.mesh: Any = None
+        """megatron-fsdp's ``("dp_cp", "tp")`` mesh of (dp × cp, 1): the group it shards and reduces over."""
+        self.cp_mesh: Any = None
+        """The context-parallel mesh (None without CP)."""
         self._grads_synced = False
 
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
@@ -186,8 +198,8 @@ class MegatronFSDPBackend(DataParallelBackend):
         cfg = self.cfg
         warn_legacy_nan_check(cfg)
         apply_adjustment(cfg, "megatron_fsdp_average_in_collective")
-        enforce(cfg, "tensor_parallel_backend", "engine_parallel_layout", "megatron_fsdp_async_save",
-                "megatron_fsdp_meta_init")
+        enforce(cfg, "tensor_parallel_backend", "pipeline_megatron_fsdp", "engine_parallel_layout",
+                "megatron_fsdp_async_save", "megatron_fsdp_meta_init")
         if len(model_chunks) != 1:
             raise MegatronBridgeError(f"Megatron FSDP wraps one model chunk; got {len(model_chunks)}.")
         compat.require_cuda(self.device)
@@ -196,25 +208,49 @@ class MegatronFSDPBackend(DataParallelBackend):
         chunk = model_chunks[0]
         kwargs = megatron_fsdp_kwargs(cfg, chunk)
         log_forced_overlap(cfg)
+        env = initialize_distributed(cfg)
+        self.mesh, self.cp_mesh = self._meshes(env)
+        if self.cp_mesh is not None:
+            enforce(cfg, "cp_ring_needs_cuda")
+            apply_context_parallel(chunk, self.cp_mesh, cfg)
         settings = activation_checkpointing_settings(cfg)
         if settings is not None:
             apply_ac_settings(chunk, settings)
         on_meta = has_meta_params([chunk])
         replay = MetaInitReplay(chunk, self.device) if on_meta else None
-        env = initialize_distributed(cfg)
-        from torch.distributed.device_mesh import init_device_mesh
-
-        self.mesh = init_device_mesh(self.device.type, (env.world_size, 1), mesh_dim_names=MESH_DIM_NAMES)
         wrapped = mfsdp.fully_shard_model(module=chunk, device_mesh=self.mesh, device=self.device, **kwargs)
         if replay is not None:
             replay.finish()
             materialize_meta_buffers(wrapped.module, self.device)
         apply_communication_unit_size(wrapped, cfg.ddp.bucket_size)
         self.chunks = [wrapped]
-        log_rank_0(logger, "Megatron FSDP %s: %s on %d rank(s), units %s", compat.installed_version(),
-                   cfg.ddp.data_parallel_sharding_strategy, env.world_size,
+        cp = cfg.model.context_parallel_size
+        log_rank_0(logger, "Megatron FSDP %s: %s on %d rank(s) (dp %d × cp %d), units %s", compat.installed_version(),
+                   cfg.ddp.data_parallel_sharding_strategy, env.world_size, env.world_size // cp, cp,
                    [c.__name__ for c in kwargs["fsdp_unit_modules"]])
         return self.chunks
+
+    def _meshes(self, env: "DistEnv") -> tuple[Any, Any]:
+        """megatron-fsdp's ``("dp_cp", "tp")`` mesh and, with CP, the ``"cp"`` mesh of the layout.
+
+        The layout's mesh is ``("dp", "cp")`` (TP = PP = 1 under Megatron FSDP), whose flattened ``"dp_cp"`` group
+        is every rank in rank order: megatron-fsdp's (world, 1) mesh over the same ranks, named as megatron-core's
+        adapter names it, is that group (checked).
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from megatron_bridge.distributed.init import build_device_mesh, context_parallel_mesh, split_mesh
+
+        mesh = init_device_mesh(self.device.type, (env.world_size, 1), mesh_dim_names=MESH_DIM_NAMES)
+        if self.cfg.model.context_parallel_size <= 1:
+            return mesh, None
+        layout = build_device_mesh(self.cfg, env)
+        dp_cp = split_mesh(layout)[0]
+        if dist.get_process_group_ranks(dp_cp.get_group()) != dist.get_process_group_ranks(
+                mesh.get_group(MESH_DIM_NAMES[0])):
+            raise MegatronBridgeError("Megatron FSDP: the data × context-parallel group differs from the ranks "
+                                      "megatron-fsdp shards over (a layout with TP or PP > 1?).")
+        return mesh, context_parallel_mesh(layout)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Shard the optimizer with ``megatron_fsdp.fully_shard_optimizer`` (in place; returns it).
@@ -288,17 +324,17 @@ class MegatronFSDPBackend(DataParallelBackend):
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Global L2 norm from the local gradient shards (replicated ones counted once), all-reduced over the
-        data-parallel group; clips the shards in place when ``max_norm > 0``. NaN checks: ddp.report_nan_in_param_
-        grad (inside megatron-fsdp); ddp.check_for_nan_in_grad is a legacy no-op here."""
+        data × context-parallel group; clips the shards in place when ``max_norm > 0``. NaN checks:
+        ddp.report_nan_in_param_grad (inside megatron-fsdp); ddp.check_for_nan_in_grad is a legacy no-op here."""
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         total = torch.zeros((), dtype=torch.float32, device=self.device)
-        dp_size = self.mesh[MESH_DIM_NAMES[0]].size() if self.mesh is not None else 1
+        shard_size = self.mesh[MESH_DIM_NAMES[0]].size() if self.mesh is not None else 1
         for grad in grads:
             square = _local(grad).detach().float().pow(2).sum()
             if not isinstance(grad, DTensor) or all(p.is_replicate() for p in grad.placements):
-                square = square / dp_size
+                square = square / shard_size
             total += square
-        if dp_size > 1:
+        if shard_size > 1:
             dist.all_reduce(total, group=self.mesh.get_group(MESH_DIM_NAMES[0]))
         norm = total.sqrt()
         if max_norm > 0:

@@ -202,8 +202,9 @@ def _package_version(name: str) -> str:
 SHARDING_STRATEGY_IDS: dict[str, int] = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 """ddp.data_parallel_sharding_strategy → ``zero_dp_strategy`` (megatron_fsdp's ShardingStrategy values)."""
 
-MESH_DIM_NAMES = ("dp", "tp")
-"""The 2-D mesh handed to megatron-fsdp: (world, 1), as its own default mesh (TP=1)."""
+MESH_DIM_NAMES = ("dp_cp", "tp")
+"""The 2-D mesh handed to megatron-fsdp: (world, 1), as its own default mesh (TP=1); the sharding dimension is the
+flattened data × context-parallel group, named as megatron-core's adapter names it."""
 
 RUNTIME_KWARGS = ("module", "device_mesh", "device")
 """Arguments ``wrap()`` adds to :func:`megatron_fsdp_kwargs`'s at call time (not derived from the config)."""

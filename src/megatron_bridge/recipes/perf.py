@@ -9,9 +9,9 @@ def megatron_fsdp_overrides(cfg: ConfigContainer) -> ConfigContainer:
     ``dist.use_megatron_fsdp`` and ``ddp.use_megatron_fsdp`` True, ``ddp.data_parallel_sharding_strategy=
     "optim_grads_params"``, ``ddp.keep_fp8_transpose_cache=False``, ``ddp.average_in_collective=False``,
     ``model.init_model_with_meta_device=True``, ``checkpoint.load=None`` and ``checkpoint.ckpt_format=
-    "fsdp_dtensor"`` (Megatron-Bridge leaves the format alone, so saving then fails validation; we set it), and
-    ``model.context_parallel_size=1``: this library's Megatron FSDP backend has no context parallelism (rule
-    ``megatron_fsdp_context_parallel``), and Megatron-Bridge's Megatron FSDP perf recipes run TP=PP=CP=1 too.
+    "fsdp_dtensor"`` (Megatron-Bridge leaves the format alone, so saving then fails validation; we set it). The
+    recipe's parallel layout is kept: Megatron FSDP shards over the data × context-parallel ranks, so llama3_8b keeps
+    its CP=2.
     """
     cfg.dist.use_megatron_fsdp = True
     cfg.dist.use_torch_fsdp2 = False
@@ -22,7 +22,6 @@ def megatron_fsdp_overrides(cfg: ConfigContainer) -> ConfigContainer:
     cfg.model.init_model_with_meta_device = True
     cfg.checkpoint.load = None
     cfg.checkpoint.ckpt_format = "fsdp_dtensor"
-    cfg.model.context_parallel_size = 1
     return cfg
 
 

@@ -65,9 +65,9 @@ def cached_reference(cfg: ConfigContainer, tmp_path_factory: Any) -> Path:
     return run_reference(cfg, folder)
 
 
-def load_reference() -> dict[str, Any]:
-    """The reference written by the launching process (path in $MB_REFERENCE)."""
-    return torch.load(os.environ["MB_REFERENCE"], weights_only=True)
+def load_reference(env: str = "MB_REFERENCE") -> dict[str, Any]:
+    """The reference written by the launching process (path in the environment variable ``env``)."""
+    return torch.load(os.environ[env], weights_only=True)
 
 
 def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -77,9 +77,10 @@ def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
 
 
 def assert_matches_reference(result: Any, weights: dict[str, torch.Tensor], *, loss_rtol: float, weight_atol: float,
-                             label: str) -> None:
-    """Losses (every rank) and full weights (rank 0) of a distributed run equal the reference in $MB_REFERENCE."""
-    ref = load_reference()
+                             label: str, reference_env: str = "MB_REFERENCE") -> None:
+    """Losses (every rank) and full weights (rank 0) of a distributed run equal the reference whose path is in the
+    environment variable ``reference_env``."""
+    ref = load_reference(reference_env)
     for got, want in zip(result.losses, ref["losses"].tolist(), strict=True):
         assert abs(got - want) <= loss_rtol * abs(want), (result.losses, ref["losses"].tolist())
     if int(os.environ["RANK"]) == 0:

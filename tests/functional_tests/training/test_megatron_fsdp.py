@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.gpt_step import forward_step
 from megatron_bridge.training.pretrain import pretrain
 from tests.functional_tests.launcher import LaunchGroups, is_worker, launch, selected_groups
+from tests.functional_tests.megatron_fsdp_cpu_harness import MegatronFullWeights
 from tests.functional_tests.training._common import (
     assert_finite_decreasing,
     cached_reference,
@@ -85,18 +85,6 @@ def install_cpu_harness() -> None:
     install()
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-
-
-class MegatronFullWeights(Callback):
-    """Full weights of the Megatron FSDP model at the end of training (collective; every rank keeps them)."""
-
-    def __init__(self) -> None:
-        self.weights: dict[str, torch.Tensor] = {}
-
-    def on_train_end(self, ctx: Any) -> None:
-        from tests.functional_tests.megatron_fsdp_cpu_harness import full_weights
-
-        self.weights = full_weights(ctx.backend.model_state_dict()["model"])
 
 
 def resume_phase(base: Any) -> None:

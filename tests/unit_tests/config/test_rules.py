@@ -141,9 +141,6 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                       checkpoint__ckpt_format="fsdp_dtensor")),
     "checkpoint_options": (_set(checkpoint__most_recent_k=0), 1, "checkpoint.most_recent_k",
                            _set(checkpoint__most_recent_k=1)),
-    "megatron_fsdp_context_parallel": (_set(dist__use_megatron_fsdp=True, model__context_parallel_size=2), 2,
-                                       "model.context_parallel_size",
-                                       _set(dist__use_megatron_fsdp=True, model__context_parallel_size=1)),
     "fsdp2_prefetch_depths": (_set(fsdp2__fsdp2_backward_prefetch_depth=-1), 1, "fsdp2.fsdp2_backward_prefetch_depth",
                               _set(fsdp2__fsdp2_backward_prefetch_depth=0)),
     "async_tp_needs_compile": (_set(fsdp2__enable_async_tensor_parallel=True, model__tensor_model_parallel_size=2,
@@ -389,3 +386,20 @@ def test_custom_tp_plan_sharding_an_attention_partly_is_refused_by_validate() ->
     with pytest.raises(ConfigValidationError, match=r"shards layers\.0\.self_attn partly") as info:
         cfg.validate(world_size=2)
     assert "[rule tp_plan_matches_model]" in str(info.value) and info.value.paths == ("fsdp2.tp_plan",)
+
+
+def test_seed_megatron_fsdp_example_validates_with_llama3_8b_cp2() -> None:
+    """The seed's example recipe fix-up (megatron-fsdp-skill): llama3_8b_pretrain_config() and the five Megatron FSDP
+    overrides validate on 8 ranks with the recipe's CP=2 (Megatron FSDP shards over dp × cp = 4 × 2)."""
+    from megatron_bridge.recipes import llama3_8b_pretrain_config
+
+    cfg = llama3_8b_pretrain_config()
+    cfg.dist.use_megatron_fsdp = True
+    cfg.ddp.use_megatron_fsdp = True
+    cfg.ddp.data_parallel_sharding_strategy = "optim_grads_params"
+    cfg.ddp.average_in_collective = False
+    cfg.checkpoint.ckpt_format = "fsdp_dtensor"
+    cfg.checkpoint.save = "/tmp/fsdp_ckpts"
+    cfg.checkpoint.load = None
+    cfg.validate(world_size=8)
+    assert cfg.model.context_parallel_size == 2 and cfg.data_parallel_size(8) == 4

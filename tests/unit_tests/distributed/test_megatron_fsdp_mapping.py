@@ -133,7 +133,7 @@ def test_fixed_backend_arguments(model: nn.Module) -> None:
     kwargs = megatron_fsdp_kwargs(mfsdp_cfg(), model)
     assert kwargs["sync_model_each_microbatch"] is False
     assert kwargs["preproc_state_dict_for_dcp_ckpt"] is True
-    assert (kwargs["dp_shard_dim"], kwargs["tp_dim"]) == ("dp", "tp")
+    assert (kwargs["dp_shard_dim"], kwargs["tp_dim"]) == ("dp_cp", "tp")  # shards over data × context ranks
     assert kwargs["init_model_with_meta_device"] is False
     assert "check_for_nan_in_grad" not in kwargs  # legacy: never passed
 

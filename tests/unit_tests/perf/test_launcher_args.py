@@ -135,7 +135,8 @@ def test_megatron_fsdp_flag_applies_parity_overrides() -> None:
     assert cfg.ddp.keep_fp8_transpose_cache is False and cfg.ddp.average_in_collective is False
     assert cfg.model.init_model_with_meta_device and cfg.checkpoint.load is None
     assert cfg.checkpoint.ckpt_format == "fsdp_dtensor"
-    cfg.validate(world_size=1)
+    assert cfg.model.context_parallel_size == 2  # llama3_8b keeps its CP: Megatron FSDP shards over dp × cp
+    cfg.validate(world_size=2)
     args = build_parser().parse_args(["-g", "h100", "--use_megatron_fsdp", "t", "-ng", "8"])
     assert environment(args, build_config(args))["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
 
@@ -204,12 +205,18 @@ def test_perf_config_uses_the_same_mapping() -> None:
 
 
 def test_dryrun_prints_validated_megatron_fsdp_yaml() -> None:
-    out = subprocess.run([sys.executable, "scripts/performance/launch.py", "--use_megatron_fsdp", "true", "--dryrun"],
+    """llama3_8b with Megatron FSDP on 8 GPUs keeps the recipe's CP=2, and the estimate shards the state over the
+    dp × cp = 8 ranks."""
+    out = subprocess.run([sys.executable, "scripts/performance/launch.py", "-mr", "llama3_8b", "-ng", "8",
+                          "--use_megatron_fsdp", "true", "--dryrun"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     data = yaml.safe_load(out)
     assert data["ddp"]["use_megatron_fsdp"] is True and data["dist"]["use_megatron_fsdp"] is True
     assert data["ddp"]["data_parallel_sharding_strategy"] == "optim_grads_params"
     assert data["checkpoint"]["ckpt_format"] == "fsdp_dtensor"
+    assert data["model"]["context_parallel_size"] == 2
+    assert "# layout: world 8 = tp 1 x pp 1 x cp 2 x dp 4" in out and "backend megatron_fsdp" in out
+    assert "before data-parallel sharding (/8)" in out
 
 
 def test_results_mfu_and_compare(tmp_path: Path) -> None:

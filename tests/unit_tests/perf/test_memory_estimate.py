@@ -182,3 +182,20 @@ def test_fsdp2_keeps_expert_parallel_experts_whole() -> None:
     assert est.params.expert == experts
     assert est.param_bytes == 4 * (est.params.dense // 4 + experts)
     assert est.optimizer_bytes == 8 * (est.params.dense // 4 + experts)
+
+
+def test_megatron_fsdp_shards_state_over_dp_times_cp() -> None:
+    """Megatron FSDP at CP=2 × DP=2 shards parameters, gradients and optimizer state over the 4 dp × cp ranks (as at
+    CP=1 × DP=4: megatron-fsdp's dp_cp group); each rank holds half of every sequence's tokens."""
+    n = 836_736  # the tiny recipe's parameters (test_tiny_ddp_fp32_one_rank_hand_count), fp32
+    estimates = {}
+    for cp in (1, 2):
+        cfg = tiny_llama_pretrain_config(use_megatron_fsdp=True, context_parallel_size=cp).validate(world_size=4)
+        estimates[cp] = estimate_memory(cfg, 4)
+    est = estimates[2]
+    assert (est.layout.backend, est.layout.dp, est.layout.cp, est.layout.shard_size) == ("megatron_fsdp", 2, 2, 4)
+    assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (4 * n // 4, 4 * n // 4, 8 * n // 4)
+    base = estimates[1]
+    assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (base.param_bytes, base.grad_bytes,
+                                                                      base.optimizer_bytes)
+    assert est.layout.tokens_per_microbatch * 2 == base.layout.tokens_per_microbatch
