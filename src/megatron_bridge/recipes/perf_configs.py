@@ -64,7 +64,7 @@ class PerfConfig:
         if self.use_megatron_fsdp:
             from megatron_bridge.recipes.perf import megatron_fsdp_overrides
 
-            megatron_fsdp_overrides(cfg)  # before the layout: the row's CP wins over the overrides' CP=1
+            megatron_fsdp_overrides(cfg)  # before the layout, which the row sets
         self._apply_layout(cfg)
         self._apply_memory_options(cfg)
         cfg.train.global_batch_size, cfg.train.micro_batch_size = self.global_batch_size, self.micro_batch_size
