@@ -7,6 +7,9 @@ It sits above ``checkpoint/`` (save/resume, the engines' own formats) and import
 | module | concern |
 |---|---|
 | ``auto_bridge.py`` | :class:`AutoBridge`, Megatron-Bridge's entry points |
+| ``provider.py`` | ``GPTModelProvider``: a ``ModelConfig`` with Megatron-Bridge's ``finalize`` /
+  ``provide_distributed_model`` |
+| ``model_files.py`` | model-only checkpoint run configs, HF weights-only files, the per-parameter conversion tasks |
 | ``families/`` | one mapping module per family (config both ways, weight names) and the registry |
 | ``rope.py`` | RoPE base and scaling in both transformers config formats |
 | ``hf_reader.py`` / ``hf_writer.py`` | HF folder layouts in; sharded safetensors + index out, streamed |
@@ -14,7 +17,8 @@ It sits above ``checkpoint/`` (save/resume, the engines' own formats) and import
 | ``weights.py`` | name mapping, vocabulary (un)padding, checks of missing/unknown/mis-shaped tensors |
 | ``convert.py`` | the entry points of ``scripts/checkpoint/convert.py``: any source to any format |
 | ``engine_checkpoints.py`` | native weights ⇄ megatron-core ``torch_dist`` checkpoints (one process, CPU) |
-| ``checkpoints.py`` | our checkpoints, read tensor by tensor; streamed native ``torch_dist`` writing |
+| ``checkpoints.py`` | our checkpoints, read tensor by tensor; streamed native ``torch_dist`` writing (also of a live
+  model's weights, ``save_megatron_model``) |
 | ``exporting.py`` / ``assets.py`` | the HF folder an export writes; tokenizer, generation config, token ids |
 | ``pretrained.py`` | ``checkpoint.pretrained_checkpoint`` = HF folder: config check against ``cfg.model``; the
   loader's ``Converter`` |

@@ -1,17 +1,20 @@
 """``AutoBridge``: Hugging Face folders in and out, with Megatron-Bridge's names.
 
 >>> bridge = AutoBridge.from_hf_pretrained("path/to/hf_folder")      # doctest: +SKIP
->>> model_config = bridge.to_megatron_provider()                      # our ModelConfig; set TP etc. here
->>> chunks = bridge.to_megatron_model(wrap_with_ddp=False)            # model chunks holding the HF weights
+>>> provider = bridge.to_megatron_provider()                          # a ModelConfig with MB's provider methods
+>>> provider.finalize()
+>>> chunks = provider.provide_distributed_model(wrap_with_ddp=False)  # model chunks holding the HF weights
 >>> bridge.save_hf_pretrained(chunks, "out/hf")                       # and back
 >>> AutoBridge.import_ckpt("path/to/hf_folder", "ckpts/imported")     # HF folder -> our checkpoint (step 0)
 >>> AutoBridge.export_ckpt("runs/x/checkpoints", "out/hf")            # any of our checkpoints -> HF folder
 
-Differences from Megatron-Bridge (documented in docs/training/hf-conversion.md): ``from_hf_pretrained`` reads a
-local folder only (no Hub download, ``trust_remote_code`` is refused); ``to_megatron_provider`` returns our
-:class:`ModelConfig` (assign it to ``cfg.model``; weights come with ``to_megatron_model`` or
-``checkpoint.pretrained_checkpoint``); ``export_ckpt`` also works on the class, reading the model config from
-the checkpoint's ``run_config.yaml``.
+Differences from Megatron-Bridge (the method table in docs/megatron-bridge-differences.md, and
+docs/training/hf-conversion.md): ``from_hf_pretrained`` reads a local folder only (no Hub download; nothing in a
+folder is ever executed, ``trust_remote_code`` only permits it); ``to_megatron_provider`` returns a
+:class:`~megatron_bridge.bridge.provider.GPTModelProvider`, i.e. our :class:`ModelConfig` (assign it to
+``cfg.model``; ``pretrain()`` takes weights from ``checkpoint.pretrained_checkpoint``, not from the provider's
+hooks); ``export_ckpt`` also works on the class, reading the model config from the checkpoint's
+``run_config.yaml``.
 """
 
 import dataclasses
@@ -23,7 +26,12 @@ import torch
 from torch import nn
 
 from megatron_bridge.bridge.assets import HF_ASSETS_DIRNAME, copy_assets, has_tokenizer
-from megatron_bridge.bridge.checkpoints import CheckpointTensors, write_streaming_checkpoint
+from megatron_bridge.bridge.checkpoints import (
+    CheckpointTensors,
+    CheckpointWeights,
+    save_model_checkpoint,
+    write_streaming_checkpoint,
+)
 from megatron_bridge.bridge.exporting import (
     DTYPES,
     asset_sources_of_run,
@@ -39,8 +47,15 @@ from megatron_bridge.bridge.families import (
 )
 from megatron_bridge.bridge.hf_reader import CONFIG_FILENAME, HFWeightsReader, is_hf_folder, read_json
 from megatron_bridge.bridge.hf_writer import DEFAULT_MAX_SHARD_SIZE
-from megatron_bridge.bridge.model_io import build_model, iter_model_weights, load_weights_into
+from megatron_bridge.bridge.model_files import (
+    WeightConversionTask,
+    apply_mp_overrides,
+    conversion_tasks,
+    save_hf_safetensors,
+)
+from megatron_bridge.bridge.model_io import iter_model_weights, load_weights_into, unwrap
 from megatron_bridge.bridge.output import staged_output_dir
+from megatron_bridge.bridge.provider import GPTModelProvider, provider_from
 from megatron_bridge.bridge.rope import RopeFormat, rope_format_of
 from megatron_bridge.bridge.weights import HFModelWeights
 from megatron_bridge.config.model import ModelConfig
@@ -90,13 +105,12 @@ class AutoBridge:
         """A bridge for a local HF folder (single or sharded safetensors, or ``pytorch_model.bin``).
 
         Keyword arguments: ``torch_dtype``/``dtype`` (the dtype weights are loaded in and the model's
-        ``params_dtype``; ``"auto"``: the folder's; default float32 master weights); ``trust_remote_code=True``
-        is refused (nothing in a folder is executed); ``device_map``, ``attn_implementation`` and ``revision`` are
-        accepted and ignored.
+        ``params_dtype``; ``"auto"``: the folder's; default float32 master weights); ``trust_remote_code`` is a
+        permission and is accepted either way — nothing in a folder is ever executed (an architecture without a
+        registered family is refused by name);
+        ``device_map``, ``attn_implementation`` and ``revision`` are accepted and ignored.
         """
         path = Path(path)
-        if kwargs.get("trust_remote_code"):
-            raise BridgeError("trust_remote_code=True is not supported: the Bridge never runs code from a folder")
         unknown = set(kwargs) - {"torch_dtype", "dtype", "trust_remote_code", "device_map", "attn_implementation",
                                  "revision"}
         if unknown:
@@ -136,54 +150,112 @@ class AutoBridge:
         return is_hf_folder(path) and cls.supports(read_json(Path(path) / CONFIG_FILENAME, "config"))
 
     # ---------------------------------------------------------------------------------------------- import
-    def to_megatron_provider(self, load_weights: bool = True, hf_path: str | Path | None = None) -> ModelConfig:
-        """A fresh :class:`ModelConfig` of the HF model; set parallel sizes, ``seq_length`` etc. before building.
-        (``load_weights``/``hf_path`` are accepted for Megatron-Bridge compatibility: weights are loaded by
-        :meth:`to_megatron_model` or by ``checkpoint.pretrained_checkpoint``.)"""
+    def get_model_config(self) -> ModelConfig:
+        """The HF model's architecture as a fresh :class:`ModelConfig` (config conversion only: no weights, no
+        checks, nothing built), as Megatron-Bridge's ``get_model_config``."""
         return dataclasses.replace(self._model_config)
 
-    def to_megatron_model(self, load_weights: bool = True, hf_path: str | Path | None = None, *,
-                          wrap_with_ddp: bool = False, provider: ModelConfig | None = None,
-                          device: torch.device | str = "cpu", use_cpu_initialization: bool = True) -> list[nn.Module]:
-        """Model chunks built from ``provider`` (default: :meth:`to_megatron_provider`) holding the HF weights.
+    def to_megatron_provider(self, load_weights: bool = True, hf_path: str | Path | None = None) -> GPTModelProvider:
+        """A :class:`GPTModelProvider` of the HF model (a :class:`ModelConfig`: set parallel sizes, ``seq_length``
+        etc., then ``finalize()`` and ``provide_distributed_model()``). With ``load_weights`` it carries a pre-wrap
+        hook that copies the weights of ``hf_path`` (default: this bridge's folder) into the built chunks.
 
-        With ``wrap_with_ddp`` the chunks are wrapped by ``ddp_wrap`` (a one-process group is created when none
-        exists) with the default distributed config, and the wrapped chunks are returned. The model is built on
-        ``device`` (``use_cpu_initialization`` is accepted for Megatron-Bridge scripts: weights are always read on
-        the CPU).
+        Raises:
+            BridgeError: ``load_weights`` on a config-only bridge (``from_hf_config``) without ``hf_path``.
         """
-        config = provider if provider is not None else self.to_megatron_provider()
-        chunks = [build_model(config, device, init=not load_weights)]
+        provider = provider_from(self._model_config)
         if load_weights:
-            self.load_hf_weights(chunks, hf_path)
-        if not wrap_with_ddp:
-            return chunks
-        from megatron_bridge.config.container import ConfigContainer
-        from megatron_bridge.engines.ddp_wrap import ddp_wrap
+            folder = self._folder(hf_path, "to_megatron_provider(load_weights=False)")
+            provider.register_pre_wrap_hook(lambda chunks: self._loaded(chunks, folder, ()))
+        return provider
 
-        return list(ddp_wrap(chunks, ConfigContainer(model=config), torch.device(device)).chunks)
+    def to_megatron_model(self, load_weights: bool = True, hf_path: str | Path | None = None, *,
+                          provider: ModelConfig | None = None, **kwargs: Any) -> list[nn.Module]:
+        """Model chunks holding the HF weights: :meth:`to_megatron_provider`, ``finalize()``, then
+        ``provide_distributed_model(**kwargs)`` with Megatron-Bridge's keywords and defaults — wrapped in DDP unless
+        ``wrap_with_ddp=False``. ``provider`` (this library's addition) builds another config of the same family
+        (e.g. other parallel sizes) instead."""
+        built = self.to_megatron_provider(load_weights=False) if provider is None else provider_from(provider)
+        if load_weights:
+            folder = self._folder(hf_path, "to_megatron_model(load_weights=False)")
+            built.register_pre_wrap_hook(lambda chunks: self._loaded(chunks, folder, ()))
+        built.finalize()
+        return built.provide_distributed_model(**kwargs)
 
-    def load_hf_weights(self, model: list[nn.Module] | nn.Module, hf_path: str | Path | None = None) -> None:
-        """Copy a HF folder's weights (default: this bridge's folder) into ``model``, one tensor at a time."""
+    def get_model(self, model_config: ModelConfig | None = None, *, load_weights: bool = True,
+                  hf_path: str | Path | None = None, pg_collection: Any = None, **kwargs: Any) -> list[nn.Module]:
+        """Megatron-Bridge's ``get_model``: the model of ``model_config`` (default :meth:`get_model_config`) with the
+        HF weights (``load_weights``), through ``provide_distributed_model(**kwargs)``."""
+        if hf_path is not None and not load_weights:
+            raise BridgeError("get_model(hf_path=...) needs load_weights=True")
+        kwargs.setdefault("data_parallel_random_init", False)
+        return self.to_megatron_model(load_weights, hf_path, provider=model_config or self._model_config,
+                                      pg_collection=pg_collection, **kwargs)
+
+    def load_hf_weights(self, model: list[nn.Module] | nn.Module, hf_path: str | Path | None = None,
+                        allowed_mismatched_params: list[str] | None = None) -> list[nn.Module] | nn.Module:
+        """Copy a HF folder's weights (default: this bridge's folder) into ``model``, one tensor at a time; returns
+        ``model``. ``allowed_mismatched_params``: our or HF parameter names (or ``fnmatch`` globs, e.g.
+        ``"*.bias"``) that may be missing from the folder or differ in shape — those parameters keep their values
+        (logged) instead of being refused."""
+        return self._loaded(model, self._folder(hf_path, "hf_path"), tuple(allowed_mismatched_params or ()))
+
+    def _folder(self, hf_path: str | Path | None, instead: str) -> Path:
         folder = Path(hf_path) if hf_path is not None else self.hf_path
         if folder is None:
-            raise BridgeError("this bridge has no folder (from_hf_config): pass hf_path")
-        config = _config_of(model) or self._model_config
-        load_weights_into(model, HFModelWeights(HFWeightsReader(folder), self.family, config, self.dtype))
+            raise BridgeError(f"this bridge has no weights (from_hf_config): pass hf_path, or use {instead}")
+        return folder
+
+    def _loaded(self, model: Any, folder: Path, allowed: tuple[str, ...]) -> Any:
+        """``model`` with the weights of ``folder`` copied in (the provider's pre-wrap hook)."""
+        chunks = model if isinstance(model, (list, tuple)) else [model]
+        config = _config_of(chunks)
+        if config is None:
+            raise BridgeError("HF weights load into this library's native model chunks only; for "
+                              "model.engine='megatron_core' convert with AutoBridge.import_ckpt and start from "
+                              "checkpoint.pretrained_checkpoint")
+        weights = HFModelWeights(HFWeightsReader(folder), self.family, config, self.dtype,
+                                 allowed_mismatched_params=allowed)
+        load_weights_into(chunks, weights, kept=weights.left_out)
+        return model
+
+    @property
+    def transformer_config(self) -> Any:
+        """megatron-core's ``TransformerConfig`` of this model (the megatron-core engine's mapping,
+        ``engines/megatron_core/provider.py``; weights initialised on the CPU)."""
+        from megatron_bridge.engines.megatron_core.provider import transformer_config
+
+        provider = self.to_megatron_provider(load_weights=False)
+        provider.finalize()
+        return transformer_config(provider, torch.device("cpu"))
+
+    def get_conversion_tasks(self, megatron_model: list[nn.Module] | nn.Module,
+                             hf_path: str | Path | None = None) -> list[WeightConversionTask]:
+        """One :class:`~megatron_bridge.bridge.model_files.WeightConversionTask` per parameter of
+        ``megatron_model``: our name, ``task.mapping.hf_param`` (the HF name, or the stacked names), the chunk,
+        the parameter, its pipeline rank and virtual stage. ``hf_path`` is checked to be a folder of this family."""
+        if hf_path is not None and not self.can_handle(hf_path):
+            raise BridgeError(f"{str(hf_path)!r} is not a Hugging Face folder of a supported architecture")
+        chunks = list(megatron_model) if isinstance(megatron_model, (list, tuple)) else [megatron_model]
+        config = _config_of(chunks) or self._model_config
+        return conversion_tasks(self.family, config, [unwrap(c) for c in chunks], _pipeline_rank(config))
 
     # ---------------------------------------------------------------------------------------------- export
-    def export_hf_weights(self, model: list[nn.Module] | nn.Module, cpu: bool = True, show_progress: bool = False,
-                          conversion_tasks: None = None, merge_adapter_weights: bool = True,
+    def export_hf_weights(self, model: list[nn.Module] | nn.Module, cpu: bool = False, show_progress: bool = True,
+                          conversion_tasks: list[WeightConversionTask] | None = None,
+                          merge_adapter_weights: bool = True,
                           weight_dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """``(HF name, tensor)`` pairs of ``model``, one full tensor at a time (DTensors are gathered: call on
-        every rank). ``conversion_tasks`` (Megatron-Bridge's precomputed plans) must be None: no adapters here."""
+        every rank). ``conversion_tasks`` (:meth:`get_conversion_tasks`) limits the export to those parameters.
+        ``show_progress`` is accepted (no progress bar here)."""
         from megatron_bridge.bridge.weights import to_hf_tensors
 
-        if conversion_tasks is not None:
-            raise BridgeError("export_hf_weights(conversion_tasks=...) is not supported: pass the model only")
-
         config = _config_of(model) or self._model_config
-        for name, tensor in to_hf_tensors(iter_model_weights(model), self.family, config):
+        pairs = iter_model_weights(model)
+        if conversion_tasks is not None:
+            wanted = {task.param_name for task in conversion_tasks}
+            pairs = ((name, tensor) for name, tensor in pairs if name in wanted)
+        for name, tensor in to_hf_tensors(pairs, self.family, config, partial=conversion_tasks is not None):
             tensor = tensor.to("cpu") if cpu else tensor
             yield name, tensor.to(weight_dtype) if weight_dtype is not None and tensor.is_floating_point() else tensor
 
@@ -211,6 +283,69 @@ class AutoBridge:
                                    max_shard_size=max_shard_size, overwrite=overwrite,
                                    rope_format=rope_format or rope_format_of(self.hf_config),
                                    asset_sources=sources)
+
+    def save_hf_weights(self, model: list[nn.Module] | nn.Module, path: str | Path, show_progress: bool = True,
+                        strict: bool = True, merge_adapter_weights: bool = True, distributed_save: bool = False,
+                        save_every_n_ranks: int = 1, weight_dtype: torch.dtype | str | None = None, *,
+                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
+        """Write only the HF safetensors weights of ``model`` (sharded with an index when large) into ``path``; no
+        config or tokenizer. Collective for DTensor models; rank 0 writes (``distributed_save`` is refused)."""
+        import torch.distributed as dist
+
+        from megatron_bridge.models.llama import params_dtype_of
+
+        if distributed_save:
+            raise BridgeError("save_hf_weights(distributed_save=True) is not supported: rank 0 writes")
+        config = _config_of(model) or self._model_config
+        pairs = iter_model_weights(model)
+        if dist.is_initialized() and dist.get_rank() != 0:
+            for _pair in pairs:  # take part in the gathers
+                pass
+            return
+        save_hf_safetensors(Path(path), self.family, config, pairs, _dtype(weight_dtype) or params_dtype_of(config),
+                            max_shard_size)
+
+    def save_megatron_model(self, model: list[nn.Module] | nn.Module, path: str | Path,
+                            hf_tokenizer_path: str | Path | None = None, low_memory_save: bool = False,
+                            hf_tokenizer_kwargs: dict[str, Any] | None = None) -> None:
+        """Save ``model``'s weights (no optimizer state) as a model-only checkpoint at ``path``, the layout
+        :meth:`import_ckpt` writes (``pretrain()`` resumes it or starts from it), with the tokenizer files of
+        ``hf_tokenizer_path`` (default: this bridge's folder). Collective for DTensor models; rank 0 writes.
+        ``low_memory_save`` is accepted (the model is kept either way); ``hf_tokenizer_kwargs`` is refused (the
+        tokenizer files are copied as they are)."""
+        import torch.distributed as dist
+
+        if hf_tokenizer_kwargs:
+            raise BridgeError(f"save_megatron_model(hf_tokenizer_kwargs={hf_tokenizer_kwargs!r}) is not supported: "
+                              "the tokenizer files are copied as they are")
+        weights = dict(iter_model_weights(model))
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return
+        tokenizer = Path(hf_tokenizer_path) if hf_tokenizer_path is not None else self.hf_path
+        save_model_checkpoint(weights, _config_of(model) or self._model_config, Path(path), tokenizer)
+
+    def load_megatron_model(self, path: str | Path, *, mp_overrides: dict[str, Any] | None = None,
+                            **kwargs: Any) -> list[nn.Module]:
+        """The model of one of our checkpoints (its latest step; any format this library writes, either engine's)
+        with its weights: built from its ``run_config.yaml`` with ``mp_overrides`` (model-parallel sizes) applied,
+        through ``provide_distributed_model(**kwargs)`` — unwrapped unless ``wrap_with_ddp=True``, as
+        Megatron-Bridge's loader."""
+        ckpt = CheckpointTensors(path)
+        run = ckpt.run_config()
+        if run is None:
+            raise BridgeError(f"{str(path)!r} is a weights file, not a checkpoint folder with run_config.yaml")
+        provider = provider_from(run.model)
+        apply_mp_overrides(provider, mp_overrides)
+        weights = CheckpointWeights(ckpt)
+
+        def load(chunks: list[nn.Module]) -> list[nn.Module]:
+            load_weights_into(chunks, weights)
+            return chunks
+
+        provider.register_pre_wrap_hook(load)
+        provider.finalize()
+        kwargs.setdefault("wrap_with_ddp", False)
+        return provider.provide_distributed_model(**kwargs)
 
     # ------------------------------------------------------------------------------------- one-call flows
     @classmethod
@@ -279,6 +414,18 @@ class AutoBridge:
 def _config_dict(config: Any) -> dict[str, Any]:
     """A config dict from a dict or a ``transformers`` config object (its ``to_dict()``)."""
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def _pipeline_rank(config: ModelConfig) -> int:
+    """This process's pipeline rank for ``config`` (0 without a process group)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return 0
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.distributed.init import pipeline_parallel_rank
+
+    return pipeline_parallel_rank(ConfigContainer(model=config), dist.get_rank(), dist.get_world_size())
 
 
 def _config_of(model: list[nn.Module] | nn.Module) -> ModelConfig | None:

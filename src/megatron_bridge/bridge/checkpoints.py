@@ -12,7 +12,7 @@ the writer asks for it (:class:`StreamingSavePlanner`); one file per tensor, so 
 import copy
 import io
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,9 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import WriteItem
 
+from megatron_bridge.bridge.assets import HF_ASSETS_DIRNAME, copy_assets
 from megatron_bridge.bridge.memory import track
+from megatron_bridge.bridge.model_files import checkpoint_run_config
 from megatron_bridge.bridge.output import staged_output_dir
 from megatron_bridge.checkpoint import layout
 from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
@@ -38,6 +40,7 @@ from megatron_bridge.checkpoint.reader import (
     read_dcp_metadata,
 )
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import BridgeError, CheckpointError
 
 
@@ -194,3 +197,38 @@ def write_native_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContai
     with staged_output_dir(root, overwrite=overwrite) as tmp:
         write_streaming_checkpoint(tmp, out_cfg, shapes, weights.__getitem__)
     return Path(root)
+
+
+def save_model_checkpoint(weights: Mapping[str, torch.Tensor], config: ModelConfig, root: Path,
+                          tokenizer_folder: Path | None) -> Path:
+    """Write ``weights`` (full tensors, our names) as a model-only checkpoint at ``root`` (``iter_0000000``, the
+    layout ``import_ckpt`` writes: ``pretrain()`` resumes it or starts from it), the tokenizer files of
+    ``tokenizer_folder`` in ``hf_assets/``. Returns the committed folder."""
+    assets = root.resolve() / "iter_0000000" / HF_ASSETS_DIRNAME
+    cfg = checkpoint_run_config(config, tokenizer_folder, assets)
+    shapes = {name: (tuple(t.shape), t.dtype) for name, t in weights.items()}
+
+    def extra(folder: Path) -> None:
+        if tokenizer_folder is not None:
+            copy_assets(tokenizer_folder, folder / HF_ASSETS_DIRNAME, with_config=True)
+
+    return write_streaming_checkpoint(root, cfg, shapes, weights.__getitem__, extra=extra)
+
+
+class CheckpointWeights(Mapping[str, torch.Tensor]):
+    """A checkpoint's tensors as a mapping, one tensor read per lookup (for ``load_weights_into``)."""
+
+    def __init__(self, ckpt: CheckpointTensors) -> None:
+        self.ckpt = ckpt
+        self._names = ckpt.names()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        return self.ckpt.get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)

@@ -130,7 +130,7 @@ def convert_weights(src: str | Path, dst: str | Path, to: str, *, step: int | No
         if is_hf_folder(src_path):
             bridge = AutoBridge.from_hf_pretrained(src_path)
             options = {k: v for k, v in hf_options.items() if k != "family"}
-            return bridge.save_hf_pretrained(bridge.to_megatron_model(), dst, **options)
+            return bridge.save_hf_pretrained(bridge.to_megatron_model(wrap_with_ddp=False), dst, **options)
         if src_path.is_file() and model_config is None:
             raise CheckpointError("HF export of a weights file needs the model config (--config run_config.yaml)")
         return AutoBridge.export_ckpt(src_path, dst, step=step, model_config=model_config, **hf_options)

@@ -1,6 +1,6 @@
 """Our model objects on the Bridge's side: build one for loading, fill it tensor by tensor, read it back out."""
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -40,15 +40,18 @@ def _state(chunk: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in get_model_state_dict(chunk).items() if isinstance(v, torch.Tensor)}
 
 
-def load_weights_into(model: list[nn.Module] | nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+def load_weights_into(model: list[nn.Module] | nn.Module, weights: Mapping[str, torch.Tensor],
+                      kept: Sequence[str] = ()) -> None:
     """Copy every tensor of ``weights`` (full tensors, our names) into the model's parameters — plain or DTensor
-    shards — reading one tensor at a time; BridgeError when names differ."""
+    shards — reading one tensor at a time; BridgeError when names differ. Parameters named in ``kept`` may be
+    missing from ``weights`` (they keep their values)."""
     from megatron_bridge.checkpoint.load import copy_full_into
 
     targets: dict[str, torch.Tensor] = {}
     for chunk in _chunks(model):
         targets.update(_state(chunk))
-    missing, unexpected = sorted(set(targets) - set(weights)), sorted(set(weights) - set(targets))
+    missing = sorted(set(targets) - set(weights) - set(kept))
+    unexpected = sorted(set(weights) - set(targets))
     if missing or unexpected:
         raise BridgeError(f"weights do not fit the model: missing {missing[:6]}, unexpected {unexpected[:6]}")
     for name in weights:

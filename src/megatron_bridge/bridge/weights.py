@@ -8,7 +8,8 @@ vocabulary rows cut back to ``vocab_size``. A family's stacked tensors (MoE expe
 :meth:`ModelFamily.stacked_weights`) are read as the stack of their HF tensors and written back one HF tensor each.
 """
 
-from collections.abc import Iterable, Iterator, Mapping
+import fnmatch
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -44,20 +45,48 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
     """The weights of a HF folder under our names for the model ``config`` describes (see the module docstring)."""
 
     def __init__(self, reader: HFWeightsReader, family: ModelFamily, config: ModelConfig,
-                 dtype: torch.dtype | None = None, *, pad_vocab: bool = True) -> None:
+                 dtype: torch.dtype | None = None, *, pad_vocab: bool = True,
+                 allowed_mismatched_params: Sequence[str] = ()) -> None:
+        """``allowed_mismatched_params``: our or HF parameter names (or ``fnmatch`` globs) that may be missing from
+        the folder or have another shape there; they are left out (logged) instead of refused, as
+        Megatron-Bridge's ``load_hf_weights(allowed_mismatched_params=...)``."""
         self.reader, self.family, self.config, self.dtype = reader, family, config, dtype
         self.pad_vocab = pad_vocab
+        self.allowed = tuple(allowed_mismatched_params)
+        self._skipped_hf: set[str] = set()
         self.names = family.weight_names(config)
         self.stacked = family.stacked_weights(config)
         self.shapes = expected_shapes(config)
         if set(self.names) | set(self.stacked) != set(self.shapes):
             raise BridgeError(f"the {family.name} mapping and the model disagree on the parameters: "
                               f"{sorted((set(self.names) | set(self.stacked)) ^ set(self.shapes))[:_MAX_NAMED]}")
+        if self.allowed:
+            self._skip_allowed(reader.shapes())
         self._check(reader.shapes())
+
+    def _skip_allowed(self, found: dict[str, tuple[int, ...]]) -> None:
+        """Leave out the allowed parameters the folder lacks or holds in another shape."""
+        def allowed(ours: str, hf: Sequence[str]) -> bool:
+            return any(fnmatch.fnmatchcase(n, p) for n in (ours, *hf) for p in self.allowed)
+
+        for ours, hf in list(self.names.items()):
+            if allowed(ours, [hf]) and tuple(found.get(hf, ())) != hf_shape(ours, self.shapes[ours], self.config):
+                logger.warning("%s: %r left out (allowed_mismatched_params): the folder's %r is %s", self.reader.folder,
+                               ours, hf, list(found[hf]) if hf in found else "missing")
+                self._skipped_hf.add(hf)
+                del self.names[ours]
+        for ours, st in list(self.stacked.items()):
+            want = _part_shape(self.shapes[ours], st)
+            if allowed(ours, st.hf_names) and any(tuple(found.get(h, ())) != want for h in st.hf_names):
+                logger.warning("%s: %r left out (allowed_mismatched_params)", self.reader.folder, ours)
+                self._skipped_hf.update(st.hf_names)
+                del self.stacked[ours]
 
     def _check(self, found: dict[str, tuple[int, ...]]) -> None:
         where = str(self.reader.folder)
         wanted = set(self.names.values()) | {n for st in self.stacked.values() for n in st.hf_names}
+        found = {n: shape for n, shape in found.items() if n in wanted or not (
+            n in self._skipped_hf or any(fnmatch.fnmatchcase(n, p) for p in self.allowed))}
         missing = sorted(wanted - set(found))
         if missing:
             raise BridgeError(f"{where!r} lacks {len(missing)} tensor(s) the {self.family.name} model needs: "
@@ -108,6 +137,11 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
     def __len__(self) -> int:
         return len(self.names) + len(self.stacked)
 
+    @property
+    def left_out(self) -> list[str]:
+        """Our parameters left out under ``allowed_mismatched_params`` (the model keeps its own values)."""
+        return sorted(set(self.shapes) - set(self.names) - set(self.stacked))
+
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Our shape of every tensor (vocabulary rows padded unless ``pad_vocab=False``)."""
         if self.pad_vocab:
@@ -135,10 +169,10 @@ def hf_tensor_shapes(family: ModelFamily, config: ModelConfig) -> dict[str, tupl
 
 
 def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily,
-                  config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+                  config: ModelConfig, *, partial: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """``(our name, tensor)`` → ``(HF name, tensor)``, vocabulary rows cut to ``config.vocab_size``, stacked
-    tensors split into their HF parts; BridgeError for a parameter the mapping does not know or one it expects but
-    never sees."""
+    tensors split into their HF parts; BridgeError for a parameter the mapping does not know or (unless
+    ``partial``: a chosen subset) one it expects but never sees."""
     names: dict[str, str] = family.weight_names(config)
     stacks = family.stacked_weights(config)
     seen = set()
@@ -157,6 +191,6 @@ def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily
             tensor = tensor[: config.vocab_size]
         yield names[name], tensor
     missing = sorted((set(names) | set(stacks)) - seen)
-    if missing:
+    if missing and not partial:
         raise BridgeError(f"the model has no {len(missing)} parameter(s) the {family.name} mapping needs: "
                           f"{missing[:_MAX_NAMED]}")

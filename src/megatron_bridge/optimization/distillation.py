@@ -160,8 +160,9 @@ def _hf_teacher(cfg: ConfigContainer, folder: str, device: torch.device) -> nn.M
     from megatron_bridge.bridge import AutoBridge
 
     bridge = AutoBridge.from_hf_pretrained(folder)
-    tcfg = _replicated(cfg, cfg.distillation.teacher_model or bridge.to_megatron_provider())
-    return bridge.to_megatron_model(load_weights=True, provider=tcfg, device=device)[0]
+    tcfg = _replicated(cfg, cfg.distillation.teacher_model or bridge.get_model_config())
+    return bridge.to_megatron_model(load_weights=True, provider=tcfg, wrap_with_ddp=False,
+                                    use_cpu_initialization=device.type == "cpu")[0]
 
 
 def build_teacher(cfg: ConfigContainer, device: torch.device) -> nn.Module:

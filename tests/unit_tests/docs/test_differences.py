@@ -18,9 +18,19 @@ DOC = REPO / "docs" / "megatron-bridge-differences.md"
 MARKER = "Differs from Megatron-Bridge"
 
 
+def _table(header: str) -> list[list[str]]:
+    """The rows of the table under ``header`` (up to the first line that is not a table row)."""
+    lines = DOC.read_text().split(header, 1)[1].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
 def _rows() -> list[list[str]]:
-    lines = DOC.read_text().split("| Megatron-Bridge | here | why | where |", 1)[1].splitlines()[2:]
-    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+    return _table("| Megatron-Bridge | here | why | where |")
 
 
 def _where(row: list[str]) -> list[str]:
@@ -81,3 +91,42 @@ def test_every_declared_difference_has_a_row() -> None:
 
 def test_removed_option_stays_removed() -> None:
     assert not config_key_exists("dist.use_tp_pp_dp_mapping")
+
+
+# ------------------------------------------------------------------------------------ the AutoBridge method table
+AUTOBRIDGE_HEADER = "| AutoBridge method | here | why |"
+MB_AUTOBRIDGE_METHODS = {
+    "list_supported_models", "supports", "from_auto_config", "from_hf_config", "from_hf_pretrained", "can_handle",
+    "load_hf_weights", "export_hf_weights", "export_hf_weights_modelopt", "export_hf_weights_quant",
+    "export_adapter_weights", "save_hf_adapter", "save_hf_pretrained", "save_hf_weights", "save_megatron_model",
+    "load_megatron_model", "import_ckpt", "export_ckpt", "export_adapter_ckpt", "push_to_hub", "get_model_config",
+    "get_model", "to_megatron_model", "to_megatron_provider", "get_hf_model_id_from_checkpoint",
+    "get_conversion_tasks", "transformer_config", "mla_transformer_config",
+}
+"""Megatron-Bridge's public AutoBridge methods at 067f987 (src/megatron/bridge/models/conversion/auto_bridge.py)."""
+
+
+def _method_rows() -> dict[str, tuple[str, str]]:
+    rows = _table(AUTOBRIDGE_HEADER)
+    assert all(len(row) == 3 and row[0].startswith("`") for row in rows), rows
+    return {row[0].strip("`"): (row[1], row[2]) for row in rows}
+
+
+def _our_public_methods() -> set[str]:
+    from megatron_bridge.bridge import AutoBridge
+
+    return {name for name in vars(AutoBridge) if not name.startswith("_")}
+
+
+def test_method_table_lists_every_megatron_bridge_and_every_our_method() -> None:
+    rows = _method_rows()
+    assert set(rows) == MB_AUTOBRIDGE_METHODS | _our_public_methods(), sorted(set(rows) ^ (
+        MB_AUTOBRIDGE_METHODS | _our_public_methods()))
+
+
+def test_method_table_rows_are_true() -> None:
+    ours = _our_public_methods()
+    for name, (here, why) in _method_rows().items():
+        assert here in ("ours", "left out"), (name, here)
+        assert why, f"{name}: no reason given"
+        assert (here == "ours") == (name in ours), f"{name} is marked {here!r}"

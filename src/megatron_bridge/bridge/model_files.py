@@ -1,0 +1,111 @@
+"""What ``AutoBridge`` needs beyond a whole HF folder: the run config of a model-only checkpoint
+(``save_megatron_model``; the writer is :func:`megatron_bridge.bridge.checkpoints.save_model_checkpoint`), the
+model-parallel overrides of ``load_megatron_model``, HF safetensors weights alone (``save_hf_weights``), and the
+per-parameter conversion plan (``get_conversion_tasks``)."""
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from megatron_bridge.bridge.families import ModelFamily
+from megatron_bridge.bridge.hf_writer import SafetensorsShardWriter, TensorSpec
+from megatron_bridge.bridge.weights import hf_tensor_shapes, to_hf_tensors
+from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.errors import BridgeError
+
+
+def checkpoint_run_config(config: ModelConfig, tokenizer_folder: Path | None, assets: Path) -> ConfigContainer:
+    """The ``run_config.yaml`` of a model-only checkpoint: the model, its sequence length, and the tokenizer of
+    ``tokenizer_folder`` as copied to ``assets`` (its ``tokenizer.json``), else the null tokenizer."""
+    from megatron_bridge.config.data import TokenizerConfig
+
+    cfg = ConfigContainer(model=ModelConfig(**{k: getattr(config, k) for k in ModelConfig.__dataclass_fields__}))
+    cfg.dataset.seq_length = config.seq_length
+    has_tokenizer = tokenizer_folder is not None and (tokenizer_folder / "tokenizer.json").is_file()
+    cfg.tokenizer = (TokenizerConfig(tokenizer_type="huggingface", tokenizer_file=str(assets / "tokenizer.json"))
+                     if has_tokenizer else TokenizerConfig(tokenizer_type="null", vocab_size=config.vocab_size))
+    return cfg
+
+
+MP_OVERRIDE_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                      "expert_model_parallel_size", "expert_tensor_parallel_size",
+                      "virtual_pipeline_model_parallel_size", "sequence_parallel")
+"""The model-parallel fields ``load_megatron_model(mp_overrides=...)`` may set (Megatron-Bridge's
+``ModelParallelKwargs``)."""
+
+
+def apply_mp_overrides(config: ModelConfig, mp_overrides: Mapping[str, Any] | None) -> None:
+    """Set ``mp_overrides``' model-parallel fields on ``config``; BridgeError for any other key."""
+    for key, value in (mp_overrides or {}).items():
+        if key not in MP_OVERRIDE_FIELDS or not hasattr(config, key):
+            raise BridgeError(f"load_megatron_model(mp_overrides={{{key!r}: ...}}): not a model-parallel field; use "
+                              f"one of {list(MP_OVERRIDE_FIELDS)}")
+        setattr(config, key, value)
+
+
+def save_hf_safetensors(path: Path, family: ModelFamily, config: ModelConfig,
+                        pairs: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype,
+                        max_shard_size: int | str) -> list[str]:
+    """Write the HF safetensors files (and their index when sharded) of ``pairs`` (our names, full tensors) into
+    ``path`` (created); no config or tokenizer. Returns the file names."""
+    path.mkdir(parents=True, exist_ok=True)
+    specs = [TensorSpec(name, shape, dtype) for name, shape in hf_tensor_shapes(family, config).items()]
+    writer = SafetensorsShardWriter(path, specs, max_shard_size)
+    try:
+        for name, tensor in to_hf_tensors(pairs, family, config):
+            writer.add(name, tensor)
+        return writer.finish()
+    finally:
+        writer.close()
+
+
+@dataclass(frozen=True)
+class ParamMapping:
+    """How one of our parameters maps to Hugging Face tensors (``task.mapping`` as in Megatron-Bridge)."""
+
+    megatron_param: str
+    """Our parameter name."""
+    hf_param: str | tuple[str, ...]
+    """The HF tensor name, or the names stacked into it (MoE experts)."""
+
+
+@dataclass(frozen=True)
+class WeightConversionTask:
+    """One parameter's conversion, Megatron-Bridge's ``WeightConversionTask`` fields."""
+
+    param_name: str
+    """Our parameter name (in the unwrapped chunk)."""
+    mapping: ParamMapping
+    """The HF name(s) it converts to and from."""
+    pp_rank: int
+    """The pipeline rank that holds it."""
+    vp_stage: int | None
+    """The virtual stage (index of the chunk) that holds it; None without virtual stages."""
+    megatron_module: nn.Module
+    """The unwrapped chunk that owns it."""
+    param_weight: torch.Tensor
+    """The parameter itself (a DTensor shard under FSDP2 / TP)."""
+
+
+def conversion_tasks(family: ModelFamily, config: ModelConfig, modules: Sequence[nn.Module],
+                     pp_rank: int) -> list[WeightConversionTask]:
+    """The tasks of every parameter of ``modules`` (the unwrapped chunks); BridgeError for a parameter the family
+    does not map."""
+    names = family.weight_names(config)
+    stacked = family.stacked_weights(config)
+    tasks = []
+    for index, module in enumerate(modules):
+        for name, param in module.named_parameters():
+            hf: str | tuple[str, ...] | None = names.get(name)
+            if hf is None and name in stacked:
+                hf = tuple(stacked[name].hf_names)
+            if hf is None:
+                raise BridgeError(f"parameter {name!r} has no Hugging Face name in the {family.name} mapping")
+            tasks.append(WeightConversionTask(name, ParamMapping(name, hf), pp_rank,
+                                              index if len(modules) > 1 else None, module, param))
+    return tasks
