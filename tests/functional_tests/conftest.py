@@ -6,7 +6,13 @@ import sys
 
 import pytest
 
-from tests.functional_tests.launcher import REPORT_ENV, is_worker, set_test_deadline
+from tests.functional_tests.launcher import (
+    DEADLINE_MARGIN_S,
+    REPORT_ENV,
+    SHARED_LAUNCHES,
+    is_worker,
+    set_test_deadline,
+)
 
 
 _EXIT_STATUS: list[int] = []
@@ -43,6 +49,18 @@ def _teardown_process_group(request: pytest.FixtureRequest):
         dist.destroy_process_group()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Launching process: every test of a shared launch (launcher.py's ``SHARED_LAUNCHES``) gets that launch's
+    timeout plus :data:`DEADLINE_MARGIN_S` as its pytest-timeout, as whichever of them runs first waits for all."""
+    if is_worker():
+        return
+    for shared in SHARED_LAUNCHES:
+        members = set(shared.tests)
+        for item in items:
+            if item.nodeid in members:
+                item.add_marker(pytest.mark.timeout(shared.timeout + DEADLINE_MARGIN_S))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Launching process: the test's launches end before its pytest-timeout would stop it (which counts from here,
@@ -74,7 +92,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         detail = str(report.longrepr)[-4000:]
     elif report.skipped and isinstance(report.longrepr, tuple):
         detail = str(report.longrepr[2])
-    row = {"test": report.nodeid.rsplit("::", 1)[-1], "when": report.when, "outcome": report.outcome,
+    row = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
            "detail": detail}
     with open(os.path.join(folder, f"rank{os.environ.get('RANK', '0')}.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")

@@ -135,11 +135,16 @@ def _read_reports(folder: Path, nproc: int) -> dict[int, list[dict[str, str]]]:
     return reports
 
 
-def _outcome(name: str, reports: dict[int, list[dict[str, str]]], ended: str) -> CaseOutcome:
+def nodeid_of(file: str, name: str) -> str:
+    """pytest's node id of test ``name`` (``test``, ``Class::test``, ``test[id]``) of ``file``, as a worker reports it
+    (relative to the repository root)."""
+    return f"{Path(file).resolve().relative_to(REPO_ROOT).as_posix()}::{name}"
+
+
+def _outcome(nodeid: str, reports: dict[int, list[dict[str, str]]], ended: str) -> CaseOutcome:
     failures, skipped, missing = [], [], []
-    reported_as = name.rsplit("::", 1)[-1]  # conftest.py reports a test of a class by its own name
     for rank, rows in reports.items():
-        mine = [r for r in rows if r["test"] == reported_as]
+        mine = [r for r in rows if r["nodeid"] == nodeid]
         if not any(r["when"] == "teardown" for r in mine):
             missing.append(rank)
         failures += [f"rank {rank} ({r['when']}): {r['detail']}" for r in mine if r["outcome"] == "failed"]
@@ -153,22 +158,37 @@ def _outcome(name: str, reports: dict[int, list[dict[str, str]]], ended: str) ->
     return CaseOutcome("passed")
 
 
-def launch_cases(file: str, names: list[str], *, nproc: int, timeout: float,
-                 env: dict[str, str] | None = None) -> dict[str, CaseOutcome]:
-    """Run the tests ``names`` of ``file`` in one launch on ``nproc`` ranks, in this order, without stopping at a
-    failure; returns each test's outcome over all ranks (conftest.py's worker hook writes them). A test of a class is
-    named ``Class::test``; a parametrized one with its id, ``test[id]``."""
+def run_cases(nodeids: list[str], *, nproc: int, timeout: float,
+              env: dict[str, str] | None = None) -> dict[str, CaseOutcome]:
+    """Run the tests ``nodeids`` (of one file or several) in one launch on ``nproc`` ranks, in this order, without
+    stopping at a failure; returns each test's outcome over all ranks (conftest.py's worker hook writes them)."""
     timeout = launch_timeout(timeout)
     with tempfile.TemporaryDirectory(prefix="mb-cases-") as folder:
         try:
-            proc = _torchrun_pytest([f"{file}::{n}" for n in names], nproc, timeout,
+            proc = _torchrun_pytest([str(REPO_ROOT / n) for n in nodeids], nproc, timeout,
                                     {**(env or {}), REPORT_ENV: folder}, stop_at_first_failure=False)
             tail = (proc.stdout + proc.stderr)[-6000:]
             ended = f"the launch exited with code {proc.returncode}; output tail:\n{tail}"
         except subprocess.TimeoutExpired as exc:
             ended = f"the launch timed out after {timeout:.0f}s; output tail:\n{_text(exc.stdout)[-6000:]}"
         reports = _read_reports(Path(folder), nproc)
-    return {name: _outcome(name, reports, ended) for name in names}
+    return {nodeid: _outcome(nodeid, reports, ended) for nodeid in nodeids}
+
+
+def launch_cases(file: str, names: list[str], *, nproc: int, timeout: float,
+                 env: dict[str, str] | None = None) -> dict[str, CaseOutcome]:
+    """:func:`run_cases` for the tests ``names`` of ``file``, outcomes by name. A test of a class is named
+    ``Class::test``; a parametrized one with its id, ``test[id]``."""
+    outcomes = run_cases([nodeid_of(file, n) for n in names], nproc=nproc, timeout=timeout, env=env)
+    return {name: outcomes[nodeid_of(file, name)] for name in names}
+
+
+def _check(outcome: CaseOutcome, where: str) -> None:
+    """Skip or fail the calling test as ``outcome`` says."""
+    if outcome.status == "skipped":
+        pytest.skip(f"{where}: {outcome.detail}")
+    if outcome.status != "passed":
+        pytest.fail(f"{where} {outcome.status}:\n{outcome.detail[-8000:]}", pytrace=False)
 
 
 def selected_groups(request: pytest.FixtureRequest, groups: dict[int, list[str]]) -> dict[int, list[str]]:
@@ -199,9 +219,62 @@ class LaunchGroups:
         if nproc not in self._outcomes:
             self._outcomes[nproc] = launch_cases(self.file, self.groups[nproc], nproc=nproc,
                                                  timeout=self.timeout[nproc], env=self.env)
-        outcome = self._outcomes[nproc][name]
         where = f"{name} on {nproc} ranks (one launch with {', '.join(self.groups[nproc])})"
-        if outcome.status == "skipped":
-            pytest.skip(f"{where}: {outcome.detail}")
-        if outcome.status != "passed":
-            pytest.fail(f"{where} {outcome.status}:\n{outcome.detail[-8000:]}", pytrace=False)
+        _check(self._outcomes[nproc][name], where)
+
+
+# --------------------------------------------------------------------------------- tests of several files, one launch
+class SharedLaunch:
+    """Tests of several files that need nothing from the launching process (no fixture's path in the environment),
+    run in one launch when the first of them (this session selected) asks: each file pays no process start-up,
+    imports and rendezvous of its own. Each test stays a test of its own, passed or failed on its own; on the workers
+    the tests share one process group (each joins it if none is up: ``dist.is_initialized()``).
+
+    The files of a shared launch run in one xdist stream (tests/conftest.py) and each of its tests gets the launch's
+    pytest-timeout (functional conftest.py), as any of them may be the one that starts it.
+
+    Args:
+        name: what the launch is, for messages.
+        nproc: number of ranks.
+        timeout: seconds for the whole launch.
+        tests: node ids (relative to the repository root), in the order they run.
+    """
+
+    def __init__(self, name: str, nproc: int, timeout: float, tests: list[str]) -> None:
+        self.name, self.nproc, self.timeout, self.tests = name, nproc, timeout, tests
+        self._outcomes: dict[str, CaseOutcome] | None = None
+
+    @property
+    def files(self) -> list[str]:
+        """The member files, relative to the repository root."""
+        return list(dict.fromkeys(t.split("::", 1)[0] for t in self.tests))
+
+    def check(self, request: pytest.FixtureRequest) -> None:
+        """Fail (or skip) the calling test as it did on the workers; launches the shared launch if needed."""
+        if self._outcomes is None:
+            selected = {item.nodeid for item in request.session.items}
+            self._outcomes = run_cases([t for t in self.tests if t in selected], nproc=self.nproc,
+                                       timeout=self.timeout)
+        nodeid = request.node.nodeid
+        _check(self._outcomes[nodeid], f"{nodeid} on {self.nproc} ranks (the shared launch {self.name!r})")
+
+
+def join_launch_group() -> None:
+    """On a worker: join the launch's default process group (gloo) unless an earlier test of the launch did. The tests
+    of a :class:`SharedLaunch` start with it, so none of them owns the group (``pretrain()`` and
+    ``initialize_distributed`` reuse it and leave it up for the next test)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+TWO_RANKS = SharedLaunch("two ranks, plain tests", nproc=2, timeout=900, tests=[
+    "tests/functional_tests/distributed/test_ddp_two_ranks.py::test_ddp_two_ranks",
+    "tests/functional_tests/distributed/test_fsdp2_two_ranks.py::test_fsdp2_two_ranks",
+    "tests/functional_tests/precision/test_fp8_torchao.py::test_fp8_fsdp2_ddp_tp_against_bf16",
+    "tests/functional_tests/optimization/test_qat.py::test_qat_cpu_formats_train_resume_and_disable",
+    "tests/functional_tests/optimization/test_distillation.py::test_student_learns_from_teacher_checkpoint",
+])
+SHARED_LAUNCHES = [TWO_RANKS]
+"""Every shared launch (tests/conftest.py keeps each one's files in one stream)."""

@@ -9,7 +9,7 @@ from megatron_bridge.distributed.init import build_device_mesh, initialize_distr
 from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.errors import TrainingError
 from tests.functional_tests.distributed.helpers import Case, global_batches, run_cases, tiny_cfg
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import TWO_RANKS, is_worker, join_launch_group
 
 
 def _set(**options: object):  # noqa: ANN202
@@ -38,10 +38,11 @@ CASES = [
 ]
 
 
-def test_ddp_two_ranks() -> None:
+def test_ddp_two_ranks(request: pytest.FixtureRequest) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_ddp_two_ranks", nproc=2)
+        TWO_RANKS.check(request)
         return
+    join_launch_group()  # initialize_distributed reuses it
     env = initialize_distributed(tiny_cfg())
     assert (env.world_size, env.backend, env.device.type) == (2, "gloo", "cpu")
     mesh = build_device_mesh(tiny_cfg(), env)

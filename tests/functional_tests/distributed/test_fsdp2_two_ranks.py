@@ -2,6 +2,7 @@
 params atol 1e-6 after 3 SGD steps, grad norms rtol 1e-5), and a meta-device build materializes shard by shard into
 exactly the parameters of a direct build."""
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -11,7 +12,7 @@ from megatron_bridge.distributed.init import initialize_distributed
 from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.models import build_model_chunks
 from tests.functional_tests.distributed.helpers import Case, run_cases, tiny_cfg
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import TWO_RANKS, is_worker, join_launch_group
 
 
 def _fsdp2(**options: object):  # noqa: ANN202
@@ -49,10 +50,11 @@ CASES = [
 ]
 
 
-def test_fsdp2_two_ranks() -> None:
+def test_fsdp2_two_ranks(request: pytest.FixtureRequest) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_fsdp2_two_ranks", nproc=2)
+        TWO_RANKS.check(request)
         return
+    join_launch_group()  # initialize_distributed reuses it
     env = initialize_distributed(tiny_cfg())
     assert env.world_size == 2
     _check_meta_build_is_sharded_and_exact()

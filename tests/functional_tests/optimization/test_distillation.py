@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.pretrain import pretrain
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import TWO_RANKS, is_worker, join_launch_group
 from tests.functional_tests.optimization.test_qat import _shared_dir
 from tests.functional_tests.training._common import FullWeights, assert_finite_decreasing, small_config
 
@@ -75,11 +75,11 @@ class TeacherLayout(Callback):
                                    and all(g == gathered[0] for g in gathered))
 
 
-def test_student_learns_from_teacher_checkpoint(tmp_path: Path) -> None:
+def test_student_learns_from_teacher_checkpoint(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_student_learns_from_teacher_checkpoint")
+        TWO_RANKS.check(request)
         return
-    dist.init_process_group("gloo")  # for the shared folder name; pretrain reuses the group
+    join_launch_group()  # for the shared folder name; pretrain reuses the group
     root = _shared_dir(tmp_path)
     teacher_cfg = _cfg(train_iters=6)
     teacher_cfg.checkpoint.save = str(root / "teacher")

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from megatron_bridge.config.model_optimization import CPU_QUANT_FORMATS
 from megatron_bridge.training.pretrain import pretrain
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import TWO_RANKS, is_worker, join_launch_group
 from tests.functional_tests.training._common import assert_finite_decreasing, small_config
 
 
@@ -57,11 +57,11 @@ def _resume_is_exact(fmt: str, folder: Path, **overrides: object) -> list[float]
     return straight
 
 
-def test_qat_cpu_formats_train_resume_and_disable(tmp_path: Path) -> None:
+def test_qat_cpu_formats_train_resume_and_disable(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_qat_cpu_formats_train_resume_and_disable")
+        TWO_RANKS.check(request)
         return
-    dist.init_process_group("gloo")  # for the shared folder name; pretrain reuses the group
+    join_launch_group()  # for the shared folder name; pretrain reuses the group
     root = _shared_dir(tmp_path)
     unquantized = pretrain(_cfg(None)).losses
     for fmt in CPU_QUANT_FORMATS:

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from megatron_bridge.config.mixed_precision import get_mixed_precision_preset
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.pretrain import pretrain
-from tests.functional_tests.launcher import is_worker, launch
+from tests.functional_tests.launcher import TWO_RANKS, is_worker, join_launch_group
 from tests.functional_tests.training._common import assert_finite_decreasing, small_config
 
 
@@ -67,11 +66,11 @@ def _close(a: list[float], b: list[float], rtol: float) -> bool:
     return all(abs(x - y) <= rtol * abs(y) for x, y in zip(a, b, strict=True))
 
 
-def test_fp8_fsdp2_ddp_tp_against_bf16() -> None:
+def test_fp8_fsdp2_ddp_tp_against_bf16(request: pytest.FixtureRequest) -> None:
     if not is_worker():
-        launch(f"{__file__}::test_fp8_fsdp2_ddp_tp_against_bf16")
+        TWO_RANKS.check(request)
         return
-    dist.init_process_group("gloo")  # pretrain reuses the group
+    join_launch_group()  # pretrain reuses the group
     bf16 = pretrain(_cfg(False, use_torch_fsdp2=True)).losses
 
     layers = Float8Layers()
