@@ -403,3 +403,14 @@ def test_seed_megatron_fsdp_example_validates_with_llama3_8b_cp2() -> None:
     cfg.checkpoint.load = None
     cfg.validate(world_size=8)
     assert cfg.model.context_parallel_size == 2 and cfg.data_parallel_size(8) == 4
+
+
+def test_megatron_fsdp_context_parallel_on_megatron_core_needs_transformer_engine() -> None:
+    """What stays refused: on model.engine='megatron_core', context parallelism (with Megatron FSDP too) runs only in
+    transformer-engine's attention (rule megatron_core_context_parallel); no Megatron FSDP rule refuses CP."""
+    cfg = tiny_llama_pretrain_config(context_parallel_size=2)
+    cfg.dist.use_megatron_fsdp = True
+    cfg.model.engine = "megatron_core"
+    with pytest.raises(ConfigValidationError) as exc:
+        cfg.validate(world_size=2)
+    assert set(re.findall(r"\[rule (\w+)\]", str(exc.value))) == {"megatron_core_context_parallel"}, exc.value
