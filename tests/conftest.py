@@ -21,7 +21,7 @@ FUNCTIONAL_CPU_S: dict[str, float] = {
     "checkpoint/test_any_to_any.py": 41,
     "checkpoint/test_resume_pretrain.py": 43,
     "context_parallel/test_cp_attention.py": 19,
-    "context_parallel/test_cp_pretrain.py": 102,
+    "context_parallel/test_cp_pretrain.py": 154,  # with the two Megatron FSDP x CP tests
     "distributed/test_ddp_two_ranks.py": 125,  # the launch shared with 4 other files (launcher.py's TWO_RANKS)
     "distributed/test_tensor_parallel_functional.py": 39,
     "mcore/test_checkpoint.py": 155,
