@@ -27,7 +27,7 @@ from megatron_bridge.bridge.assets import HF_ASSETS_DIRNAME, copy_assets
 from megatron_bridge.bridge.memory import track
 from megatron_bridge.bridge.model_files import checkpoint_run_config
 from megatron_bridge.bridge.output import staged_output_dir
-from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint import files
 from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
 from megatron_bridge.checkpoint.mcore_reader import is_mcore_checkpoint
 from megatron_bridge.checkpoint.reader import (
@@ -62,9 +62,9 @@ class CheckpointTensors:
 
             self._tensors = read_mcore_weights(self.folder, model_config_of(self.folder, None))
             return
-        manifest = layout.verify_manifest(self.folder)
-        if manifest.get("format") == "torch" or (self.folder / layout.TORCH_FILENAME).is_file():
-            self._tensors = _weights_of(load_torch_mmap(self.folder / layout.TORCH_FILENAME), self.folder)
+        manifest = files.verify_manifest(self.folder)
+        if manifest.get("format") == "torch" or (self.folder / files.TORCH_FILENAME).is_file():
+            self._tensors = _weights_of(load_torch_mmap(self.folder / files.TORCH_FILENAME), self.folder)
             return
         metadata = read_dcp_metadata(self.folder)
         check_dcp_storage(self.folder, metadata)
@@ -110,7 +110,7 @@ class CheckpointTensors:
         """The checkpoint's ``run_config.yaml`` (None for a weights file)."""
         if self.folder is None:
             return None
-        path = self.folder / layout.RUN_CONFIG_FILENAME
+        path = self.folder / files.RUN_CONFIG_FILENAME
         if not path.is_file():
             raise CheckpointError(f"{str(path)!r} does not exist: the checkpoint does not say its model config")
         try:
@@ -160,7 +160,7 @@ def write_streaming_checkpoint(root: Path, cfg: ConfigContainer, shapes: dict[st
     from megatron_bridge.checkpoint.train_state import TrainState
 
     root.mkdir(parents=True, exist_ok=True)
-    tmp = layout.temporary_dir(root, 0, layout.new_save_id())
+    tmp = files.temporary_dir(root, 0, files.new_save_id())
     tmp.mkdir()
     state = {"model": {name: torch.empty(shape, dtype=dtype, device="meta") for name, (shape, dtype) in shapes.items()}}
     writer = FileSystemWriter(tmp, single_file_per_rank=False, sync_files=True, overwrite=False)
@@ -176,14 +176,14 @@ def write_streaming_checkpoint(root: Path, cfg: ConfigContainer, shapes: dict[st
             raise cause from exc
         raise CheckpointError(f"writing {str(tmp)!r} failed: {dcp_error_message(exc)}") from exc
     train_state = serialize(TrainState().state_dict())
-    (tmp / layout.TRAIN_STATE_FILENAME).write_bytes(train_state)
-    (tmp / layout.RUN_CONFIG_FILENAME).write_text(cfg.to_yaml())
+    (tmp / files.TRAIN_STATE_FILENAME).write_bytes(train_state)
+    (tmp / files.RUN_CONFIG_FILENAME).write_text(cfg.to_yaml())
     if extra is not None:
         extra(tmp)
-    final = layout.iteration_dir(root, 0)
-    layout.commit(tmp, final, {"step": 0, "format": "torch_dist", "backend": "bridge_import", "world_size": 1,
+    final = files.iteration_dir(root, 0)
+    files.commit(tmp, final, {"step": 0, "format": "torch_dist", "backend": "bridge_import", "world_size": 1,
                                "has_optimizer": False, "has_rng": False})
-    layout.write_trackers(root, 0, train_state)
+    files.write_trackers(root, 0, train_state)
     return final
 
 

@@ -15,7 +15,7 @@ them (``checkpoint.pretrained_checkpoint``) casts them to its compute dtype and 
 them, as Megatron-Bridge does.
 
 Both build one TP=1 ``GPTModel`` on the CPU (no initialisation, no CUDA) and let megatron-core's own
-``sharded_state_dict`` decide the checkpoint's keys and layouts (stacked layers, TE-style layer-norm names, gated
+``sharded_state_dict`` decide the checkpoint's keys and shapes (stacked layers, TE-style layer-norm names, gated
 MLP halves; written by :func:`save_one_process`); :mod:`megatron_bridge.engines.megatron_core.weights` maps the names.
 megatron-core needs ``torch.distributed``: a 1-process gloo group (and megatron-core's parallel state) is created
 for the call and destroyed afterwards; inside a multi-process job the conversion is refused.
@@ -37,7 +37,7 @@ from torch.distributed.checkpoint import save as dcp_save
 
 from megatron_bridge.bridge.hf_reader import CONFIG_FILENAME, is_hf_folder, read_json
 from megatron_bridge.bridge.output import staged_output_dir
-from megatron_bridge.checkpoint import layout, mcore_reader, mcore_state
+from megatron_bridge.checkpoint import files, mcore_reader, mcore_state
 from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.checkpoint.saved_run import read_model_config
@@ -175,19 +175,19 @@ def write_mcore_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContain
                 k for k in expected if mapped[k].shape != expected[k].shape)
             raise CheckpointError(f"the weights do not fit the model config (keys or shapes differ): {bad[:8]}")
         gpt.load_state_dict(mapped, strict=False)
-        folder = layout.temporary_dir(tmp, 0, layout.new_save_id())
+        folder = files.temporary_dir(tmp, 0, files.new_save_id())
         folder.mkdir()
         state = {"checkpoint_version": mcore_state.CHECKPOINT_VERSION, "iteration": 0,
                  "model": gpt.sharded_state_dict()}
         save_one_process(state, folder, {"singleton_local_shards": False, "chained_optim_avoid_prefix": True})
         train_state = serialize(mcore_state.train_state_dict(TrainState()))
-        (folder / layout.TRAIN_STATE_FILENAME).write_bytes(train_state)
-        (folder / layout.RUN_CONFIG_FILENAME).write_text(out_cfg.to_yaml())
-        layout.commit(folder, layout.iteration_dir(tmp, 0),
-                      {"step": 0, "format": "torch_dist", "layout": mcore_reader.MCORE_LAYOUT,
+        (folder / files.TRAIN_STATE_FILENAME).write_bytes(train_state)
+        (folder / files.RUN_CONFIG_FILENAME).write_text(out_cfg.to_yaml())
+        files.commit(folder, files.iteration_dir(tmp, 0),
+                      {"step": 0, "format": "torch_dist", "engine": mcore_reader.MCORE_ENGINE,
                        "backend": "mcore_convert", "world_size": 1, "has_optimizer": False, "has_rng": False})
-        layout.write_trackers(tmp, 0, train_state)
-    return layout.iteration_dir(root, 0)
+        files.write_trackers(tmp, 0, train_state)
+    return files.iteration_dir(root, 0)
 
 
 def run_config_of(src: str | Path, step: int | None, model_config: "ModelConfig | None") -> "ConfigContainer":
@@ -204,10 +204,10 @@ def run_config_of(src: str | Path, step: int | None, model_config: "ModelConfig 
     if is_hf_folder(path):  # the model config AutoBridge.from_hf_pretrained(path).to_megatron_provider() returns
         hf = read_json(path / CONFIG_FILENAME, "config")
         cfg = ConfigContainer(model=family_for_hf_config(hf).config_from_hf(hf))
-    elif path.is_dir() and (resolve_checkpoint_folder(path, step) / layout.RUN_CONFIG_FILENAME).is_file() and (
+    elif path.is_dir() and (resolve_checkpoint_folder(path, step) / files.RUN_CONFIG_FILENAME).is_file() and (
             model_config is None):
         try:
-            cfg = ConfigContainer.from_yaml(resolve_checkpoint_folder(path, step) / layout.RUN_CONFIG_FILENAME)
+            cfg = ConfigContainer.from_yaml(resolve_checkpoint_folder(path, step) / files.RUN_CONFIG_FILENAME)
         except ValueError as exc:
             raise CheckpointError(f"the run_config.yaml of {str(src)!r} is not this library's ({exc}): pass the "
                                   "model config (--config run_config.yaml)") from exc

@@ -1,6 +1,6 @@
 """Reading a Hugging Face model folder without executing anything and without loading it whole.
 
-Layouts (the four ``save_pretrained`` writes): ``model.safetensors``; ``model.safetensors.index.json`` + shards;
+Weight files (the four ``save_pretrained`` writes): ``model.safetensors``; ``model.safetensors.index.json`` + shards;
 ``pytorch_model.bin``; ``pytorch_model.bin.index.json`` + shards. Safetensors tensors are read one at a time from
 their shard; ``.bin`` files are read with ``torch.load(weights_only=True, mmap=True)``, one shard at a time. Every
 tensor handed out is registered with :func:`megatron_bridge.bridge.memory.track`.
@@ -22,22 +22,22 @@ SAFETENSORS_SINGLE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_SINGLE = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
-WEIGHT_LAYOUTS = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, BIN_INDEX, BIN_SINGLE)
+WEIGHT_FILES = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, BIN_INDEX, BIN_SINGLE)
 """Weight files looked for, in this order of preference."""
 ALLOW_NON_FINITE_ENV = "MEGATRON_BRIDGE_ALLOW_NON_FINITE_WEIGHTS"
 """Set to 1 to read weights holding NaN or Inf (refused by default: a corrupt or diverged checkpoint)."""
 
 
-def weights_layout(folder: str | Path) -> str | None:
-    """The first of :data:`WEIGHT_LAYOUTS` present in ``folder``, else None."""
+def weights_file(folder: str | Path) -> str | None:
+    """The first of :data:`WEIGHT_FILES` present in ``folder``, else None."""
     folder = Path(folder)
-    return next((name for name in WEIGHT_LAYOUTS if (folder / name).is_file()), None)
+    return next((name for name in WEIGHT_FILES if (folder / name).is_file()), None)
 
 
 def is_hf_folder(path: str | Path) -> bool:
-    """True for a folder with ``config.json`` and weights in one of the four layouts."""
+    """True for a folder with ``config.json`` and weights in one of the four weight files."""
     path = Path(path)
-    return path.is_dir() and (path / CONFIG_FILENAME).is_file() and weights_layout(path) is not None
+    return path.is_dir() and (path / CONFIG_FILENAME).is_file() and weights_file(path) is not None
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
@@ -58,26 +58,27 @@ class HFWeightsReader:
         self.folder = Path(folder)
         self.allow_non_finite = (os.environ.get(ALLOW_NON_FINITE_ENV, "") not in ("", "0")
                                  if allow_non_finite is None else allow_non_finite)
-        layout = weights_layout(self.folder)
-        if layout is None:
-            raise BridgeError(f"{str(self.folder)!r} has no weights: expected one of {', '.join(WEIGHT_LAYOUTS)}")
-        self.layout = layout
-        self.is_safetensors = layout.startswith("model.safetensors")
+        weights_file_name = weights_file(self.folder)
+        if weights_file_name is None:
+            raise BridgeError(f"{str(self.folder)!r} has no weights: expected one of {', '.join(WEIGHT_FILES)}")
+        self.weights_file = weights_file_name
+        """The weights file or index read (one of :data:`WEIGHT_FILES`)."""
+        self.is_safetensors = weights_file_name.startswith("model.safetensors")
         self.weight_map = self._weight_map()
         self._bin_file: str | None = None
         self._bin_tensors: dict[str, torch.Tensor] = {}
 
     def _weight_map(self) -> dict[str, str]:
-        if self.layout in (SAFETENSORS_SINGLE, BIN_SINGLE):
-            names = self._names_in(self.layout)
-            return dict.fromkeys(names, self.layout)
-        index = read_json(self.folder / self.layout, "weights index")
+        if self.weights_file in (SAFETENSORS_SINGLE, BIN_SINGLE):
+            names = self._names_in(self.weights_file)
+            return dict.fromkeys(names, self.weights_file)
+        index = read_json(self.folder / self.weights_file, "weights index")
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise BridgeError(f"{str(self.folder / self.layout)!r} has no valid 'weight_map' {{name: file}}")
+            raise BridgeError(f"{str(self.folder / self.weights_file)!r} has no valid 'weight_map' {{name: file}}")
         for shard in sorted(set(weight_map.values())):
             if "/" in shard or shard.startswith(".") or not (self.folder / shard).is_file():
-                raise BridgeError(f"shard {shard!r} listed in {str(self.folder / self.layout)!r} is missing")
+                raise BridgeError(f"shard {shard!r} listed in {str(self.folder / self.weights_file)!r} is missing")
         for shard in sorted(set(weight_map.values())):
             absent = set(k for k, v in weight_map.items() if v == shard) - set(self._names_in(shard))
             if absent:

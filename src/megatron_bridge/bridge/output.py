@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from megatron_bridge.checkpoint.layout import fsync_dir, fsync_tree
+from megatron_bridge.checkpoint.files import fsync_dir, fsync_tree
 from megatron_bridge.errors import BridgeError
 
 

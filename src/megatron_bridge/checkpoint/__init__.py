@@ -3,7 +3,7 @@ docs/training/checkpointing.md ("Where the code lives"). Conversion between form
 :mod:`megatron_bridge.bridge`, which imports this package and never the other way round.
 
 * Save and resume: :class:`CheckpointManager` (``manager.py``, the one object the loop talks to), ``save.py``,
-  ``layout.py`` (the folder layout and its crash-safe commit), ``run_folder.py``, ``rng.py``, ``comm.py``,
+  ``files.py`` (the files of a checkpoint folder and its crash-safe commit), ``run_folder.py``, ``rng.py``, ``comm.py``,
   ``train_state.py``. The native engine's format is DCP (``torch.distributed.checkpoint``); the megatron-core
   engine's is megatron-core ``dist_checkpointing``: ``mcore_checkpoint.py`` (``torch_dist``), ``mcore_state.py``
   (its state dict, as Megatron-Bridge lays it out), ``mcore_megatron_fsdp.py`` and
@@ -16,7 +16,7 @@ docs/training/checkpointing.md ("Where the code lives"). Conversion between form
   which the loader asks the conversion floor for what it cannot read: a Hugging Face folder).
 """
 
-from megatron_bridge.checkpoint.layout import iteration_dir, list_checkpoints
+from megatron_bridge.checkpoint.files import iteration_dir, list_checkpoints
 from megatron_bridge.checkpoint.manager import CheckpointManager
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from megatron_bridge.checkpoint import layout, mcore_megatron_fsdp, mcore_reader, saved_run
+from megatron_bridge.checkpoint import files, mcore_megatron_fsdp, mcore_reader, saved_run
 from megatron_bridge.checkpoint.converter import Converter, no_converter_error
 from megatron_bridge.checkpoint.reader import (
     DCP_ERRORS,
@@ -74,24 +74,24 @@ def resolve_folder(root: str | Path, step: int | None) -> Path | None:
     """The committed folder to load from ``root`` (``step`` or the latest); None when ``root`` is empty."""
     root = Path(root)
     if step is None:
-        if layout.step_of(root) is not None:
+        if files.step_of(root) is not None:
             return root
         step = latest_step(root)
         if step is None:
             return None
-        folder = layout.iteration_dir(root, step)
+        folder = files.iteration_dir(root, step)
         if not folder.is_dir():
             raise CheckpointError(
                 f"the tracker of {str(root)!r} points at step {step} but {str(folder)!r} is missing (deleted, or a "
                 "re-save of that step was interrupted between its renames: a '.trash-' folder there may hold it). Fix: "
-                f"set checkpoint.ckpt_step to one of the committed steps {layout.list_checkpoints(root)}, or restore "
+                f"set checkpoint.ckpt_step to one of the committed steps {files.list_checkpoints(root)}, or restore "
                 "the folder")
         return folder
-    folder = layout.iteration_dir(root, step)
+    folder = files.iteration_dir(root, step)
     if not folder.is_dir():
         raise CheckpointError(
             f"checkpoint.ckpt_step={step}: {str(folder)!r} does not exist (available steps: "
-            f"{layout.list_checkpoints(root)})"
+            f"{files.list_checkpoints(root)})"
         )
     return folder
 
@@ -99,13 +99,13 @@ def resolve_folder(root: str | Path, step: int | None) -> Path | None:
 def resolve_checkpoint_folder(path: str | Path, step: int | None = None) -> Path:
     """The ``iter_NNNNNNN`` folder meant by ``path``: itself, or (for a checkpoint root) ``step`` or the latest."""
     path = Path(path)
-    if layout.step_of(path) is not None or (path / layout.MANIFEST_FILENAME).is_file():
+    if files.step_of(path) is not None or (path / files.MANIFEST_FILENAME).is_file():
         return path
     if step is None:
         step = latest_step(path)  # the step training resumes from (train state tracker, text tracker, newest)
     if step is None:
         raise CheckpointError(f"{str(path)!r} holds no checkpoint (no tracker file and no iter_* folder)")
-    folder = layout.iteration_dir(path, step)
+    folder = files.iteration_dir(path, step)
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
     return folder
@@ -115,22 +115,23 @@ def inspect_folder(folder: Path, weights_only: bool) -> LoadSource:
     """Verify a committed folder (manifest sizes + crc32, DCP metadata) and describe it. A megatron-core
     ``torch_dist`` folder without our manifest (written by Megatron-LM or Megatron-Bridge) is checked through its
     ``metadata.json`` and DCP metadata (kind "mcore_dist")."""
-    if not (folder / layout.MANIFEST_FILENAME).is_file() and mcore_reader.is_mcore_checkpoint(folder):
+    if not (folder / files.MANIFEST_FILENAME).is_file() and mcore_reader.is_mcore_checkpoint(folder):
         metadata = mcore_reader.check_mcore_folder(folder)
         from megatron_bridge.checkpoint.mcore_checkpoint import has_optimizer_state
 
-        return LoadSource(str(folder), "mcore_dist", layout.step_of(folder) or 0, weights_only,
+        return LoadSource(str(folder), "mcore_dist", files.step_of(folder) or 0, weights_only,
                           has_optimizer_state(metadata))
-    if not (folder / layout.MANIFEST_FILENAME).is_file() and mcore_megatron_fsdp.is_fsdp_dtensor_folder(folder):
+    if not (folder / files.MANIFEST_FILENAME).is_file() and mcore_megatron_fsdp.is_fsdp_dtensor_folder(folder):
         check_dcp_storage(folder, read_dcp_metadata(folder))  # Megatron-Bridge's / Megatron-LM's fsdp_dtensor
-        return LoadSource(str(folder), MCORE_FSDP_DTENSOR, layout.step_of(folder) or 0, weights_only,
+        return LoadSource(str(folder), MCORE_FSDP_DTENSOR, files.step_of(folder) or 0, weights_only,
                           mcore_megatron_fsdp.has_optimizer_state(folder))
-    manifest = layout.verify_manifest(folder)
+    manifest = files.verify_manifest(folder)
     fmt = manifest.get("format")
-    if fmt == "torch_dist" and manifest.get("layout") == mcore_reader.MCORE_LAYOUT:
+    engine = mcore_reader.manifest_engine(manifest)
+    if fmt == "torch_dist" and engine == mcore_reader.MCORE_ENGINE:
         mcore_reader.check_mcore_folder(folder)
         kind = "mcore_dist"
-    elif fmt == "fsdp_dtensor" and manifest.get("layout") == mcore_reader.MCORE_LAYOUT:
+    elif fmt == "fsdp_dtensor" and engine == mcore_reader.MCORE_ENGINE:
         check_dcp_storage(folder, read_dcp_metadata(folder))
         kind = MCORE_FSDP_DTENSOR
     elif fmt in ("torch_dist", "fsdp_dtensor"):
@@ -156,7 +157,7 @@ def check_load_root(path_str: str, converter: Converter | None = None) -> None:
             "checkpoint.pretrained_checkpoint"
         )
     ignorable = {"run.lock"}
-    other = sorted(p.name for p in path.iterdir() if p.name not in ignorable and not layout.is_stale_folder(p))
+    other = sorted(p.name for p in path.iterdir() if p.name not in ignorable and not files.is_stale_folder(p))
     if other:
         hint = (" (a Hugging Face folder: use checkpoint.pretrained_checkpoint)"
                 if converter is not None and converter.is_hf_folder(path) else "")
@@ -271,9 +272,9 @@ def full_state_of(source: LoadSource, padded_vocab_size: int | None, model_confi
     if source.kind == "hf" and model_config is not None:
         return {"model": converter.hf_weights(source.path, model_config)}
     if source.kind == "torch":
-        content = load_torch_file(Path(source.path) / layout.TORCH_FILENAME, "checkpoint")
+        content = load_torch_file(Path(source.path) / files.TORCH_FILENAME, "checkpoint")
         if not isinstance(content, dict) or "model" not in content:
-            raise CheckpointError(f"{source.path!r}/{layout.TORCH_FILENAME} holds no 'model' state")
+            raise CheckpointError(f"{source.path!r}/{files.TORCH_FILENAME} holds no 'model' state")
         return content
     weights = dict(converter.hf_weights(source.path, None)) if source.kind == "hf" else read_weights_file(source.path)
     return {"model": pad_vocab(weights, padded_vocab_size) if padded_vocab_size else weights}
@@ -338,7 +339,7 @@ def load_full(source: LoadSource, state: dict[str, Any], padded_vocab_size: int 
 
 def read_train_state(folder: str | Path) -> dict[str, Any]:
     """``train_state.pt`` of a checkpoint folder (weights_only)."""
-    state = load_torch_file(Path(folder) / layout.TRAIN_STATE_FILENAME, "train state")
+    state = load_torch_file(Path(folder) / files.TRAIN_STATE_FILENAME, "train state")
     if not isinstance(state, dict):
-        raise CheckpointError(f"{str(folder)!r}/{layout.TRAIN_STATE_FILENAME} is not a mapping")
+        raise CheckpointError(f"{str(folder)!r}/{files.TRAIN_STATE_FILENAME} is not a mapping")
     return state

@@ -18,7 +18,7 @@ import torch
 
 from megatron_bridge.checkpoint import (
     comm,
-    layout,
+    files,
     mcore_checkpoint,
     mcore_megatron_fsdp,
     mcore_reader,
@@ -99,7 +99,7 @@ class CheckpointManager:
         """This process (rank 0) holds the lock of ``checkpoint.save`` (see run_folder.py)."""
         self._overwrite_checked = False
         """The save folder was checked for checkpoints this run did not resume from."""
-        self.mcore = getattr(backend, "checkpoint_layout", None) == mcore_reader.MCORE_LAYOUT
+        self.mcore = getattr(backend, "checkpoint_engine", None) == mcore_reader.MCORE_ENGINE
         """The megatron-core engine: megatron-core torch_dist folders (megatron_bridge.checkpoint.mcore_checkpoint)."""
         self._mcore_saves: mcore_checkpoint.AsyncMcoreSaves | None = None
         """The megatron-core engine's async saves (megatron-core's AsyncCallsQueue), created at the first one."""
@@ -194,9 +194,9 @@ class CheckpointManager:
         restored = reader.load(parts, source.path, load_optim=load_optim, load_rng=load_rng)
         if source.weights_only:
             return
-        if (Path(source.path) / layout.TRAIN_STATE_FILENAME).is_file():
+        if (Path(source.path) / files.TRAIN_STATE_FILENAME).is_file():
             self.train_state.load_state_dict(loading.read_train_state(source.path),
-                                             f"{source.path}/{layout.TRAIN_STATE_FILENAME}")
+                                             f"{source.path}/{files.TRAIN_STATE_FILENAME}")
         elif source.kind == loading.MCORE_FSDP_DTENSOR:  # Megatron-LM writes no train_state.pt
             log_rank_0(logger, "%s has no train_state.pt: step %d from its folder name, sample counters start at 0",
                        source.path, source.step)
@@ -216,7 +216,7 @@ class CheckpointManager:
 
     def _restore_run_state(self, source: loading.LoadSource) -> None:
         self.train_state.load_state_dict(loading.read_train_state(source.path),
-                                         f"{source.path}/{layout.TRAIN_STATE_FILENAME}")
+                                         f"{source.path}/{files.TRAIN_STATE_FILENAME}")
         if not self.ckpt.load_rng:
             return
         restored = load_rng_file(source.path, self.rank, self.world_size)
@@ -266,7 +266,7 @@ class CheckpointManager:
             self._write_mcore(job, start)
             return
         saving.write_rank_files(job.tmp, self.rank, self.world_size, self.ckpt.save_rng)
-        layout.fault_point("rank_files_written")
+        files.fault_point("rank_files_written")
         state = saving.collect_state(self.backend, self.optimizer, self.scheduler, self.ckpt.save_optim)
         if self.ckpt.async_save and self.ckpt.ckpt_format in saving.DCP_FORMATS:
             upload = saving.start_async_dcp(state, job.tmp, self.group)
@@ -282,7 +282,7 @@ class CheckpointManager:
         """megatron-core's dist_checkpointing.save into the temporary folder, then the commit; with async_save the
         commit is the last finalize step of megatron-core's async request (:meth:`poll`, :meth:`wait`)."""
         saving.write_rank_files(job.tmp, self.rank, self.world_size, save_rng=False)
-        layout.fault_point("rank_files_written")
+        files.fault_point("rank_files_written")
         parts = mcore_checkpoint.parts_of(self.cfg, self.backend, self.optimizer, self.scheduler, self.train_state)
         if self.ckpt.ckpt_format == "fsdp_dtensor":  # Megatron FSDP: synchronous (rule megatron_fsdp_async_save)
             mcore_megatron_fsdp.save(parts, job.tmp)
@@ -362,7 +362,7 @@ class CheckpointManager:
 
     def _new_job(self, step: int) -> saving.SaveJob:
         root = Path(self.ckpt.save)
-        save_id = comm.broadcast_from_rank0(layout.new_save_id(), self.group)
+        save_id = comm.broadcast_from_rank0(files.new_save_id(), self.group)
         info = {
             "format": self.ckpt.ckpt_format,
             "backend": getattr(self.backend, "name", type(self.backend).__name__),
@@ -372,10 +372,10 @@ class CheckpointManager:
         }
         train_state = self.train_state.state_dict()
         if self.mcore:  # Megatron-Bridge's train_state.pt (0-d tensors), which its loader reads
-            info["layout"] = mcore_reader.MCORE_LAYOUT
+            info["engine"] = mcore_reader.MCORE_ENGINE
             train_state = mcore_state.train_state_dict(self.train_state)
         return saving.SaveJob(
-            root=root, step=step, tmp=layout.temporary_dir(root, step, save_id),
+            root=root, step=step, tmp=files.temporary_dir(root, step, save_id),
             train_state_bytes=saving.serialize(train_state), config_yaml=self.cfg.to_yaml(),
             info=info, extra_files=self.extra_files() if self.extra_files is not None and self.rank == 0 else {},
         )

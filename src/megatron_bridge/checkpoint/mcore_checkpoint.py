@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-LAYOUT = mcore_reader.MCORE_LAYOUT
 _FULLY_RESHARDABLE = ("fully_reshardable", "fully_sharded_model_space")
 
 

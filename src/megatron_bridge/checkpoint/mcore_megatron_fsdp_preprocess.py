@@ -124,7 +124,7 @@ _SWIGLU_FC1 = re.compile(r"\.mlp\.linear_fc1\.(weight|bias)$")
 
 def _replicated_halves(data: Any, param: Any) -> tuple[Any, Any]:
     """``data`` (a DTensor replicated over data parallelism, this rank's TP part whole) split along dim 0 into the
-    gate and up halves, as DTensors of megatron-fsdp's unsharded layout (views of ``data``'s local tensor, so a
+    gate and up halves, as DTensors of megatron-fsdp's unsharded shapes (views of ``data``'s local tensor, so a
     load writes into it). Under TP each rank's part is ``[gate_r; up_r]``, so the halves are TP shards of the
     global gate and up weights, as megatron-core builds them."""
     from megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer import make_fsdp_dtensor

@@ -43,8 +43,14 @@ MCORE_CONFIG_FILENAME = "metadata.json"
 COMMON_STATE_KEY = "common_state"
 """The ``ShardedObject`` key of the non-tensor ("common") part of the state dict (megatron-core ≥ 0.17)."""
 LEGACY_COMMON_FILENAME = "common.pt"
-MCORE_LAYOUT = "megatron_core"
-"""``manifest.json`` ``layout`` of the megatron-core engine's checkpoints (see mcore_checkpoint.py)."""
+MCORE_ENGINE = "megatron_core"
+"""``manifest.json`` ``engine`` of the megatron-core engine's checkpoints (see mcore_checkpoint.py); folders written
+before the key was renamed say it under ``layout``, which is read too (:func:`manifest_engine`)."""
+
+
+def manifest_engine(manifest: dict[str, Any]) -> str | None:
+    """The engine a manifest says wrote the folder (``engine``, or the older ``layout`` key); None: native."""
+    return manifest.get("engine", manifest.get("layout"))
 
 
 def _numpy_globals() -> list[Any]:

@@ -27,8 +27,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
-from megatron_bridge.checkpoint import layout
-from megatron_bridge.checkpoint.layout import DCP_METADATA_FILENAME
+from megatron_bridge.checkpoint import files
+from megatron_bridge.checkpoint.files import DCP_METADATA_FILENAME
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.utils.logging import get_logger
 
@@ -179,7 +179,7 @@ def latest_step(root: str | Path) -> int | None:
         CheckpointError: a tracker that holds no step number (corrupt), naming the file and the committed steps.
     """
     root = Path(root)
-    state_path = root / layout.LATEST_TRAIN_STATE_FILENAME
+    state_path = root / files.LATEST_TRAIN_STATE_FILENAME
     if state_path.is_file():
         state = load_torch_file(state_path, "tracker")
         step = state.get("step") if isinstance(state, dict) else None
@@ -188,17 +188,17 @@ def latest_step(root: str | Path) -> int | None:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise CheckpointError(
                 f"tracker {str(state_path)!r} holds no integer 'step' (found {type(step).__name__}). Fix: set "
-                f"checkpoint.ckpt_step to one of the committed steps {layout.list_checkpoints(root)}, or delete the "
-                f"file to resume from {layout.TRACKER_FILENAME}")
-        if (root / layout.TRACKER_FILENAME).is_file() and layout.read_tracker_step(root) != step:
+                f"checkpoint.ckpt_step to one of the committed steps {files.list_checkpoints(root)}, or delete the "
+                f"file to resume from {files.TRACKER_FILENAME}")
+        if (root / files.TRACKER_FILENAME).is_file() and files.read_tracker_step(root) != step:
             logger.warning("%s: %s says step %s but %s says step %d; training and convert.py both use step %d",
-                           root, layout.TRACKER_FILENAME, layout.read_tracker_step(root),
-                           layout.LATEST_TRAIN_STATE_FILENAME, step, step)
+                           root, files.TRACKER_FILENAME, files.read_tracker_step(root),
+                           files.LATEST_TRAIN_STATE_FILENAME, step, step)
         return step
-    step = layout.read_tracker_step(root)
+    step = files.read_tracker_step(root)
     if step is not None:
         return step
-    steps = layout.list_checkpoints(root)
+    steps = files.list_checkpoints(root)
     if steps:
         logger.warning("%s has no tracker file; using its newest committed checkpoint (step %d)", root, steps[-1])
         return steps[-1]
@@ -242,9 +242,9 @@ def read_dcp_model_weights(folder: str | Path, prefix: str = "model") -> dict[st
 def read_native_weights(folder: str | Path) -> dict[str, torch.Tensor]:
     """Full model weights of a committed native-engine ``iter_*`` folder (DCP or ``torch``), manifest verified."""
     folder = Path(folder)
-    manifest = layout.verify_manifest(folder)
-    if manifest.get("format") == "torch" or (folder / layout.TORCH_FILENAME).is_file():
-        return read_weights_file(folder / layout.TORCH_FILENAME)
+    manifest = files.verify_manifest(folder)
+    if manifest.get("format") == "torch" or (folder / files.TORCH_FILENAME).is_file():
+        return read_weights_file(folder / files.TORCH_FILENAME)
     return read_dcp_model_weights(folder)
 
 

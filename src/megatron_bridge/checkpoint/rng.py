@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from megatron_bridge.checkpoint.layout import fsync_file
+from megatron_bridge.checkpoint.files import fsync_file
 from megatron_bridge.checkpoint.reader import load_torch_file
 from megatron_bridge.errors import CheckpointError
 

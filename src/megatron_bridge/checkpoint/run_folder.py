@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint import files
 from megatron_bridge.errors import (
     CheckpointError,
     CheckpointOverwriteError,
@@ -160,7 +160,7 @@ def check_overwrite(root: str | Path, resumed_step: int | None, overwrite: bool)
     """
     from megatron_bridge.checkpoint.load import latest_step
 
-    steps = layout.list_checkpoints(root)
+    steps = files.list_checkpoints(root)
     if resumed_step is None:
         foreign = steps
     else:
@@ -179,30 +179,30 @@ def check_overwrite(root: str | Path, resumed_step: int | None, overwrite: bool)
     logger.warning("checkpoint.overwrite=True: deleting checkpoints of steps %s in %s that this run did not resume "
                    "from", foreign, root)
     for step in foreign:
-        layout.remove_checkpoint(layout.iteration_dir(root, step))
-    tracker = layout.read_tracker_step(root)
+        files.remove_checkpoint(files.iteration_dir(root, step))
+    tracker = files.read_tracker_step(root)
     if tracker is not None and tracker in foreign:
-        for name in (layout.TRACKER_FILENAME, layout.LATEST_TRAIN_STATE_FILENAME):
+        for name in (files.TRACKER_FILENAME, files.LATEST_TRAIN_STATE_FILENAME):
             (Path(root) / name).unlink(missing_ok=True)
         if resumed_step is not None:
-            layout.write_trackers(root, resumed_step, (layout.iteration_dir(root, resumed_step) /
-                                                       layout.TRAIN_STATE_FILENAME).read_bytes())
+            files.write_trackers(root, resumed_step, (files.iteration_dir(root, resumed_step) /
+                                                       files.TRAIN_STATE_FILENAME).read_bytes())
     return foreign
 
 
 def clean_interrupted_saves(root: str | Path) -> list[str]:
     """Remove the ``.tmp-``/``.trash-`` folders of interrupted saves (call with the lock held)."""
-    return layout.remove_stale_folders(root)
+    return files.remove_stale_folders(root)
 
 
 # ---------------------------------------------------------------------------------------------------- disk full
 def committed_size(root: str | Path) -> int | None:
     """Bytes of the newest committed checkpoint in ``root`` per its manifest (None when there is none)."""
-    steps = layout.list_checkpoints(root)
+    steps = files.list_checkpoints(root)
     if not steps:
         return None
     try:
-        manifest = layout.read_manifest(layout.iteration_dir(root, steps[-1]))
+        manifest = files.read_manifest(files.iteration_dir(root, steps[-1]))
     except CheckpointError:
         return None
     return sum(int(entry.get("size", 0)) for entry in manifest["files"].values())

@@ -23,8 +23,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from megatron_bridge.checkpoint import layout
-from megatron_bridge.checkpoint.layout import RUN_CONFIG_FILENAME, TORCH_FILENAME, TRAIN_STATE_FILENAME
+from megatron_bridge.checkpoint import files
+from megatron_bridge.checkpoint.files import RUN_CONFIG_FILENAME, TORCH_FILENAME, TRAIN_STATE_FILENAME
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.checkpoint.rng import save_rng_file
 from megatron_bridge.errors import CheckpointError
@@ -55,7 +55,7 @@ class SaveJob:
     @property
     def final(self) -> Path:
         """The committed folder ``iter_NNNNNNN``."""
-        return layout.iteration_dir(self.root, self.step)
+        return files.iteration_dir(self.root, self.step)
 
 
 def serialize(obj: Any) -> bytes:
@@ -130,11 +130,11 @@ def write_torch_file(state: dict[str, Any], folder: Path, rank: int) -> None:
 def finalize_save(job: SaveJob, most_recent_k: int) -> None:
     """Rank 0, after every rank's files are written: commit the folder, update the trackers, clean up.
 
-    Order: fsync + manifest + rename (``layout.commit``), then ``latest_train_state.pt`` and
+    Order: fsync + manifest + rename (``files.commit``), then ``latest_train_state.pt`` and
     ``latest_checkpointed_iteration.txt``, then ``most_recent_k`` and removal of interrupted saves' folders.
     """
     write_rank0_files(job)
-    layout.commit(job.tmp, job.final, {"step": job.step, **job.info})
-    layout.write_trackers(job.root, job.step, job.train_state_bytes)
-    layout.keep_most_recent(job.root, most_recent_k, protect=job.step)
-    layout.remove_stale_folders(job.root)
+    files.commit(job.tmp, job.final, {"step": job.step, **job.info})
+    files.write_trackers(job.root, job.step, job.train_state_bytes)
+    files.keep_most_recent(job.root, most_recent_k, protect=job.step)
+    files.remove_stale_folders(job.root)

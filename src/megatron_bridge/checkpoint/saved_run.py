@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from megatron_bridge.checkpoint.layout import RUN_CONFIG_FILENAME
+from megatron_bridge.checkpoint.files import RUN_CONFIG_FILENAME
 from megatron_bridge.errors import CheckpointError
 
 

@@ -143,7 +143,7 @@ def teacher_model_config(cfg: ConfigContainer, folder: str) -> ModelConfig:
     """The teacher's architecture: ``distillation.teacher_model``, else the checkpoint's run_config.yaml."""
     from pathlib import Path
 
-    from megatron_bridge.checkpoint.layout import RUN_CONFIG_FILENAME
+    from megatron_bridge.checkpoint.files import RUN_CONFIG_FILENAME
     from megatron_bridge.config.container import ConfigContainer as Container
 
     if cfg.distillation.teacher_model is not None:

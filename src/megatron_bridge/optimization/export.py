@@ -20,7 +20,7 @@ from megatron_bridge.errors import CheckpointError
 def load_quantized_model(checkpoint: str | Path, step: int | None = None) -> tuple[nn.Module, ModelConfig]:
     """The quantized model of a checkpoint (root or ``iter_*`` folder), built on CPU in this process."""
     from megatron_bridge.checkpoint import load as loading
-    from megatron_bridge.checkpoint.layout import RUN_CONFIG_FILENAME
+    from megatron_bridge.checkpoint.files import RUN_CONFIG_FILENAME
     from megatron_bridge.models.llama import LlamaModel
     from megatron_bridge.optimization.state import read_modelopt_state, restore_modelopt_state
     from megatron_bridge.optimization.weights import load_weights_into

@@ -1,7 +1,7 @@
 """Outputs that appear complete or not at all: write to a temporary sibling, then ``os.replace`` it into place.
 
 Used by preprocessing (the ``.bin``/``.idx`` pair) and the weight converter (a file or a Hugging Face folder); the
-checkpoint commit has its own, stricter sequence (``checkpoint/layout.py``).
+checkpoint commit has its own, stricter sequence (``checkpoint/files.py``).
 """
 
 import os

@@ -90,9 +90,9 @@ class AsyncSaveInFlight(Callback):
 def check_async_committed(root: Path, steps: tuple[int, ...]) -> None:
     """After the run: every async save committed (megatron-core's files and ours), the tracker names the last, no
     temporary folder is left."""
-    from megatron_bridge.checkpoint import layout
+    from megatron_bridge.checkpoint import files
 
-    assert layout.read_tracker_step(root) == steps[-1]
+    assert files.read_tracker_step(root) == steps[-1]
     for step in steps:
         folder = root / f"iter_{step:07d}"
         assert {"manifest.json", "metadata.json", ".metadata", "train_state.pt"} <= {p.name for p in folder.iterdir()}

@@ -417,7 +417,7 @@ def test_abandoned_async_save_leaves_the_previous_checkpoint(launches: LaunchGro
 
     import torch.distributed as dist
 
-    from megatron_bridge.checkpoint import layout, run_folder
+    from megatron_bridge.checkpoint import files, run_folder
     from megatron_bridge.checkpoint.load import latest_step, resolve_source
 
     root = _work() / "abandon"
@@ -435,8 +435,8 @@ def test_abandoned_async_save_leaves_the_previous_checkpoint(launches: LaunchGro
     assert not [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    assert latest_step(root) == 1 and layout.read_tracker_step(root) == 1
-    assert layout.list_checkpoints(root) == [1]
+    assert latest_step(root) == 1 and files.read_tracker_step(root) == 1
+    assert files.list_checkpoints(root) == [1]
     assert [p.name for p in root.iterdir() if p.name.startswith(f"iter_{SAVE_AT:07d}")], "no interrupted save left"
     from megatron_bridge.config.checkpoint import CheckpointConfig
 
@@ -463,12 +463,12 @@ def test_pipeline_resume_is_bit_exact_and_reshards(launches: LaunchGroups | None
     if not is_worker():
         launches.check("test_pipeline_resume_is_bit_exact_and_reshards")
         return
-    from megatron_bridge.checkpoint import layout
+    from megatron_bridge.checkpoint import files
 
     straight, _ = _straight("pp2_vpp2", PP2_VPP2_BF16, _AtStep(SAVE_AT + 1, _check_async_save_not_committed),
                             async_save=True)
     root = _work() / "pp2_vpp2"
-    assert layout.read_tracker_step(root) == STEPS  # the step-4 save was finalized at exit
+    assert files.read_tracker_step(root) == STEPS  # the step-4 save was finalized at exit
     for step in (SAVE_AT, STEPS):
         folder = root / f"iter_{step:07d}"
         assert {"manifest.json", "metadata.json", ".metadata"} <= {p.name for p in folder.iterdir()}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_bridge.checkpoint.layout import PAUSE_ENV, PAUSE_MARKER_ENV
+from megatron_bridge.checkpoint.files import PAUSE_ENV, PAUSE_MARKER_ENV
 from tests.unit_tests.checkpoint.toy import build_run, full_weights, tiny_cfg, train
 
 

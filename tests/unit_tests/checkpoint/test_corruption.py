@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint import files
 from megatron_bridge.checkpoint.reader import read_dcp_metadata
 from megatron_bridge.errors import CheckpointError
 from tests.unit_tests.checkpoint.toy import build_run, tiny_cfg, train
@@ -21,7 +21,7 @@ def saved(request, tmp_path_factory):
     for _ in range(2):
         train(run, 1)
         run.manager.save()
-    return root, layout.iteration_dir(root, 2)
+    return root, files.iteration_dir(root, 2)
 
 
 def load(root, **options):
@@ -100,7 +100,7 @@ def test_without_trackers_the_newest_committed_folder_is_used(saved):
 
 def _rewrite_manifest_entry(folder, name):
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["files"][name] = {"size": (folder / name).stat().st_size, "crc32": layout.file_crc32(folder / name)}
+    manifest["files"][name] = {"size": (folder / name).stat().st_size, "crc32": files.file_crc32(folder / name)}
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -112,7 +112,7 @@ class _Hostile:
 def test_pickled_code_in_dcp_metadata_is_refused(tmp_path):
     run = build_run(tiny_cfg(save=str(tmp_path)))
     run.manager.save()
-    folder = layout.iteration_dir(tmp_path, 0)
+    folder = files.iteration_dir(tmp_path, 0)
     (folder / ".metadata").write_bytes(pickle.dumps(_Hostile()))
     _rewrite_manifest_entry(folder, ".metadata")  # a consistent manifest: only the unpickler stands in the way
     with pytest.raises(CheckpointError, match="builtins.print is not allowed in DCP metadata"):
@@ -122,7 +122,7 @@ def test_pickled_code_in_dcp_metadata_is_refused(tmp_path):
 def test_pickled_code_in_train_state_is_refused(tmp_path):
     run = build_run(tiny_cfg(save=str(tmp_path), ckpt_format="torch"))
     run.manager.save()
-    folder = layout.iteration_dir(tmp_path, 0)
+    folder = files.iteration_dir(tmp_path, 0)
     torch.save({"step": _Hostile()}, folder / "train_state.pt")
     _rewrite_manifest_entry(folder, "train_state.pt")
     with pytest.raises(CheckpointError, match="train state file .* is corrupt or holds disallowed objects"):

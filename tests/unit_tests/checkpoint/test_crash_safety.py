@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint import files
 from tests.unit_tests.checkpoint.toy import build_run, full_weights, tiny_cfg, train
 
 
@@ -71,4 +71,4 @@ def test_sigkill_during_save_never_breaks_the_previous_checkpoint(tmp_path):
         resumed.manager.save()
         leftovers = [p.name for p in root.iterdir() if ".tmp-" in p.name or ".trash-" in p.name]
         assert leftovers == [], (stage, mode)
-        assert layout.read_tracker_step(root) == expected + 1, (stage, mode)
+        assert files.read_tracker_step(root) == expected + 1, (stage, mode)

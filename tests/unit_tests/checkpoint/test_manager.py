@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint import files
 from megatron_bridge.errors import CheckpointError
 from tests.unit_tests.checkpoint.toy import build_run, eval_loss, full_weights, tiny_cfg, train
 
@@ -31,7 +31,7 @@ def test_resume_is_bit_identical(tmp_path, backend, fmt):
     assert second.scheduler.num_steps == 3
     assert train(second, 3) == expected
     assert second.state.state_dict() == expected_state
-    manifest = layout.read_manifest(layout.iteration_dir(tmp_path, 3))
+    manifest = files.read_manifest(files.iteration_dir(tmp_path, 3))
     assert manifest["format"] == fmt and manifest["backend"] == backend and manifest["world_size"] == 1
 
 
@@ -79,7 +79,7 @@ def test_most_recent_k_keeps_exactly_k(tmp_path):
     for _ in range(5):
         train(run, 1, dropout_rng=False)
         run.manager.save()
-    assert layout.list_checkpoints(tmp_path) == [4, 5]
+    assert files.list_checkpoints(tmp_path) == [4, 5]
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["iter_0000004", "iter_0000005"]
 
 
@@ -160,8 +160,8 @@ def test_async_save_commits_on_poll_or_close(tmp_path):
         if run.manager.should_save(run.state.step):
             run.manager.save()  # returns after staging; waits for a previous async save first
     run.manager.close()
-    assert layout.list_checkpoints(tmp_path) == [2, 4]
-    assert layout.read_tracker_step(tmp_path) == 4
+    assert files.list_checkpoints(tmp_path) == [2, 4]
+    assert files.read_tracker_step(tmp_path) == 4
     resumed = build_run(cfg, seed=3)
     resumed.manager.load()
     assert train(resumed, 1) == losses[4:]
@@ -247,7 +247,7 @@ def test_abandoning_an_async_save_in_flight_keeps_the_previous_checkpoint(tmp_pa
         time.sleep(0.05)
     assert not set(_non_daemon_threads()) - before, _non_daemon_threads()
     assert {name: (tmp_path / name).read_bytes() for name in trackers} == trackers
-    assert layout.list_checkpoints(tmp_path) == [1]
+    assert files.list_checkpoints(tmp_path) == [1]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("iter_0000002.tmp-")]
     resumed = build_run(cfg, seed=3)
     assert resumed.manager.load() and resumed.state.step == 1

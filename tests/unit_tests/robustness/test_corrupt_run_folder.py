@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from megatron_bridge.bridge.convert import resolve_checkpoint_folder
-from megatron_bridge.checkpoint import layout
+from megatron_bridge.checkpoint import files
 from megatron_bridge.checkpoint import load as loading
 from megatron_bridge.checkpoint.train_state import TrainState
 from megatron_bridge.errors import CheckpointError
@@ -40,8 +40,8 @@ def _copy(src: Path, dst: Path) -> Path:
 def test_bad_tracker_is_named_by_training_and_convert(run_folder: Path, tmp_path: Path, content: bytes,
                                                       says: str) -> None:
     root = _copy(run_folder, tmp_path / "run")
-    (root / layout.LATEST_TRAIN_STATE_FILENAME).unlink()
-    (root / layout.TRACKER_FILENAME).write_bytes(content)
+    (root / files.LATEST_TRAIN_STATE_FILENAME).unlink()
+    (root / files.TRACKER_FILENAME).write_bytes(content)
     pattern = rf"latest_checkpointed_iteration.txt' should hold a step number but {says}.*committed steps \[2, 4\]"
     with pytest.raises(CheckpointError, match=pattern):
         build_run(tiny_cfg(save=str(root), load=str(root))).manager.load()
@@ -52,7 +52,7 @@ def test_bad_tracker_is_named_by_training_and_convert(run_folder: Path, tmp_path
 @pytest.mark.parametrize("step", ["4", 4.0, True, -1, [4]])
 def test_train_state_tracker_with_a_wrong_step_is_named(run_folder: Path, tmp_path: Path, step: object) -> None:
     root = _copy(run_folder, tmp_path / "run")
-    torch.save({"step": step}, root / layout.LATEST_TRAIN_STATE_FILENAME)
+    torch.save({"step": step}, root / files.LATEST_TRAIN_STATE_FILENAME)
     with pytest.raises(CheckpointError, match=r"latest_train_state.pt' holds no integer 'step'"):
         loading.latest_step(root)
     with pytest.raises(CheckpointError, match=r"holds no integer 'step'"):
@@ -79,9 +79,9 @@ def test_training_and_convert_pick_the_same_latest_step(run_folder: Path, tmp_pa
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """A save killed between its two tracker writes: latest_train_state.pt says 4, the .txt tracker still 2."""
     root = _copy(run_folder, tmp_path / "run")
-    (root / layout.TRACKER_FILENAME).write_text("2\n")
+    (root / files.TRACKER_FILENAME).write_text("2\n")
     with caplog.at_level("WARNING"):
         assert loading.latest_step(root) == 4
     assert "latest_checkpointed_iteration.txt says step 2 but latest_train_state.pt says step 4" in caplog.text
-    assert resolve_checkpoint_folder(root) == layout.iteration_dir(root, 4)
-    assert loading.resolve_folder(root, None) == layout.iteration_dir(root, 4)
+    assert resolve_checkpoint_folder(root) == files.iteration_dir(root, 4)
+    assert loading.resolve_folder(root, None) == files.iteration_dir(root, 4)

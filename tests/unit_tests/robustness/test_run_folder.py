@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from megatron_bridge.checkpoint import layout, run_folder
+from megatron_bridge.checkpoint import files, run_folder
 from megatron_bridge.errors import CheckpointError, CheckpointOverwriteError, DiskFullError, RunFolderLockedError
 from tests.unit_tests.checkpoint.toy import build_run, tiny_cfg, train
 
@@ -57,14 +57,14 @@ def test_new_run_does_not_overwrite_another_runs_checkpoints(tmp_path):
     fresh = build_run(tiny_cfg(save=str(tmp_path)), seed=1)  # no checkpoint.load: a new run
     with pytest.raises(CheckpointOverwriteError, match=r"already holds checkpoints of steps \[3\]"):
         fresh.manager.load()
-    assert layout.read_tracker_step(tmp_path) == 3
+    assert files.read_tracker_step(tmp_path) == 3
     fresh.manager.close()
     allowed = build_run(tiny_cfg(save=str(tmp_path), overwrite=True), seed=1)
     assert allowed.manager.load() is False
-    assert layout.list_checkpoints(tmp_path) == []  # deleted, as checkpoint.overwrite says
+    assert files.list_checkpoints(tmp_path) == []  # deleted, as checkpoint.overwrite says
     train(allowed, 1)
     allowed.manager.save()
-    assert layout.read_tracker_step(tmp_path) == 1
+    assert files.read_tracker_step(tmp_path) == 1
 
 
 def test_resuming_an_earlier_step_does_not_overwrite_later_ones(tmp_path):
@@ -96,7 +96,7 @@ def test_load_path_that_is_not_a_checkpoint_is_an_error(tmp_path, what):
 
 
 def test_interrupted_saves_are_removed_at_start_up(tmp_path):
-    stale = layout.temporary_dir(tmp_path, 5, "abc123def456")
+    stale = files.temporary_dir(tmp_path, 5, "abc123def456")
     stale.mkdir(parents=True)
     (stale / "big.bin").write_bytes(b"x" * 1000)
     run = build_run(tiny_cfg(save=str(tmp_path), load=str(tmp_path)))
@@ -113,7 +113,7 @@ def test_disk_full_before_the_save_is_a_named_error(tmp_path, monkeypatch):
     monkeypatch.setattr(run_folder.shutil, "disk_usage", lambda path: usage._replace(free=1000))
     with pytest.raises(DiskFullError, match=rf"in {str(tmp_path)!r}: it needs about [\d,]+ bytes; 1,000 bytes"):
         run.manager.save()
-    assert layout.read_tracker_step(tmp_path) == 2 and layout.list_checkpoints(tmp_path) == [2]
+    assert files.read_tracker_step(tmp_path) == 2 and files.list_checkpoints(tmp_path) == [2]
 
 
 def test_disk_full_during_the_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -129,7 +129,7 @@ def test_disk_full_during_the_save_keeps_the_previous_checkpoint(tmp_path, monke
     monkeypatch.setattr(dcp, "save", full_disk)
     with pytest.raises(DiskFullError, match=rf"not enough disk space to save a checkpoint in {str(tmp_path)!r}"):
         run.manager.save()
-    assert layout.read_tracker_step(tmp_path) == 2
+    assert files.read_tracker_step(tmp_path) == 2
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []  # the failed save's folder is gone
     run.manager.close()
     monkeypatch.setattr(dcp, "save", real_save)  # space freed: a restart resumes and saves
@@ -137,7 +137,7 @@ def test_disk_full_during_the_save_keeps_the_previous_checkpoint(tmp_path, monke
     assert again.manager.load() and again.state.step == 2
     train(again, 1)
     again.manager.save()
-    assert layout.read_tracker_step(tmp_path) == 3
+    assert files.read_tracker_step(tmp_path) == 3
 
 
 @pytest.mark.parametrize("content", [b"", b"\xff\xfe garbage", b'{"host": "x"}'])

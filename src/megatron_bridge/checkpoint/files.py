@@ -1,4 +1,5 @@
-"""The on-disk layout of a checkpoint folder and the crash-safe commit that publishes a new checkpoint.
+"""The files of a checkpoint folder (names, trackers, manifest) and the crash-safe commit that publishes a new
+checkpoint.
 
 ::
 
