@@ -350,14 +350,22 @@ class AutoBridge:
     # ------------------------------------------------------------------------------------- one-call flows
     @classmethod
     def import_ckpt(cls, hf_model_id: str | Path, megatron_path: str | Path, *, low_memory_save: bool = False,
-                    overwrite: bool = False, **kwargs: Any) -> Path:
-        """Convert a HF folder into one of our checkpoints (``torch_dist``, step 0, model only, streamed) that
-        ``pretrain()`` resumes (``checkpoint.load``) or starts from (``checkpoint.pretrained_checkpoint``).
+                    overwrite: bool = False, engine: str = "native", **kwargs: Any) -> Path:
+        """Convert a HF folder into one of our checkpoints (step 0, model only) that ``pretrain()`` on either engine
+        resumes (``checkpoint.load``) or starts from (``checkpoint.pretrained_checkpoint``); the other engine
+        converts it on the fly, exactly.
 
-        The folder's ``config.json``, ``generation_config.json`` and tokenizer files are kept in
-        ``iter_0000000/hf_assets/``; its ``run_config.yaml`` names that tokenizer. Returns the checkpoint root.
-        (``low_memory_save`` is accepted for Megatron-Bridge scripts: the import always streams.)
+        ``engine`` picks the format: ``"native"`` (default; the native engine's DCP ``torch_dist``, streamed) or
+        ``"megatron_core"`` (megatron-core ``dist_checkpointing`` ``torch_dist``, what Megatron-Bridge's
+        ``import_ckpt`` writes and megatron-core's own ``dist_checkpointing.load`` reads; the model is held whole
+        while it is written, in one process). The folder's ``config.json``, ``generation_config.json`` and tokenizer
+        files are kept in ``iter_0000000/hf_assets/``; its ``run_config.yaml`` names that tokenizer. Returns the
+        checkpoint root. (``low_memory_save`` is accepted for Megatron-Bridge scripts: the native import always
+        streams.)
         """
+        if engine not in ("native", "megatron_core"):
+            raise BridgeError(f"import_ckpt(engine={engine!r}): use 'native' (the native engine's checkpoint) or "
+                              "'megatron_core' (megatron-core dist_checkpointing, as Megatron-Bridge writes)")
         from megatron_bridge.config.container import ConfigContainer
         from megatron_bridge.config.data import TokenizerConfig
 
@@ -371,11 +379,18 @@ class AutoBridge:
         cfg.tokenizer = (TokenizerConfig(tokenizer_type="huggingface", tokenizer_file=str(assets / "tokenizer.json"))
                          if (bridge.hf_path / "tokenizer.json").is_file()
                          else TokenizerConfig(tokenizer_type="null", vocab_size=config.vocab_size))
+        def assets_into(folder: Path) -> None:
+            copy_assets(bridge.hf_path, folder / HF_ASSETS_DIRNAME, with_config=True)
+
+        if engine == "megatron_core":
+            from megatron_bridge.bridge.engine_checkpoints import write_mcore_checkpoint
+
+            write_mcore_checkpoint(dict(weights), cfg, root, overwrite, extra=assets_into)
+            logger.info("imported %s (%s) into %s (megatron-core)", hf_model_id, bridge.family.name, root)
+            return root
         shapes = {name: (shape, DTYPES[config.params_dtype]) for name, shape in weights.tensor_shapes().items()}
         with staged_output_dir(root, overwrite=overwrite) as tmp:
-            write_streaming_checkpoint(tmp, cfg, shapes, weights.__getitem__,
-                                       extra=lambda folder: copy_assets(bridge.hf_path, folder / HF_ASSETS_DIRNAME,
-                                                                        with_config=True))
+            write_streaming_checkpoint(tmp, cfg, shapes, weights.__getitem__, extra=assets_into)
         logger.info("imported %s (%s) into %s", hf_model_id, bridge.family.name, root)
         return root
 

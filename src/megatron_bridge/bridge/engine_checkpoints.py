@@ -25,7 +25,7 @@ folders go through the rest of the Bridge on the way in and out.
 
 import copy
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,12 +147,13 @@ def save_one_process(state: dict[str, Any], folder: Path, content_metadata: dict
     save_config(CheckpointingConfig("torch_dist", 1), str(folder))
 
 
-def write_mcore_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContainer", root: str | Path,
-                           overwrite: bool = False) -> Path:
+def write_mcore_checkpoint(weights: Mapping[str, torch.Tensor], cfg: "ConfigContainer", root: str | Path,
+                           overwrite: bool = False, extra: Callable[[Path], None] | None = None) -> Path:
     """Write native-named ``weights`` as a megatron-core ``torch_dist`` checkpoint of ``cfg.model`` under ``root``
     (``iter_0000000``: model weights only, step 0, with megatron-core's ``dist_checkpointing.save``; the trackers,
     ``train_state.pt``, ``run_config.yaml`` with ``model.engine='megatron_core'`` and our manifest). The folder
-    appears complete or not at all. Returns the committed ``iter_0000000``.
+    appears complete or not at all; ``extra(folder)`` may add files to ``iter_0000000`` before its commit. Returns
+    the committed ``iter_0000000``.
 
     Raises:
         CheckpointError: the weights do not fit ``cfg.model``, or ``root`` holds files and not ``overwrite``.
@@ -183,6 +184,8 @@ def write_mcore_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContain
         train_state = serialize(mcore_state.train_state_dict(TrainState()))
         (folder / files.TRAIN_STATE_FILENAME).write_bytes(train_state)
         (folder / files.RUN_CONFIG_FILENAME).write_text(out_cfg.to_yaml())
+        if extra is not None:
+            extra(folder)
         files.commit(folder, files.iteration_dir(tmp, 0),
                       {"step": 0, "format": "torch_dist", "engine": mcore_reader.MCORE_ENGINE,
                        "backend": "mcore_convert", "world_size": 1, "has_optimizer": False, "has_rng": False})

@@ -93,7 +93,8 @@ def hf_weights_for_model(folder: str | Path, model: ModelConfig, dtype: torch.dt
 
 
 class PretrainedConverter:
-    """The Bridge's side of :class:`megatron_bridge.checkpoint.converter.Converter`: Hugging Face folders."""
+    """The Bridge's side of :class:`megatron_bridge.checkpoint.converter.Converter`: Hugging Face folders, and one
+    engine's checkpoint in the other's format (:mod:`.cross_engine`)."""
 
     def is_hf_folder(self, path: Path) -> bool:
         """True for a Hugging Face model folder (``config.json`` and weights)."""
@@ -107,3 +108,10 @@ class PretrainedConverter:
         from megatron_bridge.bridge.convert import read_hf_folder
 
         return read_hf_folder(path)
+
+    def convert_for_engine(self, path: str, kind: str, model: ModelConfig, engine: str,
+                           out_dir: Path) -> tuple[str, str]:
+        """An exact copy of the source's model weights in ``engine``'s format under ``out_dir``: ``(path, kind)``."""
+        from megatron_bridge.bridge.cross_engine import convert_for_engine
+
+        return convert_for_engine(path, kind, model, engine, out_dir)

@@ -13,7 +13,9 @@ docs/training/checkpointing.md ("Where the code lives"). Conversion between form
   per format: ``reader.py`` (DCP folders, ``torch`` files, weights files; never executing them), ``mcore_reader.py``
   (megatron-core ``torch_dist`` folders), ``mcore_megatron_fsdp.py`` (``fsdp_dtensor`` folders); ``saved_run.py``
   (what a folder's ``run_config.yaml`` says about the run that wrote it); ``converter.py`` (the protocol through
-  which the loader asks the conversion floor for what it cannot read: a Hugging Face folder).
+  which the loader asks the conversion floor for what it cannot read: a Hugging Face folder, a copy of the other
+  engine's checkpoint in this engine's format); ``foreign.py`` (the other engine's checkpoints, converted on the fly
+  or refused with the fix).
 """
 
 from megatron_bridge.checkpoint.files import iteration_dir, list_checkpoints

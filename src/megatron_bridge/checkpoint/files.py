@@ -44,7 +44,9 @@ TORCH_FILENAME = "model_optim.pt"
 MANIFEST_VERSION = 1
 
 _ITER_RE = re.compile(r"^iter_(\d{7,})$")
-_STALE_RE = re.compile(r"^iter_\d{7,}\.(tmp|trash)-[0-9a-f]+$")
+_STALE_RE = re.compile(r"^(iter_\d{7,}\.(tmp|trash)|\.converted)-[0-9a-f]+$")
+"""An interrupted save's temporary or trash folder, or the copy a load converted for the other engine
+(:func:`conversion_dir`; removed once loaded)."""
 _CHUNK = 1 << 22
 
 PAUSE_ENV = "MEGATRON_BRIDGE_CKPT_PAUSE_AT"
@@ -67,6 +69,12 @@ def iteration_dir(root: str | Path, step: int) -> Path:
 def temporary_dir(root: str | Path, step: int, save_id: str) -> Path:
     """Path a save of ``step`` writes into before it is committed."""
     return Path(root) / f"{iteration_dirname(step)}.tmp-{save_id}"
+
+
+def conversion_dir(root: str | Path) -> Path:
+    """A fresh folder name under ``root`` for a source converted on the fly for the other engine (removed after the
+    load; one left by a killed run is removed with the interrupted saves)."""
+    return Path(root) / f".converted-{new_save_id()}"
 
 
 def new_save_id() -> str:
@@ -292,12 +300,13 @@ def keep_most_recent(root: str | Path, k: int, protect: int | None = None) -> li
 
 
 def is_stale_folder(path: str | Path) -> bool:
-    """True for a ``.tmp-<id>`` or ``.trash-<id>`` folder of an interrupted save."""
+    """True for a ``.tmp-<id>`` or ``.trash-<id>`` folder of an interrupted save, or a ``.converted-<id>`` copy."""
     return Path(path).is_dir() and _STALE_RE.match(Path(path).name) is not None
 
 
 def remove_stale_folders(root: str | Path) -> list[str]:
-    """Remove ``.tmp-<id>`` and ``.trash-<id>`` folders left by interrupted saves. Returns their names."""
+    """Remove ``.tmp-<id>`` and ``.trash-<id>`` folders left by interrupted saves (and ``.converted-<id>`` copies
+    left by an interrupted load). Returns their names."""
     root = Path(root)
     if not root.is_dir():
         return []

@@ -19,6 +19,7 @@ import torch
 from megatron_bridge.checkpoint import (
     comm,
     files,
+    foreign,
     mcore_checkpoint,
     mcore_megatron_fsdp,
     mcore_reader,
@@ -120,6 +121,9 @@ class CheckpointManager:
             self._check_overwrite(None)
             return False
         start = time.perf_counter()
+        original, converted_in = source, None
+        if foreign.is_foreign(source, self.mcore):  # the other engine's checkpoint: load an exact converted copy
+            source, converted_in = foreign.converted_source(source, self.cfg, self.converter, self.group)
         load_optim = self.ckpt.load_optim and not source.weights_only and source.has_optimizer
         if self.ckpt.load_optim and not source.weights_only and not source.has_optimizer:
             log_rank_0(logger, "checkpoint %s holds no optimizer state: optimizer starts fresh", source.path)
@@ -129,6 +133,11 @@ class CheckpointManager:
         else:
             self._load_native(source, load_optim)
         comm.barrier(self.group)
+        if converted_in is not None:
+            foreign.remove_converted(converted_in, self.group)
+            if not original.weights_only:  # resuming it: its step and sample counters too
+                self._load_train_state(original)
+            source = original
         if not source.weights_only:
             self._last_saved = (Path(source.path).resolve().parent, source.step)
         from_save_folder = bool(self.ckpt.save) and self._last_saved is not None and (
@@ -141,21 +150,10 @@ class CheckpointManager:
         return True
 
     def _check_engine(self, source: loading.LoadSource) -> None:
-        """The two engines' checkpoints differ (parameter names, sharding): a named error points at the converter."""
+        """The megatron-core engine's two formats are not interchangeable (a source of the other engine was
+        converted to this one's before: :mod:`.foreign`)."""
         if self.mcore and source.kind in loading.MCORE_KINDS:
             self._check_mcore_format(source)
-            return
-        if self.mcore == (source.kind in loading.MCORE_KINDS):
-            return
-        if self.mcore:
-            raise CheckpointError(
-                f"model.engine='megatron_core' loads megatron-core torch_dist checkpoints, but {source.path!r} is a "
-                f"{source.kind!r} source of the native engine: convert it with scripts/checkpoint/convert.py "
-                "--to megatron_core (megatron_bridge.bridge.engine_checkpoints), or set model.engine='native'")
-        raise CheckpointError(
-            f"{source.path!r} is a megatron-core torch_dist checkpoint (model.engine='megatron_core'): set "
-            "model.engine='megatron_core' to resume it, or convert its weights with scripts/checkpoint/convert.py "
-            "--to megatron (megatron_bridge.bridge.engine_checkpoints)")
 
     def _check_mcore_format(self, source: loading.LoadSource) -> None:
         """Megatron FSDP reads fsdp_dtensor folders only, megatron-core DDP torch_dist ones only (megatron-core's
@@ -194,6 +192,14 @@ class CheckpointManager:
         restored = reader.load(parts, source.path, load_optim=load_optim, load_rng=load_rng)
         if source.weights_only:
             return
+        self._load_train_state(source)
+        if load_rng and not comm.all_ok(restored, self.group):
+            warn_once(logger, "rng_not_restored", "RNG states not restored: %s holds none for this run's "
+                      "tensor/pipeline-parallel layout", source.path)
+
+    def _load_train_state(self, source: loading.LoadSource) -> None:
+        """The train state of a checkpoint folder of either engine (``train_state.pt``; megatron-core folders of
+        Megatron-LM without one: its common state, or the folder's step)."""
         if (Path(source.path) / files.TRAIN_STATE_FILENAME).is_file():
             self.train_state.load_state_dict(loading.read_train_state(source.path),
                                              f"{source.path}/{files.TRAIN_STATE_FILENAME}")
@@ -203,9 +209,6 @@ class CheckpointManager:
             self.train_state.load_state_dict({"step": source.step})
         else:
             self.train_state.load_state_dict(mcore_checkpoint.train_state_from_common(source.path))
-        if load_rng and not comm.all_ok(restored, self.group):
-            warn_once(logger, "rng_not_restored", "RNG states not restored: %s holds none for this run's "
-                      "tensor/pipeline-parallel layout", source.path)
 
     def _state_to_load(self, load_optim: bool) -> dict:
         state = dict(self.backend.model_state_dict())

@@ -64,6 +64,7 @@ GROUPS = {2: ["test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_co
               "test_fp32_data_parallel_resume_is_bit_exact",
               "test_fp32_checkpoint_in_a_bf16_run_names_the_precisions",
               "test_pipeline_resume_is_bit_exact_and_reshards",
+              "test_native_sources_train_on_megatron_core_exactly",
               "test_abandoned_async_save_leaves_the_previous_checkpoint"]}
 """The 2-rank tests, launched together in this order; the abandon test fails its run on purpose (pretrain() then
 aborts the launch's process group), so it stays last."""
@@ -453,6 +454,56 @@ def _check_async_save_not_committed(ctx: Any) -> None:
     names = {p.name for p in root.iterdir()}
     assert not ({"iter_0000002", "latest_checkpointed_iteration.txt", "latest_train_state.pt"} & names), names
     assert any(name.startswith("iter_0000002.tmp-") for name in names), names
+
+
+def _native_sources(cfg: Any) -> Path:
+    """Rank 0: the TP=2 run's step-2 weights as the native engine's checkpoint (DCP) and as a HF folder (through
+    the on-the-fly conversion's child process, megatron-core's parallel state being set up here)."""
+    from megatron_bridge.bridge.checkpoints import write_native_checkpoint
+    from megatron_bridge.bridge.convert import write_hf_folder
+    from megatron_bridge.bridge.pretrained import PretrainedConverter
+    from megatron_bridge.checkpoint.reader import read_weights_file
+    from megatron_bridge.config.container import ConfigContainer
+
+    work = _work() / "native_sources"
+    if int(os.environ.get("RANK", "0")) == 0:
+        path, kind = PretrainedConverter().convert_for_engine(str(_work() / "tp2" / f"iter_{SAVE_AT:07d}"),
+                                                              "mcore_dist", cfg.model, "native", work / "weights")
+        assert kind == "weights"
+        weights = read_weights_file(path)
+        write_native_checkpoint(weights, ConfigContainer(model=cfg.model), work / "dcp")
+        write_hf_folder(weights, cfg.model, work / "hf")
+    torch.distributed.barrier()
+    return work
+
+
+def test_native_sources_train_on_megatron_core_exactly(launches: LaunchGroups | None) -> None:
+    """Issue 26 item 3 on the megatron-core engine: the TP=2 bf16 run's step-2 weights as a native checkpoint and as
+    a HF folder start a TP=2 bf16 run as ``pretrained_checkpoint`` with exactly those weights (converted on the fly
+    to megatron-core's format in a child process); the HF folder's padded vocabulary rows are zeros."""
+    if not is_worker():
+        launches.check("test_native_sources_train_on_megatron_core_exactly")
+        return
+    if "tp2" not in _STRAIGHT:
+        pytest.skip("needs the TP=2 run of the first test of this launch")
+    want = {k: v for k, v in _STRAIGHT["tp2"][1].at_step.items() if k.startswith("model")}
+    cfg = _config(TP2_BF16, None)
+    work = _native_sources(cfg)
+    rank, vocab = int(os.environ.get("RANK", "0")), cfg.model.vocab_size
+    for kind in ("dcp", "hf"):
+        cfg = _config(TP2_BF16, None)
+        cfg.train.train_iters = 1
+        cfg.checkpoint.pretrained_checkpoint = str(work / kind)
+        loaded = _Snapshots(0)
+        _train(cfg, loaded)
+        got = {k: v for k, v in loaded.at_step.items() if k.startswith("model")}
+        assert set(got) == set(want), kind
+        for key, value in want.items():
+            if kind == "hf" and key.endswith(("word_embeddings.weight", "output_layer.weight")):
+                real = max(0, min(value.shape[0], vocab - rank * value.shape[0]))  # this TP rank's real rows
+                assert torch.equal(got[key][:real], value[:real]) and not got[key][real:].any(), (kind, key)
+            else:
+                assert got[key].dtype == value.dtype and torch.equal(got[key], value), (kind, key)
 
 
 def test_pipeline_resume_is_bit_exact_and_reshards(launches: LaunchGroups | None) -> None:
