@@ -39,8 +39,17 @@ def modelopt_state_to_resume(cfg: ConfigContainer) -> tuple[str, dict[str, Any]]
 def load_weights_into(module: nn.Module, source: loading.LoadSource) -> None:
     """Fill the plain ``module``'s weights from ``source`` (collective for DCP folders: call on every rank).
 
-    Quantizer buffers, if any, are left as they are. Raises CheckpointError when keys or shapes differ.
+    Quantizer buffers, if any, are left as they are; a megatron-core checkpoint is read through an exact native copy
+    (the Bridge's on-the-fly conversion). Raises CheckpointError when keys or shapes differ.
     """
+    if source.kind in loading.MCORE_KINDS:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="megatron_bridge_converted-") as tmp:
+            config = getattr(module, "config")  # noqa: B009 (the model's ModelConfig)
+            path, kind = PretrainedConverter().convert_for_engine(source.path, source.kind, config, "native", Path(tmp))
+            load_weights_into(module, loading.LoadSource(path, kind, 0, True))
+        return
     state = {"model": without_quantizer_keys(module.state_dict())}
     if source.kind == "dcp":
         loading.load_dcp(source, state, comm.new_checkpoint_group())

@@ -120,3 +120,20 @@ def test_import_ckpt_refuses_an_unknown_engine(hf_folder, tmp_path) -> None:  # 
 
     with pytest.raises(BridgeError, match=r"import_ckpt\(engine='mcore'\).*'megatron_core'"):
         AutoBridge.import_ckpt(hf_folder, tmp_path / "x", engine="mcore")
+
+
+def test_what_does_not_convert_is_refused_with_the_fix() -> None:
+    from megatron_bridge.bridge.pretrained import PretrainedConverter
+    from megatron_bridge.checkpoint.foreign import _refusal
+    from megatron_bridge.checkpoint.load import LoadSource
+
+    converter, native = PretrainedConverter(), tiny_cfg()
+    assert _refusal(LoadSource("/ckpt", "mcore_dist", 0, True), native, converter) is None
+    error = _refusal(LoadSource("/ckpt", "mcore_fsdp_dtensor", 0, True), native, converter)
+    assert error is not None and "does not convert to the native engine" in str(error)
+    mcore = tiny_cfg()
+    mcore.model.engine = "megatron_core"
+    assert _refusal(LoadSource("/ckpt", "dcp", 0, True), mcore, converter) is None
+    mcore.dist.use_megatron_fsdp = True
+    error = _refusal(LoadSource("/ckpt", "dcp", 0, True), mcore, converter)
+    assert error is not None and "dist.use_megatron_fsdp=False" in str(error)
