@@ -12,7 +12,7 @@ It sits above ``checkpoint/`` (save/resume, the engines' own formats) and import
 | ``model_files.py`` | model-only checkpoint run configs, HF weights-only files, the per-parameter conversion tasks |
 | ``families/`` | one mapping module per family (config both ways, weight names) and the registry |
 | ``rope.py`` | RoPE base and scaling in both transformers config formats |
-| ``hf_reader.py`` / ``hf_writer.py`` | HF folder layouts in; sharded safetensors + index out, streamed |
+| ``hf_reader.py`` / ``hf_writer.py`` | HF weight files in; sharded safetensors + index out, streamed |
 | ``config_out.py`` | the exported ``config.json``: the source's own file, changed only where the model differs |
 | ``weights.py`` | name mapping, vocabulary (un)padding, checks of missing/unknown/mis-shaped tensors |
 | ``convert.py`` | the entry points of ``scripts/checkpoint/convert.py``: any source to any format |
@@ -20,8 +20,8 @@ It sits above ``checkpoint/`` (save/resume, the engines' own formats) and import
 | ``checkpoints.py`` | our checkpoints, read tensor by tensor; streamed native ``torch_dist`` writing (also of a live
   model's weights, ``save_megatron_model``) |
 | ``exporting.py`` / ``assets.py`` | the HF folder an export writes; tokenizer, generation config, token ids |
-| ``pretrained.py`` | ``checkpoint.pretrained_checkpoint`` = HF folder: config check against ``cfg.model``; the
-  loader's ``Converter`` |
+| ``pretrained.py`` | ``checkpoint.pretrained_checkpoint`` = HF folder: config check against ``cfg.model`` |
+| ``converter.py`` / ``cross_engine.py`` | the checkpoint loader's ``Converter``; other engine's checkpoints |
 | ``model_io.py`` / ``output.py`` / ``memory.py`` | model fill/read, all-or-nothing output folders, memory meter |
 """
 

@@ -72,10 +72,9 @@ _CHILD = "from megatron_bridge.bridge.cross_engine import child_main; child_main
 
 def _convert_in_child(path: str, kind: str, model: ModelConfig, engine: str, out_dir: Path) -> tuple[str, str, str]:
     """:func:`_convert` in a fresh interpreter (module docstring)."""
-    import megatron_bridge
     from megatron_bridge.config.container import ConfigContainer
 
-    package_root = str(Path(megatron_bridge.__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding megatron_bridge/
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env["CUDA_VISIBLE_DEVICES"] = ""

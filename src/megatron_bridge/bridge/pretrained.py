@@ -1,18 +1,14 @@
 """Training from a HF folder: ``checkpoint.pretrained_checkpoint`` pointing at one is checked against ``cfg.model``
-(the first field that differs is named, before any tensor is read) and read lazily under our names.
-
-:class:`PretrainedConverter` is what the checkpoint loader asks for the sources it has no reader for
-(:class:`megatron_bridge.checkpoint.converter.Converter`); ``pretrain()`` hands it to the ``CheckpointManager``."""
+(the first field that differs is named, before any tensor is read) and read lazily under our names."""
 
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from megatron_bridge.bridge.families import family_for_hf_config
-from megatron_bridge.bridge.hf_reader import CONFIG_FILENAME, HFWeightsReader, is_hf_folder, read_json
+from megatron_bridge.bridge.hf_reader import CONFIG_FILENAME, HFWeightsReader, read_json
 from megatron_bridge.bridge.weights import HFModelWeights
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import BridgeError
@@ -91,27 +87,3 @@ def hf_weights_for_model(folder: str | Path, model: ModelConfig, dtype: torch.dt
         raise BridgeError(f"the {family.name} folder {str(folder)!r} cannot load into this model")
     return HFModelWeights(HFWeightsReader(folder), family, model, dtype)
 
-
-class PretrainedConverter:
-    """The Bridge's side of :class:`megatron_bridge.checkpoint.converter.Converter`: Hugging Face folders, and one
-    engine's checkpoint in the other's format (:mod:`.cross_engine`)."""
-
-    def is_hf_folder(self, path: Path) -> bool:
-        """True for a Hugging Face model folder (``config.json`` and weights)."""
-        return is_hf_folder(path)
-
-    def hf_weights(self, path: str | Path, model_config: ModelConfig | None) -> Mapping[str, torch.Tensor]:
-        """The folder's weights under our names: checked against ``model_config`` and padded for it (lazily) when
-        given, else every tensor as stored (the folder's vocabulary rows)."""
-        if model_config is not None:
-            return hf_weights_for_model(path, model_config)
-        from megatron_bridge.bridge.convert import read_hf_folder
-
-        return read_hf_folder(path)
-
-    def convert_for_engine(self, path: str, kind: str, model: ModelConfig, engine: str,
-                           out_dir: Path) -> tuple[str, str]:
-        """An exact copy of the source's model weights in ``engine``'s format under ``out_dir``: ``(path, kind)``."""
-        from megatron_bridge.bridge.cross_engine import convert_for_engine
-
-        return convert_for_engine(path, kind, model, engine, out_dir)

@@ -5,7 +5,7 @@ engine's checkpoint in the other engine's format.
 or a checkpoint of the other engine, is read or converted by the conversion code of :mod:`megatron_bridge.bridge`
 (a floor above; docs/architecture.md), which imports ``checkpoint/`` and never the other way round. So the loader
 takes a :class:`Converter` as an argument: ``pretrain()`` hands
-:class:`megatron_bridge.bridge.pretrained.PretrainedConverter` to the
+:class:`megatron_bridge.bridge.converter.PretrainedConverter` to the
 :class:`~megatron_bridge.checkpoint.manager.CheckpointManager` (``foreign.py`` uses it for the other engine's
 checkpoints). Without one, such a source is refused with an error that names the fix.
 """
@@ -48,4 +48,4 @@ def no_converter_error(path: str | Path) -> CheckpointError:
     return CheckpointError(
         f"{str(path)!r} is a Hugging Face folder, which the checkpoint loader reads only through the Bridge: "
         "pretrain() passes it; a CheckpointManager built by hand needs "
-        "converter=megatron_bridge.bridge.pretrained.PretrainedConverter()")
+        "converter=megatron_bridge.bridge.converter.PretrainedConverter()")

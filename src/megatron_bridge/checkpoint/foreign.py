@@ -43,7 +43,7 @@ def _refusal(source: LoadSource, cfg: ConfigContainer, converter: Converter | No
         return CheckpointError(
             f"{source.path!r} is a {source.kind!r} checkpoint of the model.engine={other!r} format, which this loader "
             "converts only through the Bridge: pretrain() passes it; a CheckpointManager built by hand needs "
-            "converter=megatron_bridge.bridge.pretrained.PretrainedConverter(). Or convert it first with "
+            "converter=megatron_bridge.bridge.converter.PretrainedConverter(). Or convert it first with "
             f"scripts/checkpoint/convert.py --to {'megatron_core' if engine == 'megatron_core' else 'megatron'}")
     if source.kind == MCORE_FSDP_DTENSOR:
         return CheckpointError(

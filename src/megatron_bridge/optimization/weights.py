@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from megatron_bridge.bridge.pretrained import PretrainedConverter
+from megatron_bridge.bridge.converter import PretrainedConverter
 from megatron_bridge.checkpoint import comm
 from megatron_bridge.checkpoint import load as loading
 from megatron_bridge.config.container import ConfigContainer

@@ -123,7 +123,7 @@ def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, sche
     c = cfg.checkpoint
     if not (c.save or c.load or c.pretrained_checkpoint):
         return None
-    from megatron_bridge.bridge.pretrained import PretrainedConverter
+    from megatron_bridge.bridge.converter import PretrainedConverter
     from megatron_bridge.checkpoint import CheckpointManager
 
     extra_files = None

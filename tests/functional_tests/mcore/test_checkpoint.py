@@ -461,7 +461,7 @@ def _native_sources(cfg: Any) -> Path:
     the on-the-fly conversion's child process, megatron-core's parallel state being set up here)."""
     from megatron_bridge.bridge.checkpoints import write_native_checkpoint
     from megatron_bridge.bridge.convert import write_hf_folder
-    from megatron_bridge.bridge.pretrained import PretrainedConverter
+    from megatron_bridge.bridge.converter import PretrainedConverter
     from megatron_bridge.checkpoint.reader import read_weights_file
     from megatron_bridge.config.container import ConfigContainer
 

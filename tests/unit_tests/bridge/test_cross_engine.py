@@ -76,7 +76,7 @@ def test_without_a_converter_the_other_engines_checkpoint_is_refused(mcore_check
     root, _ = mcore_checkpoint
     run = build_run(tiny_cfg(pretrained_checkpoint=str(root)))
     manager = CheckpointManager(run.cfg, run.backend, run.optimizer, run.scheduler, run.state)
-    with pytest.raises(CheckpointError, match=r"converter=megatron_bridge\.bridge\.pretrained\.PretrainedConverter"):
+    with pytest.raises(CheckpointError, match=r"converter=megatron_bridge\.bridge\.converter\.PretrainedConverter"):
         manager.load()
 
 
@@ -123,7 +123,7 @@ def test_import_ckpt_refuses_an_unknown_engine(hf_folder, tmp_path) -> None:  # 
 
 
 def test_what_does_not_convert_is_refused_with_the_fix() -> None:
-    from megatron_bridge.bridge.pretrained import PretrainedConverter
+    from megatron_bridge.bridge.converter import PretrainedConverter
     from megatron_bridge.checkpoint.foreign import _refusal
     from megatron_bridge.checkpoint.load import LoadSource
 

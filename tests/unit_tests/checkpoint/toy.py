@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron_bridge.bridge.pretrained import PretrainedConverter
+from megatron_bridge.bridge.converter import PretrainedConverter
 from megatron_bridge.checkpoint import CheckpointManager
 from megatron_bridge.checkpoint.train_state import TrainState
 from megatron_bridge.config.checkpoint import CheckpointConfig
