@@ -50,7 +50,10 @@ def test_exit_interval_and_tensorboard(tmp_path) -> None:
 
     # the tiny recipe's switches: timers (level 0), throughput (its rolling window is 100 steps) and memory
     not_here = {"params-norm", "world-size", *DISTILLATION_TAGS, *CUDA_ONLY_TAGS}
-    cpu_tags = {t for t, (switch, _) in TENSORBOARD_TAGS.items() if t not in not_here and "validation" not in t
+    off = {t for t, (switch, _) in TENSORBOARD_TAGS.items() if getattr(cfg.logger, switch, True) is False}
+    assert {"time/total", "time/batches"} <= off  # log_runtime_to_tensorboard: Megatron-Bridge's default False
+    assert not off & tags, off & tags
+    cpu_tags = {t for t, (switch, _) in TENSORBOARD_TAGS.items() if t not in not_here | off and "validation" not in t
                 and not (t.endswith("-time") and t != "iteration-time") and "_per_sec" not in t
                 and not t.endswith("batch_size")}
     assert cpu_tags <= tags, cpu_tags - tags  # Megatron-Bridge's tag names

@@ -44,6 +44,8 @@ ALLOWED: dict[str, str] = {
     "training/pretrain.py::_build_tokenizer_and_check_vocab": "the tokenizer file's vocabulary vs model.vocab_size",
     "training/pretrain.py::setup": "the checkpoint's step vs train.train_iters",
     "engines/native/engine.py::NativeEngine.check_forward_step": "the forward_step function the caller passes",
+    "bridge/provider.py::_refuse": "provide_distributed_model's keyword arguments (Megatron-Bridge's), not config "
+                                   "fields",
 }
 """Raise sites of config errors outside config/ (``file::function``) and the runtime fact each one checks."""
 
