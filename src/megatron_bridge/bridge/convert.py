@@ -7,7 +7,8 @@ engines' checkpoints are read by ``megatron_bridge.checkpoint`` and converted be
 :mod:`.engine_checkpoints`.
 
 * :func:`read_model_weights` reads the model weights (full tensors, our parameter names) from any source: a
-  checkpoint root (its latest step), an ``iter_NNNNNNN`` folder of any format, a weights file written by
+  checkpoint root (its latest step), an ``iter_NNNNNNN`` folder of any format (megatron-core ``torch_dist`` and
+  Megatron FSDP ``fsdp_dtensor`` ones with the model config), a weights file written by
   :func:`write_torch_weights`, or a Hugging Face folder.
 * :func:`write_torch_weights` writes ``{"model": {name: tensor}}`` (loads with ``torch.load(weights_only=True)``).
 * :func:`convert_weights` converts any source to a ``torch`` file, a HF folder or one of our checkpoints.
@@ -20,6 +21,7 @@ import torch
 
 from megatron_bridge.bridge.hf_reader import is_hf_folder
 from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
+from megatron_bridge.checkpoint.mcore_megatron_fsdp import is_fsdp_dtensor_folder
 from megatron_bridge.checkpoint.mcore_reader import is_mcore_checkpoint
 from megatron_bridge.checkpoint.reader import (
     VOCAB_KEYS,
@@ -58,6 +60,10 @@ def read_model_weights(path: str | Path, *, step: int | None = None,
         from megatron_bridge.bridge.engine_checkpoints import model_config_of, read_mcore_weights
 
         return read_mcore_weights(folder, model_config_of(folder, model_config))
+    if is_fsdp_dtensor_folder(folder):  # Megatron FSDP on the megatron-core engine
+        from megatron_bridge.bridge.engine_checkpoints import model_config_of, read_fsdp_dtensor_weights
+
+        return read_fsdp_dtensor_weights(folder, model_config_of(folder, model_config))
     return read_native_weights(folder)
 
 
@@ -151,7 +157,8 @@ def _convert_between_engines(src: Path, dst: str | Path, to: str, step: int | No
         weights = read_model_weights(src, step=step, model_config=cfg.model)
     if to == "megatron_core":
         return engine_checkpoints.write_mcore_checkpoint(weights, cfg, dst, overwrite)
-    if not is_mcore_checkpoint(resolve_checkpoint_folder(src, step)):
+    folder = resolve_checkpoint_folder(src, step)
+    if not (is_mcore_checkpoint(folder) or is_fsdp_dtensor_folder(folder)):
         raise CheckpointError(f"--to megatron converts a Hugging Face folder or a megatron-core checkpoint; "
                               f"{str(src)!r} is already one of ours")
     return write_native_checkpoint(weights, cfg, dst, overwrite)

@@ -6,7 +6,10 @@ loader (``checkpoint/converter.py``) asks :func:`convert_for_engine` for a copy 
 that as usual:
 
 * for the native engine, a megatron-core ``torch_dist`` checkpoint becomes a weights file (``{"model": ...}``,
-  native names) through :func:`megatron_bridge.bridge.engine_checkpoints.read_mcore_weights`;
+  native names) through :func:`megatron_bridge.bridge.engine_checkpoints.read_mcore_weights`, and a Megatron FSDP
+  ``fsdp_dtensor`` checkpoint through :func:`megatron_bridge.bridge.engine_checkpoints.read_fsdp_dtensor_weights`
+  (model weights only; a DCP folder read in one process without megatron-core, so it converts in place, never in a
+  child);
 * for the megatron-core engine, a native checkpoint (DCP or ``torch``), a weights file or a Hugging Face folder (checked
   against ``cfg.model``) becomes a megatron-core ``torch_dist`` checkpoint through
   :func:`megatron_bridge.bridge.engine_checkpoints.write_mcore_checkpoint`, its vocabulary rows padded for the model.
@@ -26,12 +29,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from megatron_bridge.checkpoint.load import MCORE_FSDP_DTENSOR
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import BridgeError, CheckpointError, MegatronBridgeError
 
 
 MCORE_DIST = "mcore_dist"
 """The loader's kind of a megatron-core ``torch_dist`` folder (``checkpoint/load.py``)."""
+MCORE_KINDS_TO_NATIVE = (MCORE_DIST, MCORE_FSDP_DTENSOR)
+"""The loader's source kinds of the megatron-core engine the native engine gets converted."""
 NATIVE_KINDS = ("dcp", "torch", "weights", "hf")
 """The loader's source kinds the megatron-core engine gets converted."""
 
@@ -43,12 +49,13 @@ def convert_for_engine(path: str, kind: str, model: ModelConfig, engine: str, ou
     Raises:
         CheckpointError: the source cannot be converted for ``engine`` or does not fit ``model``.
     """
-    if engine == "native" and kind != MCORE_DIST:
+    if engine == "native" and kind not in MCORE_KINDS_TO_NATIVE:
         raise CheckpointError(f"{path!r} ({kind}) cannot be converted for the native engine: only megatron-core "
-                              "torch_dist checkpoints are (an fsdp_dtensor folder of Megatron FSDP is not)")
+                              "torch_dist and Megatron FSDP fsdp_dtensor checkpoints are")
     if engine == "megatron_core" and kind not in NATIVE_KINDS:
         raise CheckpointError(f"{path!r} ({kind}) is not a native-engine source the megatron-core engine converts")
-    outcome = (_convert(path, kind, model, engine, str(out_dir)) if _can_convert_here()
+    in_place = kind == MCORE_FSDP_DTENSOR or _can_convert_here()  # fsdp_dtensor: no megatron-core state needed
+    outcome = (_convert(path, kind, model, engine, str(out_dir)) if in_place
                else _convert_in_child(path, kind, model, engine, out_dir))
     if outcome[0] == "error":
         error = BridgeError if outcome[1] == "BridgeError" else CheckpointError
@@ -106,18 +113,19 @@ def child_main() -> None:
 def _convert(path: str, kind: str, model: ModelConfig, engine: str, out_dir: str) -> tuple[str, str, str]:
     """The child's work: ``("ok", path, kind)`` of the copy, or ``("error", exception class name, message)``."""
     try:
-        copy = _to_native(path, model, Path(out_dir)) if engine == "native" else _to_mcore(path, kind, model,
-                                                                                           Path(out_dir))
+        copy = (_to_native(path, kind, model, Path(out_dir)) if engine == "native"
+                else _to_mcore(path, kind, model, Path(out_dir)))
     except MegatronBridgeError as exc:
         return "error", type(exc).__name__, str(exc)
     return "ok", copy[0], copy[1]
 
 
-def _to_native(path: str, model: ModelConfig, out_dir: Path) -> tuple[str, str]:
+def _to_native(path: str, kind: str, model: ModelConfig, out_dir: Path) -> tuple[str, str]:
     from megatron_bridge.bridge.convert import write_torch_weights
-    from megatron_bridge.bridge.engine_checkpoints import read_mcore_weights
+    from megatron_bridge.bridge.engine_checkpoints import read_fsdp_dtensor_weights, read_mcore_weights
 
-    weights = read_mcore_weights(path, model)
+    read = read_fsdp_dtensor_weights if kind == MCORE_FSDP_DTENSOR else read_mcore_weights
+    weights = read(path, model)
     return str(write_torch_weights(weights, out_dir / "weights.pt")), "weights"
 
 

@@ -1,7 +1,8 @@
 """Weights between the native engine's checkpoints and megatron-core ``torch_dist`` checkpoints, in one process.
 
 * :func:`read_mcore_weights`: the model weights of a megatron-core checkpoint (ours, Megatron-Bridge's or
-  Megatron-LM's) under the native engine's names (full tensors).
+  Megatron-LM's) under the native engine's names (full tensors); :func:`read_fsdp_dtensor_weights` the same for a
+  Megatron FSDP ``fsdp_dtensor`` checkpoint (a DCP folder read in one process, no megatron-core model).
 * :func:`write_mcore_checkpoint`: native-named weights as a megatron-core checkpoint (``iter_0000000``, model only,
   the trackers, our manifest), which ``model.engine='megatron_core'`` loads at any TP/DP (``checkpoint.load`` or
   ``checkpoint.pretrained_checkpoint``).
@@ -121,6 +122,26 @@ def read_mcore_weights(folder: str | Path, model: "ModelConfig") -> dict[str, to
             raise CheckpointError(f"{str(folder)!r} does not fit the model config: {exc}") from exc
         stored = embedding.properties.dtype
         return {k: v.to(stored) for k, v in megatron_core_to_native(_weights(gpt), model).items()}
+
+
+def read_fsdp_dtensor_weights(folder: str | Path, model: "ModelConfig") -> dict[str, torch.Tensor]:
+    """Full model weights (native names, the checkpoint's padded vocabulary, the dtypes the checkpoint stores) of
+    the Megatron FSDP ``fsdp_dtensor`` folder ``folder`` (an ``iter_NNNNNNN`` folder) for the architecture ``model``:
+    :func:`megatron_bridge.checkpoint.mcore_megatron_fsdp_weights.read_model_weights` (one process, no
+    megatron-core) under the native engine's names.
+
+    Raises:
+        CheckpointError: the folder is not a (complete, convertible) fsdp_dtensor checkpoint or does not fit ``model``
+            (the loader names keys and shapes that differ).
+    """
+    from megatron_bridge.checkpoint.mcore_megatron_fsdp_weights import read_model_weights
+    from megatron_bridge.engines.megatron_core.weights import megatron_core_to_native
+
+    weights = read_model_weights(folder)
+    try:
+        return megatron_core_to_native(weights, model)
+    except (RuntimeError, KeyError) as exc:  # the fused QKV / SwiGLU rows do not split for the model's heads
+        raise CheckpointError(f"fsdp_dtensor checkpoint {str(folder)!r} does not fit the model config: {exc}") from exc
 
 
 def save_one_process(state: dict[str, Any], folder: Path, content_metadata: dict[str, Any]) -> None:

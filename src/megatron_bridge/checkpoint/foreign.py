@@ -1,6 +1,7 @@
 """A checkpoint of the other engine given to this one: converted on the fly through the :class:`Converter`.
 
-The two engines store different parameter names and shardings (native DCP vs megatron-core ``dist_checkpointing``).
+The two engines store different parameter names and shardings (native DCP vs megatron-core ``dist_checkpointing``,
+or Megatron FSDP's ``fsdp_dtensor``, which the native engine gets converted too).
 :func:`converted_source` returns, for a source of the other engine's format, a weights-only source of this engine's
 format that the loader reads as usual: rank 0 asks the converter (the Bridge,
 :mod:`megatron_bridge.bridge.cross_engine`) for an exact copy of the model weights, written under
@@ -21,7 +22,7 @@ import torch.distributed as dist
 
 from megatron_bridge.checkpoint import comm, files
 from megatron_bridge.checkpoint.converter import Converter
-from megatron_bridge.checkpoint.load import MCORE_FSDP_DTENSOR, MCORE_KINDS, LoadSource
+from megatron_bridge.checkpoint.load import MCORE_KINDS, LoadSource
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
@@ -45,11 +46,6 @@ def _refusal(source: LoadSource, cfg: ConfigContainer, converter: Converter | No
             "converts only through the Bridge: pretrain() passes it; a CheckpointManager built by hand needs "
             "converter=megatron_bridge.bridge.converter.PretrainedConverter(). Or convert it first with "
             f"scripts/checkpoint/convert.py --to {'megatron_core' if engine == 'megatron_core' else 'megatron'}")
-    if source.kind == MCORE_FSDP_DTENSOR:
-        return CheckpointError(
-            f"{source.path!r} is an fsdp_dtensor checkpoint of Megatron FSDP on the megatron-core engine, which does "
-            "not convert to the native engine: resume it with model.engine='megatron_core', "
-            "dist.use_megatron_fsdp=True")
     if engine == "megatron_core" and cfg.dist.use_megatron_fsdp:
         return CheckpointError(
             f"{source.path!r} is a {source.kind!r} source of the native engine; under Megatron FSDP "

@@ -129,8 +129,7 @@ def test_what_does_not_convert_is_refused_with_the_fix() -> None:
 
     converter, native = PretrainedConverter(), tiny_cfg()
     assert _refusal(LoadSource("/ckpt", "mcore_dist", 0, True), native, converter) is None
-    error = _refusal(LoadSource("/ckpt", "mcore_fsdp_dtensor", 0, True), native, converter)
-    assert error is not None and "does not convert to the native engine" in str(error)
+    assert _refusal(LoadSource("/ckpt", "mcore_fsdp_dtensor", 0, True), native, converter) is None
     mcore = tiny_cfg()
     mcore.model.engine = "megatron_core"
     assert _refusal(LoadSource("/ckpt", "dcp", 0, True), mcore, converter) is None
