@@ -25,17 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from megatron_bridge.checkpoint.reader import (
-    DCP_ERRORS,
-    SafeFileSystemReader,
-    SafeLoadPlanner,
-    check_dcp_storage,
-    dcp_error_message,
-    read_dcp_metadata,
-)
+from megatron_bridge.checkpoint.reader import read_dcp_tensors
 from megatron_bridge.errors import CheckpointError
 
 
@@ -102,16 +94,5 @@ def read_model_weights(folder: str | Path) -> dict[str, torch.Tensor]:
             convert (several model chunks, MoE experts, half a SwiGLU pair).
     """
     folder = Path(folder)
-    metadata = read_dcp_metadata(folder)
-    check_dcp_storage(folder, metadata)
-    tensors = _model_tensors(metadata.state_dict_metadata, folder)
-    state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in tensors.items()}
-    try:
-        dcp_load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner(),
-                 no_dist=True)
-    except CheckpointError:
-        raise
-    except DCP_ERRORS as exc:
-        raise CheckpointError(f"reading fsdp_dtensor checkpoint {str(folder)!r} failed: "
-                              f"{dcp_error_message(exc)}") from exc
+    state = read_dcp_tensors(folder, lambda stored: _model_tensors(stored, folder), "fsdp_dtensor checkpoint")
     return _gpt_names(state, folder)

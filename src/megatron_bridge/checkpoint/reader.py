@@ -15,6 +15,7 @@ their vocabulary rows for a model. megatron-core's format has its own reader (``
 import io
 import pathlib
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -219,24 +220,35 @@ def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def read_dcp_model_weights(folder: str | Path, prefix: str = "model") -> dict[str, torch.Tensor]:
-    """The full tensors under ``prefix`` of a DCP checkpoint, read in this process only (no process group)."""
+def read_dcp_tensors(folder: str | Path, select: Callable[[dict[str, Any]], dict[str, TensorStorageMetadata]],
+                     what: str = "DCP checkpoint") -> dict[str, torch.Tensor]:
+    """The full tensors that ``select`` picks from a DCP checkpoint's metadata (key → its storage metadata; it may
+    raise :class:`CheckpointError` for what it refuses), read in this process only (no process group), keyed as
+    stored. ``what`` names the folder's kind in errors."""
     metadata = read_dcp_metadata(folder)
     check_dcp_storage(folder, metadata)
-    state: dict[str, torch.Tensor] = {}
-    for key, item in metadata.state_dict_metadata.items():
-        if key.startswith(prefix + ".") and isinstance(item, TensorStorageMetadata):
-            state[key[len(prefix) + 1 :]] = torch.empty(item.size, dtype=item.properties.dtype)
-    if not state:
-        raise CheckpointError(f"DCP checkpoint {str(folder)!r} holds no '{prefix}' tensors")
+    chosen = select(metadata.state_dict_metadata)
+    state = {key: torch.empty(tuple(item.size), dtype=item.properties.dtype) for key, item in chosen.items()}
     try:
-        dcp.load({prefix: state}, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner(),
-                 no_dist=True)
+        dcp.load(state, storage_reader=SafeFileSystemReader(folder), planner=SafeLoadPlanner(), no_dist=True)
     except CheckpointError:
         raise
     except DCP_ERRORS as exc:
-        raise CheckpointError(f"reading DCP checkpoint {str(folder)!r} failed: {dcp_error_message(exc)}") from exc
+        raise CheckpointError(f"reading {what} {str(folder)!r} failed: {dcp_error_message(exc)}") from exc
     return state
+
+
+def read_dcp_model_weights(folder: str | Path, prefix: str = "model") -> dict[str, torch.Tensor]:
+    """The full tensors under ``prefix`` of a DCP checkpoint, read in this process only (no process group)."""
+
+    def under_prefix(stored: dict[str, Any]) -> dict[str, TensorStorageMetadata]:
+        chosen = {k: v for k, v in stored.items()
+                  if k.startswith(prefix + ".") and isinstance(v, TensorStorageMetadata)}
+        if not chosen:
+            raise CheckpointError(f"DCP checkpoint {str(folder)!r} holds no '{prefix}' tensors")
+        return chosen
+
+    return {key[len(prefix) + 1 :]: tensor for key, tensor in read_dcp_tensors(folder, under_prefix).items()}
 
 
 def read_native_weights(folder: str | Path) -> dict[str, torch.Tensor]:
