@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests.functional_tests import deferred_compile
 from tests.functional_tests.launcher import (
     DEADLINE_MARGIN_S,
     REPORT_ENV,
@@ -14,6 +15,9 @@ from tests.functional_tests.launcher import (
     set_test_deadline,
 )
 
+
+if is_worker():  # before a test module imports megatron-core (deferred_compile.py says why)
+    deferred_compile.install()
 
 _EXIT_STATUS: list[int] = []
 _FAILED: set[str] = set()
