@@ -66,9 +66,25 @@ def _assert_all_gone(workers: list[int], log: Path) -> float:
             return time.monotonic() - start
         time.sleep(0.2)
     alive = [p for p in workers if _alive(p)]
+    states = {p: _threads(p) for p in alive}  # before the kill: what each survivor was doing
     for p in alive:
         os.kill(p, signal.SIGKILL)
-    pytest.fail(f"workers {alive} still alive {GONE_WITHIN_S}s after the launcher stopped\n{log.read_text()[-3000:]}")
+    pytest.fail(f"workers {alive} still alive {GONE_WITHIN_S}s after the launcher stopped (threads: {states})\n"
+                f"{log.read_text()[-3000:]}")
+
+
+def _threads(pid: int) -> list[str]:
+    """Each thread of ``pid`` as "name state wchan" (what it waits in), for the failure message."""
+    rows = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            name = (task / "comm").read_text().strip()
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (task / "wchan").read_text().strip()
+        except OSError:
+            continue
+        rows.append(f"{name} {state} {wchan}")
+    return rows
 
 
 def _run_args(tmp_path: Path) -> list[str]:
