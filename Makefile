@@ -31,7 +31,7 @@ pretrain: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests scripts
-	$(PY) -m pytest tests -n 2 --dist loadgroup
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest tests -n 3 --dist loadgroup
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests scripts

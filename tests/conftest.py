@@ -1,6 +1,6 @@
 """Suite-wide settings: no GPU tests without CUDA, one thread per process (2-core machines), and under pytest-xdist
-(``make test`` runs ``pytest tests -n 2 --dist loadgroup``) the functional tests in one serial stream per xdist worker,
-balanced by their measured CPU time."""
+(``make test`` runs ``pytest tests -n 3 --dist loadgroup``) the functional tests in one serial stream per xdist worker,
+balanced by their measured time."""
 
 import os
 from typing import Any
@@ -17,39 +17,43 @@ FUNCTIONAL_GROUP = "functional"
 """Prefix of the units of work of the tests under :data:`FUNCTIONAL_PREFIX` (``--dist loadgroup``): ``functional-0``,
 ``functional-1``, ..."""
 
-FUNCTIONAL_CPU_S: dict[str, float] = {
-    "checkpoint/test_any_to_any.py": 41,
+FUNCTIONAL_S: dict[str, float] = {
+    "checkpoint/test_any_to_any.py": 54,
     "checkpoint/test_resume_pretrain.py": 43,
-    "context_parallel/test_cp_attention.py": 19,
-    "context_parallel/test_cp_pretrain.py": 154,  # with the two Megatron FSDP x CP tests
-    "distributed/test_ddp_two_ranks.py": 125,  # the launch shared with 4 other files (launcher.py's TWO_RANKS)
-    "distributed/test_tensor_parallel_functional.py": 39,
-    "mcore/test_checkpoint.py": 155,
-    "mcore/test_pipeline.py": 134,
-    "mcore/test_precision.py": 65,
-    "mcore/test_wrappers.py": 262,
-    # from the full two-stream run at 30cd899 (per file, same loaded VM)
-    "moe/test_expert_parallel.py": 80,
-    "multinode/test_restart.py": 101,
-    "multinode/test_two_nodes.py": 115,
-    "optimization/test_qat_export.py": 15,
-    "perf/test_launch.py": 21,
-    "perf/test_mcore_memory_estimate.py": 11,
-    "robustness/test_fail_fast.py": 35,
-    "robustness/test_no_orphans.py": 21,
-    "slurm/test_slurm_launch.py": 25,
-    "training/test_megatron_core_engine.py": 112,
-    "training/test_megatron_fsdp.py": 64,
-    "training/test_pipeline_parallel.py": 139,
-    "training/test_pretrain_backends.py": 49,
-    "training/test_pretrain_single.py": 7,
+    "context_parallel/test_cp_attention.py": 11,
+    "context_parallel/test_cp_pretrain.py": 91,
+    "distributed/test_ddp_two_ranks.py": 78,  # the launch shared with 4 other files (launcher.py's TWO_RANKS)
+    "distributed/test_fsdp2_two_ranks.py": 0,  # the four files in test_ddp_two_ranks.py's shared launch: counted there
+    "precision/test_fp8_torchao.py": 0,
+    "optimization/test_qat.py": 0,
+    "optimization/test_distillation.py": 0,
+    "distributed/test_tensor_parallel_functional.py": 25,
+    "mcore/test_checkpoint.py": 117,
+    "mcore/test_pipeline.py": 119,
+    "mcore/test_precision.py": 50,
+    "mcore/test_wrappers.py": 163,
+    "moe/test_expert_parallel.py": 67,
+    "multinode/test_restart.py": 147,  # waits on restarts and daemons: wall time well above its CPU time
+    "multinode/test_two_nodes.py": 153,
+    "optimization/test_qat_export.py": 32,
+    "perf/test_launch.py": 23,
+    "perf/test_mcore_memory_estimate.py": 7,
+    "robustness/test_fail_fast.py": 60,
+    "robustness/test_no_orphans.py": 84,
+    "slurm/test_slurm_launch.py": 49,
+    "training/test_megatron_core_engine.py": 114,
+    "training/test_megatron_fsdp.py": 83,
+    "training/test_pipeline_parallel.py": 87,
+    "training/test_pretrain_backends.py": 39,
+    "training/test_pretrain_single.py": 5,
     "context_parallel/test_cp_ring_cuda.py": 0,  # needs CUDA: skipped on CPU
     "distributed/test_backends_cuda.py": 0,  # needs CUDA: skipped on CPU
 }
-"""Measured CPU seconds (user+sys of the launching process and all its children, one file at a time, 2026-12-02 on
-the loaded 2-core VM) of the functional test files, the weights that balance the streams
-(:func:`functional_streams`). A file not listed counts :data:`UNMEASURED_CPU_S`."""
-UNMEASURED_CPU_S = 30.0
+"""Measured seconds of the functional test files in their stream (wall time of the file's tests in the xdist worker,
+``make test``'s three workers, 2026-12-02 on the idle 2-core VM), the weights that balance the streams
+(:func:`functional_streams`): a stream's length is what decides when the suite ends. A file not listed counts
+:data:`UNMEASURED_S`."""
+UNMEASURED_S = 30.0
 SAME_STREAM: list[tuple[str, ...]] = [
     # one cached reference (training/_common.py cached_reference: same config, one run per xdist worker)
     ("training/test_pretrain_backends.py", "training/test_megatron_fsdp.py"),
@@ -73,7 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def functional_streams(files: list[str], n: int) -> dict[str, int]:
     """Each functional test file's stream (0..n-1): the :data:`SAME_STREAM` sets kept whole, the heaviest first onto the
-    stream with the least CPU so far (longest-processing-time first, by :data:`FUNCTIONAL_CPU_S`)."""
+    stream with the least load so far (longest-processing-time first, by :data:`FUNCTIONAL_S`)."""
     short = {f: f.removeprefix(FUNCTIONAL_PREFIX) for f in files}
     units: list[set[str]] = []
     for together in SAME_STREAM:  # overlapping sets merge
@@ -86,12 +90,12 @@ def functional_streams(files: list[str], n: int) -> dict[str, int]:
     placed = {f for unit in units for f in unit}
     units += [{f} for f in files if f not in placed]
     load, stream_of = [0.0] * max(1, n), {}
-    for unit in sorted(units, key=lambda u: (-sum(FUNCTIONAL_CPU_S.get(short[f], UNMEASURED_CPU_S) for f in u),
+    for unit in sorted(units, key=lambda u: (-sum(FUNCTIONAL_S.get(short[f], UNMEASURED_S) for f in u),
                                              min(u))):
         lightest = load.index(min(load))
         for f in sorted(unit):
             stream_of[f] = lightest
-            load[lightest] += FUNCTIONAL_CPU_S.get(short[f], UNMEASURED_CPU_S)
+            load[lightest] += FUNCTIONAL_S.get(short[f], UNMEASURED_S)
     return stream_of
 
 
@@ -101,8 +105,8 @@ def _xdist_scheduler() -> type:
     class FunctionalStreams(LoadScopeScheduling):
         """xdist scheduling of ``--dist loadgroup`` here: the functional tests split into one unit of work per xdist
         worker (:func:`functional_streams`), so each worker first runs its stream, a test at a time in the order
-        collected (a file's tests share its module fixtures and torchrun launches; two streams use the two cores when
-        either waits on a launch's start-up), then the unit tests, a file at a time.
+        collected (a file's tests share its module fixtures and torchrun launches; the streams share the two cores and
+        fill each other's waits on launches and daemons), then the unit tests, a file at a time.
 
         xdist's own loadgroup reads ``xdist_group`` marks into the node ids, which pytest 9 no longer lets a plugin
         rename: it would split a file's tests over both workers."""

@@ -1,12 +1,12 @@
 """The suite's functional streams (tests/conftest.py): every functional file in one stream per xdist worker, the
 files that share a launch or a cached reference together, the measured cost balanced."""
 
-from tests.conftest import FUNCTIONAL_CPU_S, FUNCTIONAL_PREFIX, SAME_STREAM, UNMEASURED_CPU_S, functional_streams
+from tests.conftest import FUNCTIONAL_PREFIX, FUNCTIONAL_S, SAME_STREAM, UNMEASURED_S, functional_streams
 from tests.functional_tests.launcher import SHARED_LAUNCHES
 
 
 def _files() -> list[str]:
-    named = {f for together in SAME_STREAM for f in together} | set(FUNCTIONAL_CPU_S)
+    named = {f for together in SAME_STREAM for f in together} | set(FUNCTIONAL_S)
     return [FUNCTIONAL_PREFIX + f for f in sorted(named)] + [FUNCTIONAL_PREFIX + "new/test_unmeasured.py"]
 
 
@@ -29,7 +29,7 @@ def test_streams_are_balanced_by_measured_cost() -> None:
     """Longest-processing-time first: the streams' loads differ by at most the heaviest unit (a file, or files kept
     together)."""
     def cost(file: str) -> float:
-        return FUNCTIONAL_CPU_S.get(file.removeprefix(FUNCTIONAL_PREFIX), UNMEASURED_CPU_S)
+        return FUNCTIONAL_S.get(file.removeprefix(FUNCTIONAL_PREFIX), UNMEASURED_S)
 
     streams = functional_streams(_files(), 2)
     load = [0.0, 0.0]
