@@ -19,18 +19,17 @@ from collections.abc import Callable
 from typing import Any
 
 
-_INSTALLED: list[Callable[..., Any]] = []
-"""The original ``torch.compile`` once :func:`install` ran."""
+_INSTALLED = False
 
 
 def install() -> None:
     """Defer ``torch.compile``'s set-up for plain functions in this process (idempotent)."""
     import torch
 
+    global _INSTALLED
     if _INSTALLED:
         return
     original = torch.compile
-    _INSTALLED.append(original)
 
     def compile_when_called(model: Any = None, **options: Any) -> Any:
         if model is None:  # used as @torch.compile(...): the options now, the function next
@@ -48,8 +47,4 @@ def install() -> None:
         return call
 
     torch.compile = compile_when_called  # type: ignore[assignment]
-
-
-def is_installed() -> bool:
-    """True once :func:`install` ran in this process."""
-    return bool(_INSTALLED)
+    _INSTALLED = True
