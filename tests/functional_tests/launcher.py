@@ -277,4 +277,14 @@ TWO_RANKS = SharedLaunch("two ranks, plain tests", nproc=2, timeout=900, tests=[
     "tests/functional_tests/optimization/test_distillation.py::test_student_learns_from_teacher_checkpoint",
 ])
 SHARED_LAUNCHES = [TWO_RANKS]
-"""Every shared launch (tests/conftest.py keeps each one's files in one stream)."""
+"""Every shared launch (tests/conftest.py keeps each one's files in one stream).
+
+The megatron-core files keep a launch per file and process count: one launch per process count for the five of them
+measured slower, not faster (2026-12-03, 2-core VM: engine, precision, pipeline and checkpoint files 265 s and 419 CPU s
+in shared launches vs 246 s and 366 CPU s apart; with mcore/test_wrappers.py too, 558 s vs 357 s). Each test's
+megatron-core and DeviceMesh process groups stay alive to the end of a launch (``destroy_model_parallel`` drops them
+without destroying them), so a long launch's workers end with ~900 threads and ~1,300 sockets each and its later tests
+run slower: test_checkpoint.py's took 96 s alone, 130 s after the three other files, 245 s after test_wrappers.py.
+Destroying a finished test's groups between tests (after ``destroy_model_parallel``, then ``gc.collect()``) kept the
+workers at ~50 threads but broke test_wrappers.py: megatron-fsdp's DTensor checkpoint code then looked up a
+(dp_cp, tp) DeviceMesh group by a name an earlier test's teardown had destroyed (which cache held it: not traced)."""
