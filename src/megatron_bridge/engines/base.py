@@ -63,5 +63,5 @@ class Engine(Protocol):
         ...
 
     def destroy_groups(self) -> None:
-        """Destroy process groups this engine created (before the default group goes)."""
+        """Release the process-group state this engine set up (before the default group goes)."""
         ...

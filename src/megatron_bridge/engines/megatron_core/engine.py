@@ -80,7 +80,7 @@ class MegatronCoreEngine:
         ``GPTModel`` too (:func:`.forward_step.accept_native_call`, a pre-hook on every chunk)."""
 
     def destroy_groups(self) -> None:
-        """megatron-core's process groups, if this process created them (:func:`.parallel_state.destroy`)."""
+        """Reset megatron-core's parallel state, if this process created it (:func:`.parallel_state.destroy`)."""
         from megatron_bridge.engines.megatron_core.parallel_state import destroy
 
         destroy()

@@ -82,7 +82,10 @@ def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
 
 
 def destroy() -> None:
-    """Destroy megatron-core's process groups if this process created them (before the default group goes)."""
+    """Reset megatron-core's parallel state if this process initialized it (before the default group goes).
+
+    megatron-core's ``destroy_model_parallel`` forgets its groups without destroying them (only its gloo data-parallel
+    groups are destroyed): they stay alive, threads and sockets included, until the default group is destroyed."""
     import sys
 
     ps = sys.modules.get("megatron.core.parallel_state")
