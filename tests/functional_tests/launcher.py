@@ -287,4 +287,6 @@ without destroying them), so a long launch's workers end with ~900 threads and ~
 run slower: test_checkpoint.py's took 96 s alone, 130 s after the three other files, 245 s after test_wrappers.py.
 Destroying a finished test's groups between tests (after ``destroy_model_parallel``, then ``gc.collect()``) kept the
 workers at ~50 threads but broke test_wrappers.py: megatron-fsdp's DTensor checkpoint code then looked up a
-(dp_cp, tp) DeviceMesh group by a name an earlier test's teardown had destroyed (which cache held it: not traced)."""
+(dp_cp, tp) DeviceMesh group by a name an earlier test's teardown had destroyed. Probable cause: DeviceMesh equality
+ignores group names, so DTensor's sharding cache hands back output specs that hold the earlier test's equal mesh. It
+is in C++ in this torch, with no clear function; clearing the Python-side cache did not help."""
