@@ -12,6 +12,11 @@ Several tests that use the same number of processes can share one launch (:class
 them in order, each stays a test of its own on both sides (reported per rank by conftest.py, passed or failed on its
 own in the launching process), and the process start-up, imports and rendezvous are paid once per group.
 
+The agent and the workers of a launch are forked from a fork server that this pytest process starts at its first
+launch and that has torch, pytest, megatron-core and the library imported already (forkserver.py: each launch still
+runs ``torch.distributed.run``, which starts and watches one process per rank; a rank's process runs ``pytest`` as
+``python -m pytest`` would). ``MB_COLD_START=1`` starts every process cold instead.
+
 Under torchrun, tests/functional_tests/conftest.py tears the process group down after each test and ends each worker
 with ``os._exit`` after pytest printed its summary: torch 2.13's gloo aborts at interpreter teardown in ~10% of runs
 otherwise. Every launch has a timeout, cut to end :data:`DEADLINE_MARGIN_S` before the calling test's pytest-timeout
@@ -19,8 +24,10 @@ otherwise. Every launch has a timeout, cut to end :data:`DEADLINE_MARGIN_S` befo
 port (``--standalone``: torchrun's agent binds port 0, so parallel sessions cannot race for a port).
 """
 
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.functional_tests import forkserver
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -62,15 +71,45 @@ def launch_timeout(timeout: float) -> float:
     return max(1.0, min(timeout, _DEADLINE[0] - time.monotonic())) if _DEADLINE else timeout
 
 
+LAUNCH_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+"""What every launch (and the fork server) adds to this process's environment."""
+_FORK_SERVER: list[tuple[subprocess.Popen, str]] = []
+
+
+def fork_server_env() -> dict[str, str]:
+    """The environment that makes a launch's processes fork from this pytest process's fork server (forkserver.py),
+    started at the first call; empty (cold starts) with ``$MB_COLD_START=1`` or when the server has exited."""
+    if os.environ.get(forkserver.COLD_ENV) == "1":
+        return {}
+    if not _FORK_SERVER:
+        folder = Path(tempfile.mkdtemp(prefix="mb-forkserver-"))
+        path = str(folder / "socket")
+        with open(os.environ.get(forkserver.LOG_ENV) or folder / "server.log", "a") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "tests.functional_tests.forkserver", "--serve", path],
+                                    cwd=REPO_ROOT, env={**os.environ, **LAUNCH_ENV}, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        atexit.register(_stop_fork_server, proc, folder)
+        _FORK_SERVER.append((proc, path))
+    proc, path = _FORK_SERVER[0]
+    return {forkserver.SOCKET_ENV: path} if proc.poll() is None else {}
+
+
+def _stop_fork_server(proc: subprocess.Popen, folder: Path) -> None:
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _torchrun_pytest(nodeids: list[str], nproc: int, timeout: float, env: dict[str, str] | None,
                      stop_at_first_failure: bool) -> subprocess.CompletedProcess[str]:
     """Run pytest on ``nodeids`` under torch.distributed.run; raises subprocess.TimeoutExpired (``timeout`` already
     cut by :func:`launch_timeout`)."""
+    warm = ["-m", "tests.functional_tests.forkserver"]  # forkserver.py: the agent and workers forked warm
     cmd = [  # --standalone: the agent's store binds a free port itself (a port chosen here could be taken first)
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        "-m", "pytest", *nodeids, "-q", "-s", "-p", "no:cacheprovider", *(["-x"] if stop_at_first_failure else []),
+        sys.executable, *warm, "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        *warm, "pytest", *nodeids, "-q", "-s", "-p", "no:cacheprovider", *(["-x"] if stop_at_first_failure else []),
     ]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {**os.environ, **LAUNCH_ENV, **fork_server_env(), **(env or {})}
     with subprocess.Popen(cmd, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:
         try:

@@ -1,0 +1,141 @@
+"""tests/functional_tests/forkserver.py: a process forked by the fork server runs as ``python -m MODULE`` would, with
+the client's arguments, environment, working directory and streams; its client exits as it did, forwards signals, and
+takes it along when killed; what cannot fork warm starts cold. The server here imports only ``json`` (the launches'
+server imports torch and the library: launcher.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.functional_tests import forkserver
+from tests.functional_tests.launcher import REPO_ROOT
+
+
+PROGRAM = """
+import os, signal, sys, time
+print("argv", sys.argv[1:], "env", os.environ.get("MB_FS_VALUE"), "cwd", os.getcwd(), "pid", os.getpid(), flush=True)
+print("on stderr", file=sys.stderr, flush=True)
+mode = os.environ.get("MB_FS_MODE", "")
+if mode == "term":
+    signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), os._exit(7)))
+    print("ready", flush=True)
+    time.sleep(60)
+if mode == "sleep":
+    print("ready", flush=True)
+    time.sleep(60)
+if mode == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(int(os.environ.get("MB_FS_CODE", "0")))
+"""
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Path:
+    (tmp_path / "fs_program.py").write_text(PROGRAM)
+    return tmp_path
+
+
+@pytest.fixture
+def server(program: Path) -> Iterator[dict[str, str]]:
+    """A fork server importing only json; the environment of its clients."""
+    path = str(program / "socket")
+    env = {**os.environ, "PYTHONPATH": f"{program}{os.pathsep}{REPO_ROOT}", "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.functional_tests.forkserver", "--serve", path, "json"],
+                            cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL)
+    yield {**env, forkserver.SOCKET_ENV: path}
+    proc.kill()
+    proc.wait()
+
+
+def _client(env: dict[str, str], *args: str, **extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.functional_tests.forkserver", "fs_program", *args],
+                            cwd="/", env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_forked_process_gets_arguments_environment_directory_streams_and_exit_code(server: dict[str, str]) -> None:
+    proc = _client(server, "a", "b c", MB_FS_VALUE="x", MB_FS_CODE="3")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    assert "argv ['a', 'b c'] env x cwd /" in out
+    pid = int(out.split("pid ")[1].split()[0])
+    assert pid != proc.pid  # it ran in the forked process, not in the client
+    assert "on stderr" in err and "starts cold" not in err
+
+
+def test_a_process_killed_by_a_signal_ends_its_client_by_that_signal(server: dict[str, str]) -> None:
+    proc = _client(server, MB_FS_MODE="kill")
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_the_client_forwards_sigterm(server: dict[str, str]) -> None:
+    proc = _client(server, MB_FS_MODE="term")
+    assert proc.stdout is not None
+    while "ready" not in (line := proc.stdout.readline()):
+        assert line, proc.stderr.read() if proc.stderr else ""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert "got SIGTERM" in out and proc.returncode == 7
+
+
+def test_killing_the_client_kills_the_forked_process(server: dict[str, str]) -> None:
+    proc = _client(server, MB_FS_MODE="sleep")
+    assert proc.stdout is not None
+    pid = int(proc.stdout.readline().split("pid ")[1].split()[0])
+    assert proc.stdout.readline().strip() == "ready"
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def test_a_different_start_up_environment_starts_cold(server: dict[str, str], program: Path) -> None:
+    proc = _client(server, "z", MB_FS_CODE="4", PYTHONPATH=f"{program}{os.pathsep}{REPO_ROOT}{os.pathsep}/nonexistent")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4 and "argv ['z']" in out
+    assert "starts cold (its start-up environment differs from the fork server's: ['PYTHONPATH'])" in err
+    assert int(out.split("pid ")[1].split()[0]) == proc.pid  # exec'd in the client itself
+
+
+def test_without_a_server_or_with_cold_start_asked_the_client_runs_the_module_itself(program: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": f"{program}{os.pathsep}{REPO_ROOT}"}
+    for extra in ({forkserver.COLD_ENV: "1", forkserver.SOCKET_ENV: str(program / "none")},
+                  {forkserver.SOCKET_ENV: str(program / "gone")}):
+        if forkserver.SOCKET_ENV in extra and "gone" in extra[forkserver.SOCKET_ENV]:
+            import socket
+
+            with socket.socket(socket.AF_UNIX) as dead:  # a socket file nobody listens on any more
+                dead.bind(extra[forkserver.SOCKET_ENV])
+        proc = _client(env, MB_FS_CODE="5", **extra)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 5 and int(out.split("pid ")[1].split()[0]) == proc.pid, err
+
+
+def test_the_server_ends_with_its_parent(program: Path) -> None:
+    path = str(program / "socket")
+    code = (f"import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-m', "
+            f"'tests.functional_tests.forkserver', '--serve', {path!r}, 'json'], stdout=subprocess.DEVNULL); "
+            f"[time.sleep(0.1) for _ in range(600) if not os.path.exists({path!r})]; print(p.pid, flush=True)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    server_pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while _alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server_pid)
