@@ -238,28 +238,41 @@ def selected_groups(request: pytest.FixtureRequest, groups: dict[int, list[str]]
 
 
 class LaunchGroups:
-    """Tests of one file grouped by process count, one launch per group, run when the group's first test asks.
+    """Tests of one file grouped by process count, launched when the first test of a launch asks: one launch per group,
+    or a new launch from each test named in ``split_before`` on.
 
     Args:
         file: the test file (``__file__``).
         groups: process count -> the names of the tests launched together, in the order they run.
         timeout: seconds per launch, per process count.
         env: environment of every launch (e.g. the path of a reference computed by a fixture).
+        split_before: tests that start a new launch of their group. megatron-core's groups live until a launch ends
+            (``destroy_model_parallel`` forgets them) and each gloo group's thread wakes every 10 ms (gloo's TCP loop),
+            so the later tests of a long launch pay for all the earlier ones' groups. Tests keep their order; what one
+            leaves on disk (``env``'s folders) a later launch still reads, what it keeps in memory it does not.
     """
 
     def __init__(self, file: str, groups: dict[int, list[str]], timeout: dict[int, float],
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, split_before: tuple[str, ...] = ()) -> None:
         self.file, self.groups, self.timeout, self.env = file, groups, timeout, env or {}
+        self.launches: list[tuple[int, list[str]]] = []
+        """(process count, test names) of each launch, in order."""
+        for nproc, names in groups.items():
+            for name in names:
+                if name in split_before or not self.launches or self.launches[-1][0] != nproc:
+                    self.launches.append((nproc, []))
+                self.launches[-1][1].append(name)
         self._outcomes: dict[int, dict[str, CaseOutcome]] = {}
 
     def check(self, name: str) -> None:
-        """Fail (or skip) the calling test as test ``name`` did on the workers; launches its group if needed."""
-        nproc = next(n for n, names in self.groups.items() if name in names)
-        if nproc not in self._outcomes:
-            self._outcomes[nproc] = launch_cases(self.file, self.groups[nproc], nproc=nproc,
-                                                 timeout=self.timeout[nproc], env=self.env)
-        where = f"{name} on {nproc} ranks (one launch with {', '.join(self.groups[nproc])})"
-        _check(self._outcomes[nproc][name], where)
+        """Fail (or skip) the calling test as test ``name`` did on the workers; launches its tests if needed."""
+        index = next(i for i, (_, names) in enumerate(self.launches) if name in names)
+        nproc, names = self.launches[index]
+        if index not in self._outcomes:
+            self._outcomes[index] = launch_cases(self.file, names, nproc=nproc, timeout=self.timeout[nproc],
+                                                 env=self.env)
+        where = f"{name} on {nproc} ranks (one launch with {', '.join(names)})"
+        _check(self._outcomes[index][name], where)
 
 
 # --------------------------------------------------------------------------------- tests of several files, one launch

@@ -60,14 +60,17 @@ PP2_VPP2_BF16 = {"model.pipeline_model_parallel_size": 2, "model.virtual_pipelin
 GROUPS = {2: ["test_tensor_parallel_resume_is_bit_exact_and_loads_in_megatron_core",
               "test_megatron_bridge_checkpoint_resumes_bit_exact",
               "test_tensor_parallel_checkpoint_resumes_data_parallel",
+              "test_native_sources_train_on_megatron_core_exactly",
               "test_distributed_optimizer_resume_is_bit_exact",
               "test_fp32_data_parallel_resume_is_bit_exact",
               "test_fp32_checkpoint_in_a_bf16_run_names_the_precisions",
               "test_pipeline_resume_is_bit_exact_and_reshards",
-              "test_native_sources_train_on_megatron_core_exactly",
               "test_abandoned_async_save_leaves_the_previous_checkpoint"]}
-"""The 2-rank tests, launched together in this order; the abandon test fails its run on purpose (pretrain() then
-aborts the launch's process group), so it stays last."""
+"""The 2-rank tests, in this order, in three launches (``SPLIT_BEFORE``); the abandon test fails its run on purpose
+(pretrain() then aborts the launch's process group), so it stays last."""
+SPLIT_BEFORE = ("test_distributed_optimizer_resume_is_bit_exact", "test_pipeline_resume_is_bit_exact_and_reshards")
+"""Tests that start a new launch (launcher.py's ``LaunchGroups`` says why): the TP=2 cases, the DP=2 cases and the
+pipeline cases each share the uninterrupted runs they keep in memory (``_STRAIGHT``) within their launch."""
 
 pytestmark = [
     pytest.mark.distributed,
@@ -86,7 +89,8 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     if "test_bf16_checkpoint_converts_its_model_weights" in selected and GROUPS[2][0] not in groups[2]:
         groups[2] = [GROUPS[2][0], *groups[2]]  # its checkpoint
     work = tmp_path_factory.mktemp("mcore_ckpt")
-    return LaunchGroups(__file__, groups, {2: 840}, env={**HARNESS_ENV, "MB_MCORE_CKPT_DIR": str(work)})
+    return LaunchGroups(__file__, groups, {2: 840}, env={**HARNESS_ENV, "MB_MCORE_CKPT_DIR": str(work)},
+                        split_before=SPLIT_BEFORE)
 
 
 # ------------------------------------------------------------------------------------------------ worker side

@@ -140,6 +140,9 @@ ASYNC_SAVES = {"test_fsdp2": "fsdp2"}
 while in flight, and is committed after it."""
 GROUPS: dict[int, list[str]] = {1: list(REFERENCES), 2: list(CASES)}
 LAUNCH_TIMEOUT_S = {1: 300, 2: 900}
+SPLIT_BEFORE = ("test_fsdp2",)
+"""The FSDP2 cases run in a launch of their own (launcher.py's ``LaunchGroups`` says why): each part's resumed cases
+compare with the snapshots their saving case kept in memory in the same launch."""
 
 pytestmark = [
     pytest.mark.distributed,
@@ -175,7 +178,8 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     references = {"test_one_process_reference"} | {REFERENCE_OF[n] for n in wanted if n in REFERENCE_OF}
     groups = {1: [n for n in GROUPS[1] if n in references], 2: [n for n in GROUPS[2] if n in wanted]}
     work = tmp_path_factory.mktemp("mcore_wrappers")
-    return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={"MB_WRAPPERS_DIR": str(work)})
+    return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={"MB_WRAPPERS_DIR": str(work)},
+                        split_before=SPLIT_BEFORE)
 
 
 def train_and_record(name: str, overrides: dict[str, Any]) -> None:
