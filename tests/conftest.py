@@ -18,41 +18,42 @@ FUNCTIONAL_GROUP = "functional"
 ``functional-1``, ..."""
 
 FUNCTIONAL_S: dict[str, float] = {
-    "checkpoint/test_any_to_any.py": 54,
-    "checkpoint/test_resume_pretrain.py": 43,
+    "checkpoint/test_any_to_any.py": 36,
+    "checkpoint/test_resume_pretrain.py": 32,
     "context_parallel/test_cp_attention.py": 11,
-    "context_parallel/test_cp_pretrain.py": 91,
-    "distributed/test_ddp_two_ranks.py": 78,  # the launch shared with 4 other files (launcher.py's TWO_RANKS)
+    "context_parallel/test_cp_pretrain.py": 115,
+    "distributed/test_ddp_two_ranks.py": 147,  # the launch shared with 4 other files (launcher.py's TWO_RANKS)
     "distributed/test_fsdp2_two_ranks.py": 0,  # the four files in test_ddp_two_ranks.py's shared launch: counted there
     "precision/test_fp8_torchao.py": 0,
     "optimization/test_qat.py": 0,
     "optimization/test_distillation.py": 0,
-    "distributed/test_tensor_parallel_functional.py": 25,
-    "mcore/test_checkpoint.py": 117,
-    "mcore/test_pipeline.py": 119,
-    "mcore/test_precision.py": 50,
-    "mcore/test_wrappers.py": 163,
-    "moe/test_expert_parallel.py": 67,
-    "multinode/test_restart.py": 147,  # waits on restarts and daemons: wall time well above its CPU time
-    "multinode/test_two_nodes.py": 153,
-    "optimization/test_qat_export.py": 32,
-    "perf/test_launch.py": 23,
-    "perf/test_mcore_memory_estimate.py": 7,
-    "robustness/test_fail_fast.py": 60,
-    "robustness/test_no_orphans.py": 84,
-    "slurm/test_slurm_launch.py": 49,
-    "training/test_megatron_core_engine.py": 114,
-    "training/test_megatron_fsdp.py": 83,
+    "distributed/test_tensor_parallel_functional.py": 48,
+    "mcore/test_checkpoint.py": 155,
+    "mcore/test_pipeline.py": 122,
+    "mcore/test_precision.py": 46,
+    "mcore/test_wrappers.py": 200,
+    "moe/test_expert_parallel.py": 68,
+    "multinode/test_restart.py": 277,  # waits on restarts and daemons: wall time well above its CPU time
+    "multinode/test_two_nodes.py": 389,
+    "optimization/test_qat_export.py": 48,
+    "perf/test_launch.py": 29,
+    "perf/test_mcore_memory_estimate.py": 24,
+    "robustness/test_fail_fast.py": 70,
+    "robustness/test_no_orphans.py": 73,
+    "slurm/test_slurm_launch.py": 224,
+    "training/test_megatron_core_engine.py": 81,
+    "training/test_megatron_fsdp.py": 72,
     "training/test_pipeline_parallel.py": 87,
-    "training/test_pretrain_backends.py": 39,
-    "training/test_pretrain_single.py": 5,
+    "training/test_pretrain_backends.py": 63,
+    "training/test_pretrain_single.py": 13,
     "context_parallel/test_cp_ring_cuda.py": 0,  # needs CUDA: skipped on CPU
     "distributed/test_backends_cuda.py": 0,  # needs CUDA: skipped on CPU
 }
 """Measured seconds of the functional test files in their stream (wall time of the file's tests in the xdist worker,
-``make test``'s three workers, 2026-12-02 on the idle 2-core VM), the weights that balance the streams
-(:func:`functional_streams`): a stream's length is what decides when the suite ends. A file not listed counts
-:data:`UNMEASURED_S`."""
+``make test``'s three workers, 2026-12-03 on the idle 2-core VM, launches forked warm: forkserver.py), the weights
+that balance the streams (:func:`functional_streams`): a stream's length is what decides when the suite ends. A file
+not listed counts :data:`UNMEASURED_S`. The multinode and Slurm files mostly wait (rendezvous, restarts, daemons): the
+other streams use the cores meanwhile."""
 UNMEASURED_S = 30.0
 SAME_STREAM: list[tuple[str, ...]] = [
     # one cached reference (training/_common.py cached_reference: same config, one run per xdist worker)

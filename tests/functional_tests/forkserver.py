@@ -31,6 +31,8 @@ import time
 
 SOCKET_ENV = "MB_FORKSERVER_SOCKET"
 """Path of the fork server's socket, in the environment of the launches that use it (launcher.py sets it)."""
+PID_ENV = "MB_FORKSERVER_PID"
+"""The fork server's process id (launcher.py sets it): a client stops waiting for a server that has exited."""
 COLD_ENV = "MB_COLD_START"
 """``1``: every process starts cold (``python -m MODULE``), e.g. to compare or to debug a start-up."""
 LOG_ENV = "MB_FORKSERVER_LOG"
@@ -287,16 +289,16 @@ def _cold(module: str, argv: list[str], why: str | None) -> None:
     os.execv(sys.executable, [sys.executable, "-u", "-m", module, *argv])
 
 
-def _connect(path: str) -> socket.socket | None:
+def _connect(path: str, server_pid: int | None) -> socket.socket | None:
     deadline = time.monotonic() + CLIENT_WAIT_S
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
             return sock
-        except FileNotFoundError:  # still importing
+        except FileNotFoundError:  # still importing, unless it has exited
             sock.close()
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (server_pid and not os.path.exists(f"/proc/{server_pid}")):
                 return None
             time.sleep(0.1)
         except ConnectionRefusedError:  # it was up and is gone
@@ -309,7 +311,8 @@ def client(module: str, argv: list[str]) -> None:
     path = os.environ.get(SOCKET_ENV)
     if os.environ.get(COLD_ENV) == "1" or not path:
         _cold(module, argv, None)
-    sock = _connect(path)
+    server_pid = os.environ.get(PID_ENV, "")
+    sock = _connect(path, int(server_pid) if server_pid.isdigit() else None)
     if sock is None:
         _cold(module, argv, f"no fork server at {path}")
     parent = os.getppid()

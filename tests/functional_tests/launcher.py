@@ -91,7 +91,7 @@ def fork_server_env() -> dict[str, str]:
         atexit.register(_stop_fork_server, proc, folder)
         _FORK_SERVER.append((proc, path))
     proc, path = _FORK_SERVER[0]
-    return {forkserver.SOCKET_ENV: path} if proc.poll() is None else {}
+    return {forkserver.SOCKET_ENV: path, forkserver.PID_ENV: str(proc.pid)} if proc.poll() is None else {}
 
 
 def _stop_fork_server(proc: subprocess.Popen, folder: Path) -> None:

@@ -139,3 +139,15 @@ def test_the_server_ends_with_its_parent(program: Path) -> None:
     while _alive(server_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(server_pid)
+
+
+def test_a_client_stops_waiting_for_a_server_that_has_exited(program: Path) -> None:
+    """A server that ended before it listened (e.g. killed while importing): the client starts cold at once."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    env = {**os.environ, "PYTHONPATH": f"{program}{os.pathsep}{REPO_ROOT}",
+           forkserver.SOCKET_ENV: str(program / "never"), forkserver.PID_ENV: gone.stdout.strip()}
+    started = time.monotonic()
+    proc = _client(env, MB_FS_CODE="6")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 6 and "starts cold (no fork server at" in err
+    assert time.monotonic() - started < forkserver.CLIENT_WAIT_S / 2
