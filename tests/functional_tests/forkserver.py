@@ -17,6 +17,10 @@ no server is reachable, or when the request's environment differs from the serve
 at start-up (:data:`STARTUP_VARS`, e.g. ``PYTHONPATH``). The forked process is in a session of its own; it ends
 with SIGKILL when its client is gone (killed); when the client's parent (torchrun's agent) dies, the client sends
 it SIGTERM, as the library's parent watch does for a worker (``megatron_bridge.utils.process.watch_parent``).
+
+What differs from a cold start: the forked processes share the server's string-hash seed and the state of Python's
+``random`` module (the tests seed what they compare), and the modules of :data:`PRELOAD` were imported with the
+server's environment (the launching process's and launcher.py's ``LAUNCH_ENV``), not the launch's own variables.
 """
 
 import json
