@@ -234,9 +234,10 @@ class _Server:
                 continue
             conn, started, what = self.children.pop(pid)
             self.selector.unregister(conn)
-            _send_quietly(conn, {"status": _describe(status)})
+            end = _describe(status)
+            _send_quietly(conn, {"status": end})
             conn.close()
-            print(f"pid {pid} {_describe(status)} after {time.monotonic() - started:.1f} s, "
+            print(f"pid {pid} {end} after {time.monotonic() - started:.1f} s, "
                   f"{usage.ru_utime + usage.ru_stime:.1f} CPU s: {what}", flush=True)
 
 
@@ -250,9 +251,11 @@ def _run_module(module: str, argv: list[str]) -> int:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        if stop.code is not None and not isinstance(stop.code, int):
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:  # sys.exit("message"), as the interpreter does: the message on stderr, exit code 1
             print(stop.code, file=sys.stderr)
+            code = 1
     except BaseException:
         traceback.print_exc()
         code = 1

@@ -254,7 +254,7 @@ class LaunchGroups:
 
     def __init__(self, file: str, groups: dict[int, list[str]], timeout: dict[int, float],
                  env: dict[str, str] | None = None, split_before: tuple[str, ...] = ()) -> None:
-        self.file, self.groups, self.timeout, self.env = file, groups, timeout, env or {}
+        self.file, self.timeout, self.env = file, timeout, env or {}
         self.launches: list[tuple[int, list[str]]] = []
         """(process count, test names) of each launch, in order."""
         for nproc, names in groups.items():

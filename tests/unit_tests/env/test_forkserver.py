@@ -5,6 +5,7 @@ server imports torch and the library: launcher.py)."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -116,13 +117,11 @@ def test_a_different_start_up_environment_starts_cold(server: dict[str, str], pr
 
 def test_without_a_server_or_with_cold_start_asked_the_client_runs_the_module_itself(program: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{program}{os.pathsep}{REPO_ROOT}"}
+    gone = program / "gone"
+    with socket.socket(socket.AF_UNIX) as dead:  # a socket file nobody listens on any more
+        dead.bind(str(gone))
     for extra in ({forkserver.COLD_ENV: "1", forkserver.SOCKET_ENV: str(program / "none")},
-                  {forkserver.SOCKET_ENV: str(program / "gone")}):
-        if forkserver.SOCKET_ENV in extra and "gone" in extra[forkserver.SOCKET_ENV]:
-            import socket
-
-            with socket.socket(socket.AF_UNIX) as dead:  # a socket file nobody listens on any more
-                dead.bind(extra[forkserver.SOCKET_ENV])
+                  {forkserver.SOCKET_ENV: str(gone)}):
         proc = _client(env, MB_FS_CODE="5", **extra)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 5 and int(out.split("pid ")[1].split()[0]) == proc.pid, err
