@@ -11,6 +11,13 @@ process's group and exits as it did (its exit code, or killed by the same signal
 starts, watches and stops its workers itself, each worker is a process of its own with its own gloo process group,
 and what a test checks is unchanged; only the imports before the first line of the test are paid once.
 
+The launches of the scripts under test (``launch.py``, ``python -m megatron_bridge.launcher.torchrun``: the multi-node,
+restart and perf tests) start the scripts and their torchrun agents cold, as users run them, and only their workers
+warm: torchrun starts each worker with its ``PYTHON_EXEC`` (launcher.py's ``forked_workers_env``), here
+``forked_python``, which runs this client with the interpreter's arguments (``python forkserver.py --python -u SCRIPT
+ARGS...``). A script then runs as ``python SCRIPT`` would (``sys.path[0]`` its folder), a module as ``python -m``
+would (``sys.path[0]`` the working directory).
+
 The server imports nothing of the tests (they are imported in the forked process, with its environment). A request
 runs cold instead (the client ``exec``\\ s ``python -m MODULE ARGS...``, as before) when ``$MB_COLD_START=1``, when
 no server is reachable, or when the request's environment differs from the server's in what an interpreter reads
@@ -39,6 +46,9 @@ PID_ENV = "MB_FORKSERVER_PID"
 """The fork server's process id (launcher.py sets it): a client stops waiting for a server that has exited."""
 COLD_ENV = "MB_COLD_START"
 """``1``: every process starts cold (``python -m MODULE``), e.g. to compare or to debug a start-up."""
+PYTHON_ENV = "MB_FORKSERVER_PYTHON"
+"""The interpreter that ``forked_python`` (torchrun's ``PYTHON_EXEC`` in launcher.py's ``forked_workers_env``) runs
+this client with."""
 LOG_ENV = "MB_FORKSERVER_LOG"
 """A file the launching process's fork server appends its log to (one line per forked process: its end, wall and CPU
 seconds, command line); by default a file in the server's temporary folder, removed with it."""
@@ -182,7 +192,7 @@ class _Server:
         finally:
             for fd in fds:
                 os.close(fd)
-        self.children[pid] = (conn, time.monotonic(), " ".join([request["module"], *request["argv"]])[:300])
+        self.children[pid] = (conn, time.monotonic(), " ".join([_main_of(request), *request["argv"]])[:300])
         self.selector.register(conn, selectors.EVENT_READ, data=pid)
         _send_quietly(conn, {"pid": pid})  # a client gone by now reads as end of file next: its process is killed
 
@@ -192,6 +202,8 @@ class _Server:
         differs = [n for n, v in _startup_env(request["env"]).items() if v != self.env[n]]
         if differs:
             return f"its start-up environment differs from the fork server's: {differs}"
+        if request.get("unbuffered") and not self.env["PYTHONUNBUFFERED"]:
+            return "-u asks for unbuffered streams and the fork server's are buffered"
         threads = _threads()
         return f"the fork server runs {threads} threads (it forks only when it runs one)" if threads != 1 else None
 
@@ -211,7 +223,7 @@ class _Server:
             os.chdir(request["cwd"])
             os.environ.clear()
             os.environ.update(request["env"])
-            code = _run_module(request["module"], request["argv"])
+            code = _run_main(request)
         finally:
             os._exit(code)
 
@@ -241,14 +253,26 @@ class _Server:
                   f"{usage.ru_utime + usage.ru_stime:.1f} CPU s: {what}", flush=True)
 
 
-def _run_module(module: str, argv: list[str]) -> int:
-    """Run ``module`` as ``python -m module argv...`` would, in this process; its exit code."""
+def _main_of(request: dict) -> str:
+    return request.get("module") or request["script"]
+
+
+def _run_main(request: dict) -> int:
+    """Run the request's module as ``python -m MODULE ARGS...`` would (``sys.path[0]``: the working directory), or its
+    script as ``python SCRIPT ARGS...`` would (``sys.path[0]``: the script's folder), in this process; its exit
+    code."""
     import runpy
     import traceback
 
-    sys.argv = [module, *argv]
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if request.get("module"):
+            sys.argv = [request["module"], *request["argv"]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [request["script"], *request["argv"]]
+            sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))
+            runpy.run_path(request["script"], run_name="__main__")
         code = 0
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
@@ -290,10 +314,27 @@ def serve(path: str, modules: tuple[str, ...] = PRELOAD) -> None:
 
 
 # -------------------------------------------------------------------------------------------------- client
-def _cold(module: str, argv: list[str], why: str | None) -> None:
+def _cold(python_args: list[str], why: str | None) -> None:
+    """Replace this client by ``python PYTHON_ARGS...``."""
     if why:
-        print(f"forkserver: {module} starts cold ({why})", file=sys.stderr, flush=True)
-    os.execv(sys.executable, [sys.executable, "-u", "-m", module, *argv])
+        print(f"forkserver: {' '.join(python_args)[:200]} starts cold ({why})", file=sys.stderr, flush=True)
+    os.execv(sys.executable, [sys.executable, *python_args])
+
+
+def _python_request(args: list[str]) -> dict | None:
+    """The request for the interpreter arguments ``args`` (``[-u] SCRIPT ARGS...`` or ``[-u] -m MODULE ARGS...``,
+    what torchrun passes to its ``PYTHON_EXEC``); None for any other option, which then starts cold."""
+    unbuffered = False
+    for i, arg in enumerate(args):
+        if arg == "-u":
+            unbuffered = True
+        elif arg == "-m" and i + 1 < len(args):
+            return {"module": args[i + 1], "argv": args[i + 2:], "unbuffered": unbuffered}
+        elif arg.startswith("-"):
+            return None
+        else:
+            return {"script": arg, "argv": args[i + 1:], "unbuffered": unbuffered}
+    return None
 
 
 def _connect(path: str, server_pid: int | None) -> socket.socket | None:
@@ -313,22 +354,23 @@ def _connect(path: str, server_pid: int | None) -> socket.socket | None:
             return None
 
 
-def client(module: str, argv: list[str]) -> None:
-    """Run ``python -m module argv...`` in a process forked by the server (cold when it cannot); exit as it did."""
+def client(python_args: list[str], request: dict | None) -> None:
+    """Run ``python PYTHON_ARGS...`` (``request``: what it runs, see :func:`_python_request`) in a process forked by
+    the server, or cold when it cannot; exit as it did."""
     path = os.environ.get(SOCKET_ENV)
-    if os.environ.get(COLD_ENV) == "1" or not path:
-        _cold(module, argv, None)
+    if os.environ.get(COLD_ENV) == "1" or not path or request is None:
+        _cold(python_args, None if request else "interpreter options the fork server does not take")
     server_pid = os.environ.get(PID_ENV, "")
     sock = _connect(path, int(server_pid) if server_pid.isdigit() else None)
     if sock is None:
-        _cold(module, argv, f"no fork server at {path}")
+        _cold(python_args, f"no fork server at {path}")
     parent = os.getppid()
-    request = {"module": module, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
+    request = {**request, "env": dict(os.environ), "cwd": os.getcwd()}
     _send(sock, request, [0, 1, 2])
     reply, _ = _recv(sock)
     if reply is None or "cold" in reply:
         sock.close()
-        _cold(module, argv, reply["cold"] if reply else "the fork server closed the connection")
+        _cold(python_args, reply["cold"] if reply else "the fork server closed the connection")
     pid = reply["pid"]
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, frame: _kill_group(pid, signum))
@@ -355,7 +397,10 @@ def _exit_as(status: dict[str, int]) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"] and len(sys.argv) in (3, 4):
         serve(sys.argv[2], *([tuple(filter(None, sys.argv[3].split(",")))] if len(sys.argv) == 4 else []))
+    elif sys.argv[1:2] == ["--python"]:  # forked_python: python's own arguments
+        client(sys.argv[2:], _python_request(sys.argv[2:]))
     elif len(sys.argv) < 2 or sys.argv[1] == "--serve":
-        sys.exit("usage: python -m tests.functional_tests.forkserver MODULE [ARGS...] | --serve SOCKET [MODULE,...]")
+        sys.exit("usage: python -m tests.functional_tests.forkserver MODULE [ARGS...] | --python PYTHON_ARGS... | "
+                 "--serve SOCKET [MODULE,...]")
     else:
-        client(sys.argv[1], sys.argv[2:])
+        client(["-u", "-m", *sys.argv[1:]], {"module": sys.argv[1], "argv": sys.argv[2:]})

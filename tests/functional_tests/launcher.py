@@ -94,6 +94,19 @@ def fork_server_env() -> dict[str, str]:
     return {forkserver.SOCKET_ENV: path, forkserver.PID_ENV: str(proc.pid)} if proc.poll() is None else {}
 
 
+FORKED_PYTHON = Path(__file__).with_name("forked_python")
+"""The workers' interpreter in :func:`forked_workers_env` (a shell script that runs forkserver.py's client)."""
+
+
+def forked_workers_env() -> dict[str, str]:
+    """The environment that makes a script under test (``launch.py``, ``python -m megatron_bridge.launcher.torchrun``)
+    start its torchrun workers forked from this pytest process's fork server: ``PYTHON_EXEC``, torch.distributed.run's
+    interpreter for the workers, is :data:`FORKED_PYTHON`. The script and its torchrun agent still start cold, as
+    users run them. Empty (cold workers) when :func:`fork_server_env` is."""
+    env = fork_server_env()
+    return {**env, "PYTHON_EXEC": str(FORKED_PYTHON), forkserver.PYTHON_ENV: sys.executable} if env else {}
+
+
 def _stop_fork_server(proc: subprocess.Popen, folder: Path) -> None:
     proc.kill()
     proc.wait()

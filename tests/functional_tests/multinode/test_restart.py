@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional_tests.launcher import REPO_ROOT, free_port
+from tests.functional_tests.launcher import REPO_ROOT, forked_workers_env, free_port
 
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
@@ -37,7 +37,9 @@ def _cmd(*flags: str) -> list[str]:
 
 
 def _env(run_dir: Path, **extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MB_RUN_DIR": str(run_dir), **extra}
+    """The launcher starts cold; its workers fork warm (launcher.py's forked_workers_env)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MB_RUN_DIR": str(run_dir),
+            **forked_workers_env(), **extra}
 
 
 def _run(run_dir: Path, *flags: str, **extra: str) -> tuple[int, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional_tests.launcher import REPO_ROOT, free_port
+from tests.functional_tests.launcher import REPO_ROOT, forked_workers_env, free_port
 
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
@@ -29,7 +29,8 @@ LAYOUTS = {"ddp": [], "pp2": ["-pp", "2"]}
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    """launch.py and its torchrun agent start cold; the workers fork warm (launcher.py's forked_workers_env)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **forked_workers_env()}
 
 
 def _flags(layout: str, out: Path) -> list[str]:

@@ -2,11 +2,14 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.functional_tests.launcher import forked_workers_env
 
 
 REPO = Path(__file__).resolve().parents[3]
@@ -17,8 +20,8 @@ def test_launch_tiny_two_ranks_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "scripts/performance/launch.py", "--recipe", "tiny_llama", "-ng", "2", "-ms", "20",
-         "--output_dir", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=280,
+         "--output_dir", str(out)],  # launch.py and its agent start cold, the workers fork warm (launcher.py)
+        cwd=REPO, env={**os.environ, **forked_workers_env()}, capture_output=True, text=True, timeout=280,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last_line = proc.stdout.strip().splitlines()[-1]

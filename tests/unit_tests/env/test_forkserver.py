@@ -1,6 +1,7 @@
-"""tests/functional_tests/forkserver.py: a process forked by the fork server runs as ``python -m MODULE`` would, with
-the client's arguments, environment, working directory and streams; its client exits as it did, forwards signals, and
-takes it along when killed; what cannot fork warm starts cold. The server here imports only ``json`` (the launches'
+"""tests/functional_tests/forkserver.py: a process forked by the fork server runs as ``python -m MODULE`` would (or,
+through ``forked_python``, torchrun's ``PYTHON_EXEC``, as ``python [-u] SCRIPT``), with the client's arguments,
+environment, working directory and streams; its client exits as it did, forwards signals, and takes it along when
+killed; what cannot fork warm starts cold. The server here imports only ``json`` (the launches'
 server imports torch and the library: launcher.py)."""
 
 import os
@@ -15,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from tests.functional_tests import forkserver
-from tests.functional_tests.launcher import REPO_ROOT
+from tests.functional_tests.launcher import FORKED_PYTHON, REPO_ROOT
 
 
 PROGRAM = """
 import os, signal, sys, time
-print("argv", sys.argv[1:], "env", os.environ.get("MB_FS_VALUE"), "cwd", os.getcwd(), "pid", os.getpid(), flush=True)
+print("argv", sys.argv[1:], "env", os.environ.get("MB_FS_VALUE"), "cwd", os.getcwd(), "pid", os.getpid(),
+      "path0", sys.path[0], "name", __name__, flush=True)
 print("on stderr", file=sys.stderr, flush=True)
 mode = os.environ.get("MB_FS_MODE", "")
 if mode == "term":
@@ -150,3 +152,33 @@ def test_a_client_stops_waiting_for_a_server_that_has_exited(program: Path) -> N
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 6 and "starts cold (no fork server at" in err
     assert time.monotonic() - started < forkserver.CLIENT_WAIT_S / 2
+
+
+def _python(env: dict[str, str], *python_args: str) -> tuple[int, str, str, int]:
+    """``forked_python PYTHON_ARGS...``, as torchrun runs its ``PYTHON_EXEC``: exit code, stdout, stderr, client pid."""
+    proc = subprocess.Popen([str(FORKED_PYTHON), *python_args], cwd="/", stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**env, forkserver.PYTHON_ENV: sys.executable})
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err, proc.pid
+
+
+def _pid(out: str) -> int:
+    return int(out.split("pid ")[1].split()[0])
+
+
+def test_forked_python_runs_a_script_or_a_module_as_the_interpreter_would(server: dict[str, str],
+                                                                          program: Path) -> None:
+    code, out, err, client = _python({**server, "MB_FS_CODE": "8"}, "-u", str(program / "fs_program.py"), "a", "-m")
+    assert code == 8 and "argv ['a', '-m'] env None cwd / pid" in out and "starts cold" not in err, err
+    assert f"path0 {program} name __main__" in out  # sys.path[0]: the script's folder
+    assert _pid(out) != client  # forked, not run in the client
+    code, out, err, client = _python({**server, "MB_FS_CODE": "9"}, "-u", "-m", "fs_program", "b")
+    assert code == 9 and "argv ['b'] env None cwd / pid" in out and "starts cold" not in err, err
+    assert "path0 / name __main__" in out and _pid(out) != client  # sys.path[0]: the working directory
+
+
+def test_forked_python_starts_cold_for_interpreter_options_it_does_not_take(server: dict[str, str],
+                                                                              program: Path) -> None:
+    code, out, err, client = _python({**server, "MB_FS_CODE": "10"}, "-X", "utf8", str(program / "fs_program.py"))
+    assert code == 10 and "starts cold (interpreter options the fork server does not take)" in err
+    assert _pid(out) == client  # exec'd in the client itself
