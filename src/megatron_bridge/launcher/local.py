@@ -20,17 +20,26 @@ def relaunch_with_torchrun(nproc: int, argv: list[str] | None = None, threads_pe
     in its own process group and gets SIGTERM from the kernel if this process dies; SIGINT/SIGTERM/SIGHUP sent to
     this process are forwarded to it (:func:`megatron_bridge.utils.process.run_job`), and it stops the workers.
     """
-    import torch
-
     from megatron_bridge.utils.process import run_job
 
     args = argv if argv is not None else sys.argv
-    env = dict(os.environ)
-    if threads_per_rank is None and not torch.cuda.is_available():
-        threads_per_rank = max(1, (os.cpu_count() or 1) // nproc)
-    if threads_per_rank is not None:
-        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank))
-    env.setdefault("PYTHONUNBUFFERED", "1")
     node_flags = torchrun_arguments(layout or NodeLayout(), nproc, free_port=free_port())
     cmd = [sys.executable, "-m", "megatron_bridge.launcher.torchrun", *node_flags, *args]
-    return run_job(cmd, env=env)
+    return run_job(cmd, env=worker_env(nproc, threads_per_rank))
+
+
+def worker_env(nproc: int, threads_per_rank: int | None = None) -> dict[str, str]:
+    """This process's environment for the launch, with ``PYTHONUNBUFFERED=1`` and ``OMP_NUM_THREADS`` unless already
+    set: ``threads_per_rank``, or on machines without CUDA cores // ``nproc`` (at least 1). torch is imported (for
+    the CUDA check) only when that default is needed, so a launch with ``OMP_NUM_THREADS`` set starts ~2 s sooner."""
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env:
+        if threads_per_rank is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                threads_per_rank = max(1, (os.cpu_count() or 1) // nproc)
+        if threads_per_rank is not None:
+            env["OMP_NUM_THREADS"] = str(threads_per_rank)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
