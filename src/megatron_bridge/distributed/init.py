@@ -33,6 +33,13 @@ logger = get_logger(__name__)
 _CREATED_BY_US = False
 """True while the default process group is one :func:`initialize_distributed` created."""
 
+_RETIRED_GROUPS: list[dist.ProcessGroup] = []
+"""The process groups :func:`destroy_distributed` ended, kept referenced until the next :func:`initialize_distributed`
+(or the end of the process). torch's gloo backend joins a group's worker threads in the group's destructor, which runs
+wherever the last reference goes (e.g. when a DDP model is freed) and holds the GIL meanwhile; a worker still dropping
+the tensors of its last collective waits for the GIL: a deadlock (seen when a run ended with an error right after a
+collective and the model went with the traceback). Released at the next start, the workers are long idle."""
+
 _TORCHRUN_GROUPS = 0
 """How many default groups this process has created under torchrun (one per ``pretrain()`` call)."""
 
@@ -94,6 +101,7 @@ def initialize_distributed(cfg: "ConfigContainer") -> DistEnv:
         ConfigValidationError: nccl without CUDA (names ``dist.distributed_backend``).
     """
     global _CREATED_BY_US
+    _RETIRED_GROUPS.clear()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if dist.is_initialized():
         backend = str(dist.get_backend())
@@ -140,12 +148,15 @@ def _join_torchrun_job(backend: str, timeout: datetime.timedelta) -> None:
 
 def destroy_distributed(teardown: Callable[[], None] | None = None) -> None:
     """Barrier, then destroy the default process group if :func:`initialize_distributed` created it; ``teardown``
-    runs first (the engine's own groups, :meth:`megatron_bridge.engines.base.Engine.destroy_groups`)."""
+    runs first (the engine's own groups, :meth:`megatron_bridge.engines.base.Engine.destroy_groups`). The group
+    objects stay referenced until the next :func:`initialize_distributed` (:data:`_RETIRED_GROUPS` says why)."""
     global _CREATED_BY_US
     if _CREATED_BY_US and dist.is_initialized():
         if teardown is not None:
             teardown()
         dist.barrier()
+        world = getattr(dist.distributed_c10d, "_world", None)  # every group, the engine's too (torch's registry)
+        _RETIRED_GROUPS.extend(list(world.pg_map) if world is not None else [dist.group.WORLD])
         dist.destroy_process_group()
     _CREATED_BY_US = False
 

@@ -93,3 +93,19 @@ def test_mesh_tp_cp_must_divide_world(process_group, field: str) -> None:
                        match=r"is not divisible by TP×PP×CP .*\[rule world_size_divisible\]") as info:
         build_device_mesh(cfg, process_group)
     assert f"model.{field}" in info.value.paths
+
+
+def test_destroyed_groups_are_released_at_the_next_start_not_when_the_model_goes() -> None:
+    """torch's gloo group joins its worker threads in its destructor with the GIL held: released while a worker still
+    drops its last collective's tensors, it deadlocks (a run that ended with an error right after a collective)."""
+    from megatron_bridge.distributed import init
+
+    destroy_distributed()
+    initialize_distributed(ConfigContainer())
+    world = dist.group.WORLD
+    tensor = torch.ones(3)
+    dist.all_reduce(tensor)  # the workers' last collective holds a tensor of this process
+    destroy_distributed()
+    assert not dist.is_initialized() and any(g is world for g in init._RETIRED_GROUPS)
+    initialize_distributed(ConfigContainer())  # the session's group again, as before this test
+    assert init._RETIRED_GROUPS == []
