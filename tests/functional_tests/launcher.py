@@ -27,6 +27,7 @@ port (``--standalone``: torchrun's agent binds port 0, so parallel sessions cann
 import atexit
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -148,6 +149,48 @@ def _text(stream: str | bytes | None) -> str:
     return stream.decode(errors="replace") if isinstance(stream, bytes) else (stream or "")
 
 
+_FATAL = re.compile(r"^.*Fatal Python error: .*$", re.M)
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ ")
+FATAL_FRAMES = 12
+"""Frames kept per thread of a crash report that :func:`fatal_errors` quotes (the innermost; the crashed thread's
+stack is quoted whole)."""
+
+
+def _thread_stacks(lines: list[str]) -> list[tuple[str, list[str]]]:
+    """The (header, frames) of each thread of a crash report's ``lines`` (those after ``Fatal Python error``), up to
+    the report's end: ``Extension modules:`` or the first line that is no part of it."""
+    stacks: list[tuple[str, list[str]]] = []
+    for line in lines:
+        if _THREAD.match(line):
+            stacks.append((line, []))
+        elif line.startswith("  ") and stacks:
+            stacks[-1][1].append(line)
+        elif line.strip() and not line.startswith("Python runtime state"):
+            break
+    return stacks
+
+
+def fatal_errors(output: str, limit: int = 6000) -> str:
+    """The crash reports (Python's faulthandler: ``Fatal Python error`` and each thread's stack, the crashed one marked
+    ``Current thread``) in a launch's ``output``, the crashed thread first, with a heading; "" when there are none.
+
+    A rank that crashes (SIGSEGV, SIGABRT) prints its report long before torchrun's failure summary, which would push it
+    out of the output tail a failed test quotes; the report says where the crash happened."""
+    reports = []
+    for match in _FATAL.finditer(output):
+        stacks = _thread_stacks(output[match.end():].splitlines()[1:])
+        quoted = [match.group(0).strip()]
+        for header, frames in sorted(stacks, key=lambda stack: not stack[0].startswith("Current thread")):
+            keep = frames if header.startswith("Current thread") else frames[:FATAL_FRAMES]
+            more = [f"  ... {len(frames) - len(keep)} outer frames"] if len(keep) < len(frames) else []
+            quoted += [header, *keep, *more]
+        reports.append("\n".join(quoted))
+    if not reports:
+        return ""
+    text = "\n\n".join(reports)
+    return f"crash report(s) in the output (the crashed thread first):\n{text[:limit]}\n\n"
+
+
 def launch(nodeid: str, *, nproc: int = 2, timeout: float = 420, env: dict[str, str] | None = None) -> str:
     """Run pytest ``nodeid`` on ``nproc`` ranks; fail the calling test with the output tail unless all pass."""
     timeout = launch_timeout(timeout)
@@ -157,7 +200,8 @@ def launch(nodeid: str, *, nproc: int = 2, timeout: float = 420, env: dict[str, 
         pytest.fail(f"{nodeid} on {nproc} ranks timed out after {timeout:.0f}s\n{_text(exc.stdout)[-6000:]}")
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        pytest.fail(f"{nodeid} on {nproc} ranks failed (exit {proc.returncode}):\n{output[-8000:]}")
+        pytest.fail(f"{nodeid} on {nproc} ranks failed (exit {proc.returncode}):\n{fatal_errors(output)}"
+                    f"{output[-8000:]}")
     if " passed" not in output:
         pytest.fail(f"{nodeid} on {nproc} ranks ran no test:\n{output[-4000:]}")
     return output
@@ -194,17 +238,19 @@ def nodeid_of(file: str, name: str) -> str:
 
 
 def _outcome(nodeid: str, reports: dict[int, list[dict[str, str]]], ended: str) -> CaseOutcome:
-    failures, skipped, missing = [], [], []
+    failures, skipped, missing, started = [], [], [], []
     for rank, rows in reports.items():
         mine = [r for r in rows if r["nodeid"] == nodeid]
         if not any(r["when"] == "teardown" for r in mine):
             missing.append(rank)
+            started += [rank] if mine else []
         failures += [f"rank {rank} ({r['when']}): {r['detail']}" for r in mine if r["outcome"] == "failed"]
         skipped += [r["detail"] for r in mine if r["outcome"] == "skipped"]
     if failures:
         return CaseOutcome("failed", "\n".join(failures))
     if missing:
-        return CaseOutcome("not run", f"no result from rank(s) {missing}: {ended}")
+        during = f" (the launch ended during this test on rank(s) {started})" if started else ""
+        return CaseOutcome("not run", f"no result from rank(s) {missing}{during}: {ended}")
     if skipped:
         return CaseOutcome("skipped", skipped[0])
     return CaseOutcome("passed")
@@ -219,8 +265,9 @@ def run_cases(nodeids: list[str], *, nproc: int, timeout: float,
         try:
             proc = _torchrun_pytest([str(REPO_ROOT / n) for n in nodeids], nproc, timeout,
                                     {**(env or {}), REPORT_ENV: folder}, stop_at_first_failure=False)
-            tail = (proc.stdout + proc.stderr)[-6000:]
-            ended = f"the launch exited with code {proc.returncode}; output tail:\n{tail}"
+            output = proc.stdout + proc.stderr
+            ended = (f"the launch exited with code {proc.returncode}; {fatal_errors(output, 4000)}"
+                     f"output tail:\n{output[-5000:]}")
         except subprocess.TimeoutExpired as exc:
             ended = f"the launch timed out after {timeout:.0f}s; output tail:\n{_text(exc.stdout)[-6000:]}"
         reports = _read_reports(Path(folder), nproc)
@@ -240,7 +287,7 @@ def _check(outcome: CaseOutcome, where: str) -> None:
     if outcome.status == "skipped":
         pytest.skip(f"{where}: {outcome.detail}")
     if outcome.status != "passed":
-        pytest.fail(f"{where} {outcome.status}:\n{outcome.detail[-8000:]}", pytrace=False)
+        pytest.fail(f"{where} {outcome.status}:\n{outcome.detail[-10000:]}", pytrace=False)
 
 
 def selected_groups(request: pytest.FixtureRequest, groups: dict[int, list[str]]) -> dict[int, list[str]]:
