@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -18,6 +19,15 @@ from tests.functional_tests.launcher import (
 
 if is_worker():  # before a test module imports megatron-core (deferred_compile.py says why)
     deferred_compile.install()
+    import torch
+
+    # A crash (SIGSEGV, SIGBUS, SIGABRT, ...) prints every thread's C++ stack before Python's own report (launcher.py's
+    # fatal_errors quotes the crashed thread's); torch's handler then hands the signal on to faulthandler's. SIGINT,
+    # which torch's handler takes too, goes back to Python's handler (KeyboardInterrupt, without stacks).
+    _python_sigint = signal.getsignal(signal.SIGINT)
+    torch._C._set_print_stack_traces_on_fatal_signal(True)
+    if _python_sigint is not None:
+        signal.signal(signal.SIGINT, _python_sigint)
 
 _EXIT_STATUS: list[int] = []
 _FAILED: set[str] = set()

@@ -170,12 +170,29 @@ def _thread_stacks(lines: list[str]) -> list[tuple[str, list[str]]]:
     return stacks
 
 
+_CPP_STACK = re.compile(r"^(SIG[A-Z]+\(\d+\), PID: \d+, Thread \d+:)\s*\n((?:[ \t]*(?:frame #|<omitting).*\n?)*)", re.M)
+CPP_FRAMES = 40
+"""C++ frames of the crashed thread that :func:`fatal_errors` quotes."""
+
+
+def _cpp_crash_stacks(output: str) -> list[str]:
+    """The C++ stacks of the threads that crashed, from torch's fatal-signal handler (its output marks every thread
+    with ``SIGSEGV(11), PID: ..., Thread ...:``; the crashed thread's stack holds the handler itself)."""
+    stacks = []
+    for match in _CPP_STACK.finditer(output):
+        frames = [line.strip() for line in match.group(2).splitlines() if line.strip()]
+        if any("fatalSignalHandler(int" in frame for frame in frames):
+            stacks.append("\n".join([f"{match.group(1)} (C++, the crashed thread)", *frames[:CPP_FRAMES]]))
+    return stacks
+
+
 def fatal_errors(output: str, limit: int = 6000) -> str:
     """The crash reports (Python's faulthandler: ``Fatal Python error`` and each thread's stack, the crashed one marked
     ``Current thread``) in a launch's ``output``, the crashed thread first, with a heading; "" when there are none.
 
     A rank that crashes (SIGSEGV, SIGABRT) prints its report long before torchrun's failure summary, which would push it
-    out of the output tail a failed test quotes; the report says where the crash happened."""
+    out of the output tail a failed test quotes; the report says where the crash happened. The crashed thread's C++
+    stack comes first when torch printed it (conftest.py turns that on in the workers)."""
     reports = []
     for match in _FATAL.finditer(output):
         stacks = _thread_stacks(output[match.end():].splitlines()[1:])
@@ -185,6 +202,7 @@ def fatal_errors(output: str, limit: int = 6000) -> str:
             more = [f"  ... {len(frames) - len(keep)} outer frames"] if len(keep) < len(frames) else []
             quoted += [header, *keep, *more]
         reports.append("\n".join(quoted))
+    reports = _cpp_crash_stacks(output) + reports
     if not reports:
         return ""
     text = "\n\n".join(reports)

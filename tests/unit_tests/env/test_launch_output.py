@@ -2,6 +2,7 @@
 (faulthandler) far above torchrun's failure summary; the failure quotes it, the crashed thread first. A test the
 launch ended in the middle of says so."""
 
+import os
 import subprocess
 import sys
 
@@ -9,7 +10,10 @@ from tests.functional_tests.launcher import FATAL_FRAMES, _outcome, fatal_errors
 
 
 CRASH = """
-import ctypes, threading, time
+import ctypes, os, threading, time
+if os.environ.get("MB_TEST_TORCH_STACKS"):
+    import torch
+    torch._C._set_print_stack_traces_on_fatal_signal(True)  # as tests/functional_tests/conftest.py does in workers
 def idle_worker():
     time.sleep(60)
 threading.Thread(target=idle_worker, daemon=True).start()
@@ -22,9 +26,10 @@ crash_here()
 """
 
 
-def _crash_output() -> str:
+def _crash_output(torch_stacks: bool = False) -> str:
+    env = {**os.environ, "MB_TEST_TORCH_STACKS": "1" if torch_stacks else ""}
     proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", CRASH], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=120, env=env)
     assert proc.returncode < 0, proc.stderr
     return "rank 0 said something\n" + proc.stderr + "torchrun's failure summary\n" * 200
 
@@ -39,6 +44,19 @@ def test_fatal_errors_quote_the_crashed_thread_first_and_whole() -> None:
     assert "in crash_here" in crashed and crashed.count("in deep") == 31  # whole: every frame
     idle = report[other:]
     assert "in idle_worker" in idle and "Extension modules" not in report and "failure summary" not in report
+
+
+def test_fatal_errors_quote_the_crashed_threads_cpp_stack_first() -> None:
+    """With torch's fatal-signal handler on (the workers'), every thread's C++ stack precedes Python's report: the
+    crashed thread's comes first, the others' are left out."""
+    output = _crash_output(torch_stacks=True)
+    assert output.count("SIGSEGV(11), PID:") >= 2  # the crashed thread and the idle one
+    report = fatal_errors(output)
+    cpp, python = report.index("(C++, the crashed thread)"), report.index("Fatal Python error: Segmentation fault")
+    assert cpp < python and report.count("(C++, the crashed thread)") == 1
+    crashed = report[cpp:python]
+    assert "fatalSignalHandler" in crashed and "_ctypes" in crashed  # the handler, below it the crashing call
+    assert "nanosleep" not in crashed  # the idle thread's stack is not quoted
 
 
 def test_fatal_errors_keep_the_innermost_frames_of_other_threads() -> None:
