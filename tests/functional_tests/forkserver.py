@@ -402,5 +402,5 @@ if __name__ == "__main__":
     elif len(sys.argv) < 2 or sys.argv[1] == "--serve":
         sys.exit("usage: python -m tests.functional_tests.forkserver MODULE [ARGS...] | --python PYTHON_ARGS... | "
                  "--serve SOCKET [MODULE,...]")
-    else:
-        client(["-u", "-m", *sys.argv[1:]], {"module": sys.argv[1], "argv": sys.argv[2:]})
+    else:  # launcher.py: python -m tests.functional_tests.forkserver MODULE ARGS... runs as python -u -m MODULE ARGS...
+        client(["-u", "-m", *sys.argv[1:]], _python_request(["-u", "-m", *sys.argv[1:]]))
