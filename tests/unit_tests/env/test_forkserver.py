@@ -1,8 +1,8 @@
 """tests/functional_tests/forkserver.py: a process forked by the fork server runs as ``python -m MODULE`` would (or,
 through ``forked_python``, torchrun's ``PYTHON_EXEC``, as ``python [-u] SCRIPT``), with the client's arguments,
 environment, working directory and streams; its client exits as it did, forwards signals, and takes it along when
-killed; what cannot fork warm starts cold. The server here imports only ``json`` (the launches'
-server imports torch and the library: launcher.py)."""
+killed; what cannot fork warm starts cold. A forked process finds the server's objects frozen (``gc.freeze``). The
+server here imports only ``json`` (the launches' server imports torch and the library: launcher.py)."""
 
 import os
 import signal
@@ -20,9 +20,9 @@ from tests.functional_tests.launcher import FORKED_PYTHON, REPO_ROOT
 
 
 PROGRAM = """
-import os, signal, sys, time
+import gc, os, signal, sys, time
 print("argv", sys.argv[1:], "env", os.environ.get("MB_FS_VALUE"), "cwd", os.getcwd(), "pid", os.getpid(),
-      "path0", sys.path[0], "name", __name__, flush=True)
+      "path0", sys.path[0], "name", __name__, "frozen", gc.get_freeze_count(), flush=True)
 print("on stderr", file=sys.stderr, flush=True)
 mode = os.environ.get("MB_FS_MODE", "")
 if mode == "term":
@@ -78,6 +78,9 @@ def test_forked_process_gets_arguments_environment_directory_streams_and_exit_co
     pid = int(out.split("pid ")[1].split()[0])
     assert pid != proc.pid  # it ran in the forked process, not in the client
     assert "on stderr" in err and "starts cold" not in err
+    cold, _ = _client(server, **{forkserver.COLD_ENV: "1"}).communicate(timeout=60)
+    frozen = [int(text.split("frozen ")[1].split()[0]) for text in (out, cold)]
+    assert frozen[0] > frozen[1] + 1000  # the server's objects, out of the forked process's collections
 
 
 def test_a_process_killed_by_a_signal_ends_its_client_by_that_signal(server: dict[str, str]) -> None:
