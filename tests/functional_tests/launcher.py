@@ -284,8 +284,8 @@ def run_cases(nodeids: list[str], *, nproc: int, timeout: float,
             proc = _torchrun_pytest([str(REPO_ROOT / n) for n in nodeids], nproc, timeout,
                                     {**(env or {}), REPORT_ENV: folder}, stop_at_first_failure=False)
             output = proc.stdout + proc.stderr
-            ended = (f"the launch exited with code {proc.returncode}; {fatal_errors(output, 4000)}"
-                     f"output tail:\n{output[-5000:]}")
+            crashes = fatal_errors(output, 4000) if proc.returncode else ""  # a crashed rank fails the launch
+            ended = f"the launch exited with code {proc.returncode}; {crashes}output tail:\n{output[-5000:]}"
         except subprocess.TimeoutExpired as exc:
             ended = f"the launch timed out after {timeout:.0f}s; output tail:\n{_text(exc.stdout)[-6000:]}"
         reports = _read_reports(Path(folder), nproc)
