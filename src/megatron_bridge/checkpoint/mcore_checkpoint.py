@@ -85,6 +85,7 @@ def save(parts: McoreParts, folder: Path, *, async_save: bool = False) -> Any:
     ckpt = parts.cfg.checkpoint
     if any(mcore_torch_fsdp2.is_fsdp2_chunk(chunk) for chunk in parts.chunks):
         mcore_torch_fsdp2.check_even_shards(parts.chunks)
+    start_results_queue()
     metadata = mcore_state.content_metadata(parts.cfg)
     state = mcore_state.build_state_dict(
         parts.cfg, parts.chunks, parts.optimizer, parts.scheduler, parts.train_state,
@@ -142,6 +143,23 @@ class AsyncMcoreSaves:
             if process is not None:
                 process.join(timeout=_WRITER_JOIN_TIMEOUT_S)  # reaped: no zombie stays behind
         self.queue.async_calls.clear()
+
+
+RESULTS_QUEUE_MP_MODE = "fork"
+"""How the manager process behind megatron-core's write-results queue starts. megatron-core's ``torch_dist`` writer
+spawns it at the first save by default; a spawned process re-imports the worker's main module and torch (3-5 CPU s
+per rank, each time :func:`stop_writer_processes` has stopped the previous one). Megatron-LM forks it
+(``init_persistent_async_worker``: ``get_write_results_queue(mp_mode="fork")``); so do we. The forked manager only
+serves the queue: it touches neither CUDA nor the process groups."""
+
+
+def start_results_queue() -> None:
+    """Start megatron-core's write-results queue (its manager forked, :data:`RESULTS_QUEUE_MP_MODE`) unless one is
+    running; its writer then uses that queue."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async.get_write_results_queue(mp_mode=RESULTS_QUEUE_MP_MODE)
 
 
 def stop_writer_processes() -> None:

@@ -158,3 +158,29 @@ def test_megatron_bridge_folder_without_shards_is_a_named_error(tmp_path: Path) 
     (folder / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}))
     with pytest.raises(CheckpointError, match=r"no DCP \.metadata"):
         loading.inspect_folder(folder, weights_only=False)
+
+
+# ------------------------------------------------------------------------------------------------------ writer
+def test_results_queue_manager_is_forked_and_stopped() -> None:
+    """megatron-core's write-results queue is served by a forked manager (a spawned one re-imports torch), reused by
+    later saves, and stopped by ``stop_writer_processes``."""
+    import multiprocessing.context
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from megatron_bridge.checkpoint.mcore_checkpoint import start_results_queue, stop_writer_processes
+
+    assert filesystem_async._results_queue is None
+    start_results_queue()
+    queue = filesystem_async._results_queue
+    process = queue._manager._process
+    try:
+        assert isinstance(process, multiprocessing.context.ForkProcess) and process.is_alive()
+        start_results_queue()
+        assert filesystem_async.get_write_results_queue() is queue  # what the writer asks for
+        queue.put("written")
+        assert queue.get(timeout=10) == "written"
+    finally:
+        stop_writer_processes()
+    process.join(timeout=10)
+    assert filesystem_async._results_queue is None and not process.is_alive()
