@@ -217,3 +217,25 @@ def suspended() -> Iterator[None]:
 def is_installed() -> bool:
     """True once :func:`install` ran in this process."""
     return _MODE is not None
+
+
+def parallel_state_for(cfg: Any) -> None:
+    """Keep megatron-core's parallel state if it has ``cfg.model``'s layout (TP, PP, CP, VP), else destroy it.
+
+    The tests of a launch share one default process group; each ``pretrain()`` on it then creates megatron-core's
+    groups (≈ 20 per rank) unless they exist with its layout, and ``destroy_model_parallel`` forgets them without
+    destroying them: each gloo group's thread then wakes every 10 ms until the launch ends (launcher.py's
+    ``LaunchGroups``). Runs of one layout therefore share one set (the library's second ``initialize`` with the same
+    sizes is a no-op: ``megatron_bridge.engines.megatron_core.parallel_state.initialize``)."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_bridge.engines.megatron_core import parallel_state
+
+    if not ps.model_parallel_is_initialized():
+        return
+    m = cfg.model
+    current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+               ps.get_context_parallel_world_size(), ps.get_virtual_pipeline_model_parallel_world_size())
+    if current != (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
+                   m.virtual_pipeline_model_parallel_size):
+        parallel_state.destroy()

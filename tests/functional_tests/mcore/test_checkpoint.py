@@ -132,13 +132,17 @@ def _train(cfg: Any, *callbacks: Callback) -> list[float]:
 
     from megatron_bridge.engines.megatron_core import parallel_state
     from megatron_bridge.training.pretrain import pretrain
-    from tests.functional_tests.mcore_cpu_harness import install
+    from tests.functional_tests.mcore_cpu_harness import install, parallel_state_for
 
     install()
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-    parallel_state.destroy()  # megatron-core's groups of the previous run (another layout may follow)
-    return pretrain(cfg, callbacks=list(callbacks)).losses
+    parallel_state_for(cfg)  # megatron-core's groups of the previous run, kept if this run has their layout
+    try:
+        return pretrain(cfg, callbacks=list(callbacks)).losses
+    except BaseException:
+        parallel_state.destroy()
+        raise
 
 
 def _optimizers(optimizer: Any) -> list[Any]:

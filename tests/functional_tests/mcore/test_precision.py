@@ -85,7 +85,7 @@ def run(preset: str, **overrides: Any) -> tuple[list[float], dict[str, Any]]:
     launch's process group (kept alive between the tests of a shared launch; megatron-core's groups are not)."""
     from megatron_bridge.engines.megatron_core import parallel_state
     from megatron_bridge.training.pretrain import pretrain
-    from tests.functional_tests.mcore_cpu_harness import install
+    from tests.functional_tests.mcore_cpu_harness import install, parallel_state_for
     from tests.functional_tests.training.test_megatron_core_engine import mcore_config
 
     install()
@@ -93,10 +93,12 @@ def run(preset: str, **overrides: Any) -> tuple[list[float], dict[str, Any]]:
         dist.init_process_group("gloo")
     probe = PrecisionState()
     cfg = mcore_config(mixed_precision=preset, **overrides)
+    parallel_state_for(cfg)  # megatron-core's groups of the previous run, kept if this run has their layout
     try:
         result = pretrain(cfg, callbacks=[probe])
-    finally:
+    except BaseException:
         parallel_state.destroy()
+        raise
     assert result.backend == "mcore_ddp" and result.final_step == cfg.train.train_iters
     return result.losses, probe.record
 

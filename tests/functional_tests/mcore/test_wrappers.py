@@ -188,7 +188,7 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
 
     from megatron_bridge.engines.megatron_core import parallel_state
     from megatron_bridge.training.pretrain import pretrain
-    from tests.functional_tests.mcore_cpu_harness import install_fsdp
+    from tests.functional_tests.mcore_cpu_harness import install_fsdp, parallel_state_for
 
     install_fsdp()
     if not dist.is_initialized():
@@ -202,10 +202,12 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
         f = cfg.fsdp2
         callbacks.append(_PrefetchChains(f.fsdp2_forward_prefetch_depth, f.fsdp2_backward_prefetch_depth))
     callbacks += _fsdp2_checkpoint_callbacks(name, work) + mfsdp_checks.case_callbacks(name, work, SAVE_AT)
+    parallel_state_for(cfg)  # megatron-core's groups of the previous case, kept if this case has its layout
     try:
         result = pretrain(cfg, callbacks=callbacks)
-    finally:
-        parallel_state.destroy()  # megatron-core's groups: the next test may use another TP size
+    except BaseException:
+        parallel_state.destroy()
+        raise
     assert result.final_step == cfg.train.train_iters, result
     assert all(c.checked for c in callbacks if isinstance(c, _PrefetchChains)), name
     _check_fsdp2_checkpoint_case(name, work, callbacks)
