@@ -158,8 +158,7 @@ def start_results_queue() -> None:
     running; its writer then uses that queue."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    if filesystem_async._results_queue is None:
-        filesystem_async.get_write_results_queue(mp_mode=RESULTS_QUEUE_MP_MODE)
+    filesystem_async.get_write_results_queue(mp_mode=RESULTS_QUEUE_MP_MODE)  # a no-op while one is running
 
 
 def stop_writer_processes() -> None:
