@@ -27,7 +27,7 @@ vendored copy, device meshes on the CPU; tests/functional_tests/mcore/test_wrapp
 ``run_recipe.py``) when ``MEGATRON_BRIDGE_MCORE_CPU_HARNESS=1``.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -219,23 +219,28 @@ def is_installed() -> bool:
     return _MODE is not None
 
 
-def parallel_state_for(cfg: Any) -> None:
-    """Keep megatron-core's parallel state if it has ``cfg.model``'s layout (TP, PP, CP, VP), else destroy it.
+def pretrain_in_launch(cfg: Any, callbacks: Sequence[Any] = (), forward_step: Any = None) -> Any:
+    """Worker: ``pretrain(cfg)`` on the launch's default gloo group (joined by the first run, kept for the launch's
+    next test), sharing megatron-core's parallel state with the previous run when it has ``cfg.model``'s layout
+    (TP, PP, CP, VP); returns pretrain()'s result.
 
-    The tests of a launch share one default process group; each ``pretrain()`` on it then creates megatron-core's
-    groups (≈ 20 per rank) unless they exist with its layout, and ``destroy_model_parallel`` forgets them without
-    destroying them: each gloo group's thread then wakes every 10 ms until the launch ends (launcher.py's
-    ``LaunchGroups``). Runs of one layout therefore share one set (the library's second ``initialize`` with the same
-    sizes is a no-op: ``megatron_bridge.engines.megatron_core.parallel_state.initialize``)."""
-    from megatron.core import parallel_state as ps
+    Each ``pretrain()`` on a kept default group creates megatron-core's groups (≈ 20 per rank) unless they exist with
+    its layout, and ``destroy_model_parallel`` forgets them without destroying them: each gloo group's thread then
+    wakes every 10 ms until the launch ends (launcher.py's ``LaunchGroups``). Runs of one layout therefore share one
+    set (the library's second ``initialize`` with the same sizes is a no-op:
+    ``megatron_bridge.engines.megatron_core.parallel_state.initialize``); another layout, or a failed run, destroys
+    it."""
+    import torch.distributed as dist
 
     from megatron_bridge.engines.megatron_core import parallel_state
+    from megatron_bridge.training.pretrain import pretrain
 
-    if not ps.model_parallel_is_initialized():
-        return
-    m = cfg.model
-    current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-               ps.get_context_parallel_world_size(), ps.get_virtual_pipeline_model_parallel_world_size())
-    if current != (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
-                   m.virtual_pipeline_model_parallel_size):
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    if parallel_state.current_layout() not in (None, parallel_state.layout(cfg)):
         parallel_state.destroy()
+    try:
+        return pretrain(cfg, *([forward_step] if forward_step is not None else []), callbacks=list(callbacks))
+    except BaseException:
+        parallel_state.destroy()
+        raise

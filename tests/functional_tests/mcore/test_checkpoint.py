@@ -128,21 +128,10 @@ class _AtStep(Callback):
 
 def _train(cfg: Any, *callbacks: Callback) -> list[float]:
     """pretrain() in the launch's process group (joined once, left alive for the next test: conftest.py)."""
-    import torch.distributed as dist
-
-    from megatron_bridge.engines.megatron_core import parallel_state
-    from megatron_bridge.training.pretrain import pretrain
-    from tests.functional_tests.mcore_cpu_harness import install, parallel_state_for
+    from tests.functional_tests.mcore_cpu_harness import install, pretrain_in_launch
 
     install()
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    parallel_state_for(cfg)  # megatron-core's groups of the previous run, kept if this run has their layout
-    try:
-        return pretrain(cfg, callbacks=list(callbacks)).losses
-    except BaseException:
-        parallel_state.destroy()
-        raise
+    return pretrain_in_launch(cfg, callbacks).losses
 
 
 def _optimizers(optimizer: Any) -> list[Any]:

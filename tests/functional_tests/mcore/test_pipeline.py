@@ -175,23 +175,13 @@ def launches(reference: Path | None, request: pytest.FixtureRequest) -> LaunchGr
 
 def train(engine: str, callbacks: list[Callback], forward_step: Any = None, **overrides: Any) -> Any:
     """Worker: ``pretrain(pp_config(engine, **overrides))`` on this launch's ranks (one process group for the whole
-    launch, megatron-core's groups kept while the layout stays: parallel_state_for); returns (result, finalized
+    launch, megatron-core's groups kept while the layout stays: pretrain_in_launch); returns (result, finalized
     config)."""
-    from megatron_bridge.engines.megatron_core import parallel_state
-    from megatron_bridge.training.pretrain import pretrain
-    from tests.functional_tests.mcore_cpu_harness import install, parallel_state_for
+    from tests.functional_tests.mcore_cpu_harness import install, pretrain_in_launch
 
     install()
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
     cfg = pp_config(engine, **overrides)
-    parallel_state_for(cfg)  # megatron-core's groups of the previous run, kept if this run has their layout
-    try:
-        result = pretrain(cfg, *([forward_step] if forward_step is not None else []), callbacks=callbacks)
-    except BaseException:
-        parallel_state.destroy()
-        raise
-    return result, cfg
+    return pretrain_in_launch(cfg, callbacks, forward_step), cfg
 
 
 def run_and_compare(label: str, engine: str = "megatron_core", ref: dict[str, Any] | None = None,

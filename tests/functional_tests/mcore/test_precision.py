@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from megatron_bridge.training.callbacks import Callback
 from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
@@ -83,22 +82,13 @@ class PrecisionState(Callback):
 def run(preset: str, **overrides: Any) -> tuple[list[float], dict[str, Any]]:
     """Worker: install the harness and train the functional tests' megatron-core config with ``preset`` on this
     launch's process group (kept alive between the tests of a shared launch; megatron-core's groups are not)."""
-    from megatron_bridge.engines.megatron_core import parallel_state
-    from megatron_bridge.training.pretrain import pretrain
-    from tests.functional_tests.mcore_cpu_harness import install, parallel_state_for
+    from tests.functional_tests.mcore_cpu_harness import install, pretrain_in_launch
     from tests.functional_tests.training.test_megatron_core_engine import mcore_config
 
     install()
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
     probe = PrecisionState()
     cfg = mcore_config(mixed_precision=preset, **overrides)
-    parallel_state_for(cfg)  # megatron-core's groups of the previous run, kept if this run has their layout
-    try:
-        result = pretrain(cfg, callbacks=[probe])
-    except BaseException:
-        parallel_state.destroy()
-        raise
+    result = pretrain_in_launch(cfg, [probe])
     assert result.backend == "mcore_ddp" and result.final_step == cfg.train.train_iters
     return result.losses, probe.record
 

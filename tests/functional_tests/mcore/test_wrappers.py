@@ -186,13 +186,9 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
     """Worker: train ``overrides`` on this launch's ranks (sharing its process group) and write rank 0's losses."""
     import torch.distributed as dist
 
-    from megatron_bridge.engines.megatron_core import parallel_state
-    from megatron_bridge.training.pretrain import pretrain
-    from tests.functional_tests.mcore_cpu_harness import install_fsdp, parallel_state_for
+    from tests.functional_tests.mcore_cpu_harness import install_fsdp, pretrain_in_launch
 
     install_fsdp()
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")  # kept for the launch's next test; pretrain() reuses it
     work = Path(os.environ["MB_WRAPPERS_DIR"])
     cfg = wrapper_config(**{k: v.format(work=work) if isinstance(v, str) else v for k, v in overrides.items()})
     mfsdp_checks.configure_checkpoints(name, cfg.checkpoint, work, SAVE_AT)
@@ -202,12 +198,7 @@ def train_and_record(name: str, overrides: dict[str, Any]) -> None:
         f = cfg.fsdp2
         callbacks.append(_PrefetchChains(f.fsdp2_forward_prefetch_depth, f.fsdp2_backward_prefetch_depth))
     callbacks += _fsdp2_checkpoint_callbacks(name, work) + mfsdp_checks.case_callbacks(name, work, SAVE_AT)
-    parallel_state_for(cfg)  # megatron-core's groups of the previous case, kept if this case has its layout
-    try:
-        result = pretrain(cfg, callbacks=callbacks)
-    except BaseException:
-        parallel_state.destroy()
-        raise
+    result = pretrain_in_launch(cfg, callbacks)
     assert result.final_step == cfg.train.train_iters, result
     assert all(c.checked for c in callbacks if isinstance(c, _PrefetchChains)), name
     _check_fsdp2_checkpoint_case(name, work, callbacks)

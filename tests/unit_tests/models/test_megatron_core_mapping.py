@@ -131,6 +131,35 @@ def _mcore_cfg(**model: object):  # noqa: ANN202
     return cfg
 
 
+def test_initialize_keeps_the_same_layout_and_refuses_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """megatron-core's groups need one process per rank, so its state (4 ranks: TP 2, PP 2, VP 2) is simulated here
+    through its own getters; the comparison and the refusal are the library's."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    from megatron_bridge.engines.megatron_core import parallel_state
+    from megatron_bridge.errors import MegatronBridgeError
+
+    assert parallel_state.current_layout() is None  # nothing initialized in this process
+    cfg = _mcore_cfg(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                     virtual_pipeline_model_parallel_size=2)
+    assert parallel_state.layout(cfg) == (2, 2, 1, 2)
+    for getter, size in (("model_parallel_is_initialized", True), ("get_tensor_model_parallel_world_size", 2),
+                         ("get_pipeline_model_parallel_world_size", 2), ("get_context_parallel_world_size", 1),
+                         ("get_virtual_pipeline_model_parallel_world_size", 2)):
+        monkeypatch.setattr(ps, getter, lambda size=size: size)
+    monkeypatch.setattr(ps, "initialize_model_parallel", lambda **kw: pytest.fail(f"re-initialized: {kw}"))
+    seeds: list[int] = []
+    monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed", seeds.append)
+    assert parallel_state.current_layout() == (2, 2, 1, 2)
+    parallel_state.initialize(cfg, torch.device("cuda", 0), seed=7)  # the same layout: kept, only seeded
+    assert seeds == [7]
+    cfg.model.virtual_pipeline_model_parallel_size = None
+    refused = r"\(TP, PP, CP, VP\) = \(2, 2, 1, 2\).*asks for \(2, 2, 1, None\).*destroy\(\)"
+    with pytest.raises(MegatronBridgeError, match=refused):
+        parallel_state.initialize(cfg, torch.device("cuda", 0), seed=7)
+
+
 def test_unsupported_features_are_named_together() -> None:
     cfg = _mcore_cfg(pipeline_model_parallel_size=2, cpu_offloading=True, cpu_offloading_num_layers=1)
     cfg.checkpoint.save, cfg.checkpoint.ckpt_format = "/tmp/x", "torch"

@@ -41,6 +41,27 @@ def require_cuda(device: torch.device) -> None:
         )
 
 
+Layout = tuple[int, int, int, int | None]
+"""Sizes of megatron-core's parallel state: (TP, PP, CP, VP); VP None without virtual pipeline stages."""
+
+
+def layout(cfg: "ConfigContainer") -> Layout:
+    """The (TP, PP, CP, VP) sizes ``cfg.model`` asks megatron-core's parallel state for."""
+    m = cfg.model
+    return (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
+            m.virtual_pipeline_model_parallel_size)
+
+
+def current_layout() -> Layout | None:
+    """The (TP, PP, CP, VP) sizes of megatron-core's parallel state in this process; None when it has none."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return None
+    return (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+            ps.get_context_parallel_world_size(), ps.get_virtual_pipeline_model_parallel_world_size())
+
+
 def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
     """Create megatron-core's process groups for ``cfg.model``'s layout (once per process; a second call with the
     same sizes is a no-op) and seed its model-parallel RNG tracker with ``seed``.
@@ -54,17 +75,12 @@ def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
 
     require_cuda(device)
     m = cfg.model
-    sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size)
-    if ps.model_parallel_is_initialized():
-        current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-                   ps.get_context_parallel_world_size())
-        vp = ps.get_virtual_pipeline_model_parallel_world_size()
-        if (*current, vp) != (*sizes, m.virtual_pipeline_model_parallel_size):
-            raise MegatronBridgeError(
-                f"megatron-core's parallel state already exists with TP×PP×CP = {current} and VP {vp}, but the config "
-                f"asks for {sizes} and VP {m.virtual_pipeline_model_parallel_size}: call "
-                "megatron_bridge.engines.megatron_core.parallel_state.destroy() first")
-    else:
+    current, wanted = current_layout(), layout(cfg)
+    if current is not None and current != wanted:
+        raise MegatronBridgeError(
+            f"megatron-core's parallel state already exists with (TP, PP, CP, VP) = {current}, but the config asks "
+            f"for {wanted}: call megatron_bridge.engines.megatron_core.parallel_state.destroy() first")
+    if current is None:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=m.tensor_model_parallel_size,
             pipeline_model_parallel_size=m.pipeline_model_parallel_size,
@@ -73,7 +89,7 @@ def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
             distributed_timeout_minutes=cfg.dist.distributed_timeout_minutes,
             order=MCORE_ORDER,
         )
-        log_rank_0(logger, "megatron-core parallel state: TP %d, PP %d, CP %d, DP %d", *sizes,
+        log_rank_0(logger, "megatron-core parallel state: TP %d, PP %d, CP %d, DP %d", *wanted[:3],
                    ps.get_data_parallel_world_size())
         if m.virtual_pipeline_model_parallel_size is not None:
             log_rank_0(logger, "megatron-core virtual pipeline stages per rank: %d",
