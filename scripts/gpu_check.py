@@ -32,8 +32,9 @@ gets what is left, and a step with no time left is recorded as skipped):
 7. ``cp_parity``: context parallelism, ring (``cp_comm_type="p2p"``) vs all-gather, when the config has
    ``model.cp_comm_type`` and 2 GPUs are present; skipped with the reason otherwise.
 
-``--dry-run`` runs nothing: it validates every case's config on CPU, sizes the MFU model for ``--gpu`` (default
-h200) with the estimate, and writes the plan in the same JSON shape (a unit test runs it).
+``--dry-run`` runs nothing: it validates every case's config on CPU, runs the steps' ``launch.py`` commands with
+``--dryrun`` in its own process (``Runner.dry_launch``), sizes the MFU model for ``--gpu`` (default h200) with the
+estimate, and writes the plan in the same JSON shape (a unit test runs it).
 """
 
 import argparse
@@ -230,6 +231,41 @@ class Runner:
         """A subprocess in the repository root with ``src`` on PYTHONPATH."""
         return subprocess.run(cmd, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout)
 
+    def dry_launch(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        """``cmd`` (a ``launch.py ... --dryrun`` command) run in this process: launch.py's own ``main`` parses the
+        same arguments, builds and validates the same config and prints the same plan; a dry run starts nothing, so
+        only the fresh interpreter is saved (it would import torch, and megatron-core for that engine, again for each
+        of the dry run's six commands). Exit code and output come back as from :meth:`run`; the environment
+        variables of the command's perf config are undone afterwards."""
+        import contextlib
+        import io
+
+        from megatron_bridge.utils.cli import run_cli
+
+        if Path(cmd[1]).name != "launch.py" or "--dryrun" not in cmd:
+            raise ValueError(f"dry_launch runs launch.py dry runs only, not {' '.join(cmd[1:])}")
+        out, err, env = io.StringIO(), io.StringIO(), dict(os.environ)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = run_cli(_launch_main(), cmd[2:])
+        finally:
+            os.environ.clear()
+            os.environ.update(env)
+        return subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
+
+
+def _launch_main() -> Any:
+    """``main`` of scripts/performance/launch.py (loaded once)."""
+    import importlib.util
+
+    module = sys.modules.get("_gpu_check_launch")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("_gpu_check_launch", REPO / "scripts/performance/launch.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["_gpu_check_launch"] = module
+    return module.main
+
 
 def _found(module: str) -> bool:
     """Whether ``module`` can be found; a dotted name whose parent package is missing ("megatron.core") is not."""
@@ -346,9 +382,7 @@ def cp_parity(r: Runner, out_dir: Path, timeout: float) -> dict[str, Any]:
         run_dir = out_dir / f"cp_{kind}"
         cmd = [sys.executable, "scripts/performance/launch.py", "--recipe", "tiny_llama", "-ng", "2", "-cp", "2",
                "-ms", "5", "-c", "fp32", "--output_dir", str(run_dir), f"model.cp_comm_type={kind}"]
-        if r.dry_run:
-            cmd.append("--dryrun")
-        proc = r.run(cmd, timeout / 2)
+        proc = r.dry_launch([*cmd, "--dryrun"]) if r.dry_run else r.run(cmd, timeout / 2)
         if r.dry_run and kind == "p2p" and _refused_only_for_cuda(proc.stderr + proc.stdout):
             continue  # the CPU running the dry run has no CUDA: validate() names exactly that, nothing else
         if proc.returncode != 0:
@@ -393,7 +427,7 @@ def fp8(r: Runner, out_dir: Path, timeout: float, engine: tuple[str, ...] = ()) 
     if r.dry_run:
         record: dict[str, Any] = {"commands": {k: " ".join(v[1:]) for k, v in cmds.items()}}
         for dtype, cmd in cmds.items():  # the configs build; on a CPU the FP8 (and TE) ones name what they lack
-            proc = r.run([*cmd, "--dryrun"], timeout / 2)
+            proc = r.dry_launch([*cmd, "--dryrun"])
             may_refuse = engine or dtype == "fp8_cs"
             if proc.returncode != 0 and not (may_refuse and any(x in proc.stderr for x in refusals)):
                 return {"status": f"failed: {dtype}: {_last_line(proc)}"}
