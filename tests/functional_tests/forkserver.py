@@ -309,12 +309,28 @@ def _kill_group(pid: int, sig: int) -> None:
         pass
 
 
+def _name_frozen_files() -> None:
+    """Tell ``inspect`` which module each frozen standard-library file name (``<frozen runpy>``) belongs to.
+
+    torch's elastic agent names every rendezvous event with ``inspect.stack()`` (twice per event), and ``inspect``
+    looks a frame's module up by its file name; a frozen module's file name is never in its cache, so each such frame
+    (the server's and the forked process's ``runpy`` frames) scanned all of ``sys.modules``: here ≈ 3,100 modules, 70 %
+    of a forked agent's CPU time (py-spy, 2026-12-03). These are the names ``inspect`` would find if it could."""
+    import inspect
+
+    for name, module in list(sys.modules.items()):
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.origin == "frozen" and spec.name == name:
+            inspect.modulesbyfile.setdefault(f"<frozen {name}>", name)
+
+
 def serve(path: str, modules: tuple[str, ...] = PRELOAD) -> None:
     """The fork server: import ``modules``, then serve requests on ``path`` until its parent process is gone (if the
     imports fail, every request runs cold, with the reason)."""
     parent = os.getppid()
     try:
         _preload(modules)
+        _name_frozen_files()
         gc.collect()
         gc.freeze()  # a forked process's collections skip the preloaded objects (the module docstring says why)
         broken = None

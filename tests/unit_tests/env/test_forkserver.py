@@ -1,7 +1,8 @@
 """tests/functional_tests/forkserver.py: a process forked by the fork server runs as ``python -m MODULE`` would (or,
 through ``forked_python``, torchrun's ``PYTHON_EXEC``, as ``python [-u] SCRIPT``), with the client's arguments,
 environment, working directory and streams; its client exits as it did, forwards signals, and takes it along when
-killed; what cannot fork warm starts cold. A forked process finds the server's objects frozen (``gc.freeze``). The
+killed; what cannot fork warm starts cold. A forked process finds the server's objects frozen (``gc.freeze``) and
+``inspect`` told the frozen standard-library file names' modules. The
 server here imports only ``json`` (the launches' server imports torch and the library: launcher.py)."""
 
 import os
@@ -20,9 +21,10 @@ from tests.functional_tests.launcher import FORKED_PYTHON, REPO_ROOT
 
 
 PROGRAM = """
-import gc, os, signal, sys, time
+import gc, inspect, os, signal, sys, time
 print("argv", sys.argv[1:], "env", os.environ.get("MB_FS_VALUE"), "cwd", os.getcwd(), "pid", os.getpid(),
-      "path0", sys.path[0], "name", __name__, "frozen", gc.get_freeze_count(), flush=True)
+      "path0", sys.path[0], "name", __name__, "frozen", gc.get_freeze_count(),
+      "runpy", getattr(inspect.getmodule(None, "<frozen runpy>"), "__name__", None), flush=True)
 print("on stderr", file=sys.stderr, flush=True)
 mode = os.environ.get("MB_FS_MODE", "")
 if mode == "term":
@@ -65,9 +67,9 @@ def _client(env: dict[str, str], *args: str, **extra: str) -> subprocess.Popen:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (ProcessLookupError, FileNotFoundError):  # gone, also between the two looks
         return False
-    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def test_forked_process_gets_arguments_environment_directory_streams_and_exit_code(server: dict[str, str]) -> None:
@@ -81,6 +83,8 @@ def test_forked_process_gets_arguments_environment_directory_streams_and_exit_co
     cold, _ = _client(server, **{forkserver.COLD_ENV: "1"}).communicate(timeout=60)
     frozen = [int(text.split("frozen ")[1].split()[0]) for text in (out, cold)]
     assert frozen[0] > frozen[1] + 1000  # the server's objects, out of the forked process's collections
+    # inspect finds the module of a frozen file name without scanning sys.modules (forkserver._name_frozen_files)
+    assert "runpy runpy" in out and "runpy None" in cold
 
 
 def test_a_process_killed_by_a_signal_ends_its_client_by_that_signal(server: dict[str, str]) -> None:
