@@ -3,6 +3,7 @@
 balanced by their measured time."""
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,6 +67,27 @@ SAME_STREAM: list[tuple[str, ...]] = [
     *(tuple(f.removeprefix(FUNCTIONAL_PREFIX) for f in shared.files) for shared in SHARED_LAUNCHES),
 ]
 """Files that must run in one stream (one process): they share a session cache or a launch."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``) with functional tests asked for, the controlling process starts the fork server
+    that all its workers' launches fork from (launcher.py's ``share_fork_server``), before it starts the workers: one
+    server's imports instead of one per worker, done while the workers collect."""
+    workers = config.getoption("numprocesses", None)
+    if not hasattr(config, "workerinput") and isinstance(workers, int) and workers > 0 and _asks_functional(config):
+        from tests.functional_tests.launcher import share_fork_server
+
+        share_fork_server()
+
+
+def _asks_functional(config: pytest.Config) -> bool:
+    """Whether the command line's paths include functional tests (``tests``, ``tests/functional_tests/...``)."""
+    functional = Path(__file__).resolve().parent / FUNCTIONAL_PREFIX.removeprefix("tests/")
+    for arg in config.args or ["."]:
+        path = (Path(config.invocation_params.dir) / arg.split("::", 1)[0]).resolve()
+        if path == functional or functional in path.parents or path in functional.parents:
+            return True
+    return False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

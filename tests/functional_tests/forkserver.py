@@ -1,15 +1,16 @@
 """Test-only: the functional tests' torchrun agents and workers forked from a warm process instead of started cold.
 
-A cold torchrun launch of 2 ranks starts three interpreters (the agent and two workers) that each import torch,
-pytest and the library (and the workers megatron-core): seconds of CPU each, most of the suite's CPU on the 2-core
-machine. Here the launching process (launcher.py) starts one *fork server* per pytest process that imports all of
-that once; every launch then runs ``python -m tests.functional_tests.forkserver MODULE ARGS...`` where it ran
-``python -m MODULE ARGS...``: a small client (standard library only) that asks the server to fork a process running
-``MODULE`` as ``__main__`` with the client's arguments, environment, working directory and standard streams, and then
-stands in for that process: it forwards the signals it gets (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) to the forked
-process's group and exits as it did (its exit code, or killed by the same signal). So ``torch.distributed.run`` still
-starts, watches and stops its workers itself, each worker is a process of its own with its own gloo process group,
-and what a test checks is unchanged; only the imports before the first line of the test are paid once.
+A cold torchrun launch of 2 ranks starts three interpreters (the agent and two workers) that each import torch, pytest
+and the library (and the workers megatron-core): seconds of CPU each, most of the suite's CPU on the 2-core machine.
+Here the launching process (launcher.py) starts one *fork server* that imports all of that once (under pytest-xdist, the
+controlling process starts it for all its workers: ``share_fork_server``); every launch then runs ``python -m
+tests.functional_tests.forkserver MODULE ARGS...`` where it ran ``python -m MODULE ARGS...``: a small client (standard
+library only) that asks the server to fork a process running ``MODULE`` as ``__main__`` with the client's arguments,
+environment, working directory and standard streams, and then stands in for that process: it forwards the signals it
+gets (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) to the forked process's group and exits as it did (its exit code, or
+killed by the same signal). So ``torch.distributed.run`` still starts, watches and stops its workers itself, each worker
+is a process of its own with its own gloo process group, and what a test checks is unchanged; only the imports before
+the first line of the test are paid once.
 
 The launches of the scripts under test (``launch.py``, ``python -m megatron_bridge.launcher.torchrun``: the multi-node,
 restart and perf tests) start the scripts and their torchrun agents cold, as users run them, and only their workers

@@ -79,9 +79,13 @@ _FORK_SERVER: list[tuple[subprocess.Popen, str]] = []
 
 def fork_server_env() -> dict[str, str]:
     """The environment that makes a launch's processes fork from this pytest process's fork server (forkserver.py),
-    started at the first call; empty (cold starts) with ``$MB_COLD_START=1`` or when the server has exited."""
+    started at the first call, or from the one a parent pytest process started for its xdist workers
+    (:func:`share_fork_server`); empty (cold starts) with ``$MB_COLD_START=1`` or when the server has exited."""
     if os.environ.get(forkserver.COLD_ENV) == "1":
         return {}
+    shared = os.environ.get(SHARED_SERVER_ENV, "").rsplit(":", 1)
+    if not _FORK_SERVER and len(shared) == 2 and shared[1].isdigit():
+        return {forkserver.SOCKET_ENV: shared[0], forkserver.PID_ENV: shared[1]} if _alive(int(shared[1])) else {}
     if not _FORK_SERVER:
         folder = Path(tempfile.mkdtemp(prefix="mb-forkserver-"))
         path = str(folder / "socket")
@@ -93,6 +97,29 @@ def fork_server_env() -> dict[str, str]:
         _FORK_SERVER.append((proc, path))
     proc, path = _FORK_SERVER[0]
     return {forkserver.SOCKET_ENV: path, forkserver.PID_ENV: str(proc.pid)} if proc.poll() is None else {}
+
+
+SHARED_SERVER_ENV = "MB_SHARED_FORKSERVER"
+"""``SOCKET:PID`` of the fork server a parent pytest process shares with the processes it starts
+(:func:`share_fork_server`)."""
+
+
+def share_fork_server() -> None:
+    """Start this process's fork server now and name it in this process's environment (:data:`SHARED_SERVER_ENV`), so
+    that the processes it starts afterwards (pytest-xdist's workers: conftest.py) fork their launches from it instead
+    of each importing torch, megatron-core and the library into a server of its own (≈ 8 CPU s each on the 2-core
+    VM)."""
+    env = fork_server_env()
+    if env:
+        os.environ[SHARED_SERVER_ENV] = f"{env[forkserver.SOCKET_ENV]}:{env[forkserver.PID_ENV]}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 FORKED_PYTHON = Path(__file__).with_name("forked_python")

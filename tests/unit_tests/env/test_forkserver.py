@@ -189,3 +189,19 @@ def test_forked_python_starts_cold_for_interpreter_options_it_does_not_take(serv
     code, out, err, client = _python({**server, "MB_FS_CODE": "10"}, "-X", "utf8", str(program / "fs_program.py"))
     assert code == 10 and "starts cold (interpreter options the fork server does not take)" in err
     assert _pid(out) == client  # exec'd in the client itself
+
+
+def test_workers_use_the_fork_server_their_parent_shares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """launcher.py's share_fork_server (conftest.py, in pytest-xdist's controlling process): its workers' launches
+    fork from that one server while it lives, and start cold once it is gone."""
+    from tests.functional_tests import launcher
+
+    monkeypatch.setattr(launcher, "_FORK_SERVER", [])  # this process started none of its own
+    monkeypatch.delenv(forkserver.COLD_ENV, raising=False)
+    pid = str(os.getpid())  # a live process
+    monkeypatch.setenv(launcher.SHARED_SERVER_ENV, f"/tmp/x:y/socket:{pid}")
+    assert launcher.fork_server_env() == {forkserver.SOCKET_ENV: "/tmp/x:y/socket", forkserver.PID_ENV: pid}
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    monkeypatch.setenv(launcher.SHARED_SERVER_ENV, f"/tmp/x/socket:{gone.stdout.strip()}")
+    assert launcher.fork_server_env() == {}
+    assert launcher._FORK_SERVER == []  # a worker never starts a server of its own beside the shared one
