@@ -205,6 +205,18 @@ def test_cpu_memory_report_is_the_resident_set() -> None:
     assert set(memory_report(CPU, {"allocated_bytes.all.peak": "rss-bytes"})) == {"rss-gigabytes"}
 
 
+def test_cpu_peak_is_never_below_a_resident_size_already_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux's two counters are approximate (per-CPU batches): getrusage's peak can read below a resident size read
+    from /proc/self/statm before it; the peak reported takes the higher. (getrusage is replaced: the kernel's lag
+    cannot be forced.)"""
+    import resource
+    from types import SimpleNamespace
+
+    first = memory_report(CPU)["mem-allocated-gigabytes"]
+    monkeypatch.setattr(resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=1))  # 1 KiB: lagging behind
+    assert memory_report(CPU)["mem-max-allocated-gigabytes"] >= first > 0
+
+
 def test_every_tag_names_a_real_switch() -> None:
     fields = {f.name for f in dataclasses.fields(LoggerConfig)}
     assert set(SWITCHES) <= fields, set(SWITCHES) - fields
