@@ -121,12 +121,12 @@ sys.stdout.flush()
 os._exit(0 if row["status"] == "PASS" else 1)
 EOF
 
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 FAILED=0
 for backend in ddp fsdp2 megatron_fsdp; do
     echo "gpu_smoke: pretrain with $backend on $NPROC rank(s) ..."
-    if ! timeout "$STEP_TIMEOUT" "$PY" -m torch.distributed.run --nproc_per_node="$NPROC" --master_addr=127.0.0.1 \
-            --master_port="$(free_port)" "$WORK/driver.py" "$backend" "$WORK/$backend.json" "$STEPS" \
+    # --standalone: torch's agent binds a free port itself (a port picked here and released could be taken first)
+    if ! timeout "$STEP_TIMEOUT" "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
+            "$WORK/driver.py" "$backend" "$WORK/$backend.json" "$STEPS" \
             > "$WORK/$backend.log" 2>&1; then
         FAILED=1
         echo "gpu_smoke: $backend failed; last lines of its log:"

@@ -107,15 +107,16 @@ def worker(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------ parent side
 def _job(args: argparse.Namespace, mode: str, folder: Path) -> dict[str, float]:
-    from megatron_bridge.utils.launch import free_port
+    from megatron_bridge.utils.launch import reserved_port
 
     events = folder / "events.jsonl"
-    cmd = [sys.executable, "-m", "megatron_bridge.launcher.torchrun", f"--nproc_per_node={args.nproc}",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--max_restarts=1", os.path.abspath(__file__),
-           "--worker", mode, "--events", str(events), "--steps", str(args.steps), "--at", str(args.at),
-           "--save_interval", str(args.save_interval), *args.overrides]
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.nproc)), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    with reserved_port() as port:
+        cmd = [sys.executable, "-m", "megatron_bridge.launcher.torchrun", f"--nproc_per_node={args.nproc}",
+               "--master_addr=127.0.0.1", f"--master_port={port}", "--max_restarts=1", os.path.abspath(__file__),
+               "--worker", mode, "--events", str(events), "--steps", str(args.steps), "--at", str(args.at),
+               "--save_interval", str(args.save_interval), *args.overrides]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     ended = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"the {mode} job failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")

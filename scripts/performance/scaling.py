@@ -149,7 +149,7 @@ def run_one(model: str, layout: str, world: int, timeout: int, tmp: str) -> dict
     import torch
 
     from megatron_bridge.errors import MegatronBridgeError
-    from megatron_bridge.utils.launch import free_port
+    from megatron_bridge.utils.launch import reserved_port
 
     row: dict[str, Any] = {"model": model, "layout": layout, "world_size": world}
     if layout == "megatron_fsdp" and not torch.cuda.is_available():
@@ -161,10 +161,11 @@ def run_one(model: str, layout: str, world: int, timeout: int, tmp: str) -> dict
     row.update(_estimate(cfg, world))
     out = os.path.join(tmp, f"{model}-{layout}-{world}")
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // world)), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", os.path.abspath(__file__), "--worker", model, layout, out]
     t0 = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    with reserved_port() as port:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--master_addr=127.0.0.1",
+               f"--master_port={port}", os.path.abspath(__file__), "--worker", model, layout, out]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     ranks = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(world)
              if Path(f"{out}.rank{r}.json").exists()]
     if ranks and "skipped" in ranks[0]:

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,13 +47,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def is_worker() -> bool:
     """True inside a process started by torch.distributed.run."""
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_WORLD_SIZE" in os.environ
-
-
-def free_port() -> int:
-    """A free TCP port on localhost, for launches made outside this module (it may be taken again before use)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 DEADLINE_MARGIN_S = 30.0

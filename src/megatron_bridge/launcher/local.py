@@ -5,7 +5,7 @@ import os
 import sys
 
 from megatron_bridge.launcher.nodes import NodeLayout, torchrun_arguments
-from megatron_bridge.utils.launch import free_port
+from megatron_bridge.utils.launch import reserved_port
 
 
 def relaunch_with_torchrun(nproc: int, argv: list[str] | None = None, threads_per_rank: int | None = None,
@@ -13,7 +13,8 @@ def relaunch_with_torchrun(nproc: int, argv: list[str] | None = None, threads_pe
     """Run this script again on ``nproc`` local ranks (per node: ``layout`` gives the nodes, the rendezvous and the
     restart budget; default one node, a free local port, no restart); returns torchrun's exit code.
 
-    Each launch uses its own free port (two jobs on one machine do not collide). On machines without CUDA,
+    Each one-node launch without ``--master_port`` uses a free port of its own, reserved for the job's length (two
+    jobs on one machine do not collide: :func:`megatron_bridge.utils.launch.reserved_ports`). On machines without CUDA,
     ``OMP_NUM_THREADS`` defaults to cores // nproc (at least 1) so ranks do not oversubscribe the CPU.
 
     No orphans: torchrun (through :mod:`megatron_bridge.launcher.torchrun`, which returns the workers' exit code) runs
@@ -23,9 +24,10 @@ def relaunch_with_torchrun(nproc: int, argv: list[str] | None = None, threads_pe
     from megatron_bridge.utils.process import run_job
 
     args = argv if argv is not None else sys.argv
-    node_flags = torchrun_arguments(layout or NodeLayout(), nproc, free_port=free_port())
-    cmd = [sys.executable, "-m", "megatron_bridge.launcher.torchrun", *node_flags, *args]
-    return run_job(cmd, env=worker_env(nproc, threads_per_rank))
+    with reserved_port() as port:  # held until the job ends: nothing else on this machine takes it meanwhile
+        node_flags = torchrun_arguments(layout or NodeLayout(), nproc, free_port=port)
+        cmd = [sys.executable, "-m", "megatron_bridge.launcher.torchrun", *node_flags, *args]
+        return run_job(cmd, env=worker_env(nproc, threads_per_rank))
 
 
 def worker_env(nproc: int, threads_per_rank: int | None = None) -> dict[str, str]:

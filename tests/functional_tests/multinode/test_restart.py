@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional_tests.launcher import REPO_ROOT, forked_workers_env, free_port
+from megatron_bridge.utils.launch import reserved_port
+from tests.functional_tests.launcher import REPO_ROOT, forked_workers_env
 
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
@@ -31,9 +32,9 @@ JOB = Path(__file__).with_name("job.py")
 TIMEOUT_S = 300
 
 
-def _cmd(*flags: str) -> list[str]:
+def _cmd(port: int, *flags: str) -> list[str]:
     return [sys.executable, "-m", "megatron_bridge.launcher.torchrun", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}", *flags, str(JOB)]
+            f"--master_port={port}", *flags, str(JOB)]
 
 
 def _env(run_dir: Path, **extra: str) -> dict[str, str]:
@@ -44,8 +45,9 @@ def _env(run_dir: Path, **extra: str) -> dict[str, str]:
 
 def _run(run_dir: Path, *flags: str, **extra: str) -> tuple[int, str]:
     run_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(_cmd(*flags), cwd=REPO_ROOT, env=_env(run_dir, **extra), capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    with reserved_port() as port:
+        proc = subprocess.run(_cmd(port, *flags), cwd=REPO_ROOT, env=_env(run_dir, **extra), capture_output=True,
+                              text=True, timeout=TIMEOUT_S)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -68,13 +70,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
 def _two_nodes(run_dir: Path, *flags: str, **extra: str) -> list[tuple[int, str]]:
     """Two launchers on this machine acting as two nodes of one process each: (exit code, output) per node."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "megatron_bridge.launcher.torchrun", "--nnodes=2",
-                               f"--node_rank={node}", "--nproc_per_node=1", "--master_addr=127.0.0.1",
-                               f"--master_port={port}", *flags, str(JOB)],
-                              cwd=REPO_ROOT, env=_env(run_dir, **extra), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
-    outputs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
+    with reserved_port() as port:
+        procs = [subprocess.Popen([sys.executable, "-m", "megatron_bridge.launcher.torchrun", "--nnodes=2",
+                                   f"--node_rank={node}", "--nproc_per_node=1", "--master_addr=127.0.0.1",
+                                   f"--master_port={port}", *flags, str(JOB)],
+                                  cwd=REPO_ROOT, env=_env(run_dir, **extra), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+        outputs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
     return [(proc.returncode, output) for proc, output in zip(procs, outputs, strict=True)]
 
 
@@ -104,8 +106,8 @@ def _stop_with(run_dir: Path, sig: signal.Signals, after_step: int) -> tuple[int
     log = run_dir / f"log-{sig.name}.txt"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = _env(run_dir, MB_STEP_SLEEP="0.3", MB_EXIT_SIGNAL=sig.name, MB_RESUME="1")
-    with log.open("w") as out:
-        proc = subprocess.Popen(_cmd(), cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    with log.open("w") as out, reserved_port() as port:
+        proc = subprocess.Popen(_cmd(port), cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + TIMEOUT_S
         while f"iteration {after_step:>6}/10" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]

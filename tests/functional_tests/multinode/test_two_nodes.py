@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional_tests.launcher import REPO_ROOT, forked_workers_env, free_port
+from megatron_bridge.utils.launch import reserved_port
+from tests.functional_tests.launcher import REPO_ROOT, forked_workers_env
 
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
@@ -45,12 +46,12 @@ def _node(layout: str, out: Path, node_rank: int, port: int, *extra: str) -> sub
 
 def _two_nodes(layout: str, out: Path, node1_extra: tuple[str, ...] = ()) -> list[tuple[int, str]]:
     """(exit code, output) of node 0 and node 1, started together."""
-    port = free_port()
-    procs = [_node(layout, out, 0, port), _node(layout, out / "node1", 1, port, *node1_extra)]
     results = []
-    for proc in procs:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-        results.append((proc.returncode, output))
+    with reserved_port() as port:
+        procs = [_node(layout, out, 0, port), _node(layout, out / "node1", 1, port, *node1_extra)]
+        for proc in procs:
+            output, _ = proc.communicate(timeout=TIMEOUT_S)
+            results.append((proc.returncode, output))
     return results
 
 
@@ -90,8 +91,9 @@ def test_a_node_with_other_overrides_is_refused(tmp_path: Path) -> None:
 
 def test_nobody_at_the_rendezvous_endpoint_is_a_named_error(tmp_path: Path) -> None:
     start = time.monotonic()
-    proc = _node("ddp", tmp_path, 1, free_port(), "--rdzv_timeout", "5")
-    output, _ = proc.communicate(timeout=TIMEOUT_S)
+    with reserved_port() as port:  # nobody listens on it
+        proc = _node("ddp", tmp_path, 1, port, "--rdzv_timeout", "5")
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 2, output[-3000:]
     assert "error: node 1 could not meet the other nodes at 127.0.0.1:" in output, output[-3000:]
     assert time.monotonic() - start < 5 + 90, output[-3000:]  # the timeout plus start-up on a loaded machine

@@ -11,7 +11,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from tests.functional_tests.launcher import REPO_ROOT, free_port
+from megatron_bridge.utils.launch import reserved_port
+from tests.functional_tests.launcher import REPO_ROOT
 from tests.functional_tests.robustness.worker import HANG_TIMEOUT_S
 
 
@@ -24,10 +25,11 @@ def run_job(mode: str, timeout: float = 300) -> tuple[int, str, float]:
 
     Seconds are counted from the "training ... parameters" log line (just before the failure at step 2), so a slow
     start on a loaded machine does not count against the limit."""
-    cmd = [sys.executable, "-m", "megatron_bridge.launcher.torchrun", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(WORKER)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MB_FAIL_MODE": mode}
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    with reserved_port() as port:
+        cmd = [sys.executable, "-m", "megatron_bridge.launcher.torchrun", "--nproc_per_node=2",
+               "--master_addr=127.0.0.1", f"--master_port={port}", str(WORKER)]
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     end = datetime.now()
     out = proc.stdout + proc.stderr
     started = re.search(r"^\[(\S+ \S+) rank\d+\] INFO \S+: training [\d.]+M parameters", out, flags=re.M)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional_tests.launcher import REPO_ROOT, free_port
+from megatron_bridge.utils.launch import reserved_port
+from tests.functional_tests.launcher import REPO_ROOT
 
 
 RUN_RECIPE = REPO_ROOT / "scripts" / "training" / "run_recipe.py"
@@ -106,10 +107,11 @@ def test_stopping_the_launcher_stops_the_workers(tmp_path, sig):
 
 def test_killing_torchrun_stops_its_workers(tmp_path):
     log = tmp_path / "log.txt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(RUN_RECIPE), *_run_args(tmp_path)]
-    proc = _start(cmd, log)
-    workers = _wait_training(proc, log, str(tmp_path), 2)
-    proc.send_signal(signal.SIGKILL)  # torchrun cannot forward anything: the workers' parent watch must act
-    _assert_all_gone(workers, log)
-    proc.wait(timeout=10)
+    with reserved_port() as port:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={port}", str(RUN_RECIPE), *_run_args(tmp_path)]
+        proc = _start(cmd, log)
+        workers = _wait_training(proc, log, str(tmp_path), 2)
+        proc.send_signal(signal.SIGKILL)  # torchrun cannot forward anything: the workers' parent watch must act
+        _assert_all_gone(workers, log)
+        proc.wait(timeout=10)

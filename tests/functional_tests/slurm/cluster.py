@@ -2,13 +2,15 @@
 
 Everything lives in one scratch folder: a munge key and socket (a private ``munged``), ``slurm.conf``, state, spool,
 pid and log files. ``slurmctld`` and two ``slurmd -N n1`` / ``-N n2`` run in the foreground as children of the test
-process (their pids are known; they are stopped by pid). The daemons' ports are free ports picked at start and job
-ids start at a random number (a job's rendezvous port derives from its id), so two test runs on one machine do not
-collide. Nothing under /etc is read or changed: clients find the cluster through ``SLURM_CONF``
-(:meth:`SlurmCluster.env`). Settings from ``/work/shared/reference/multi-node.md``: no cgroups (``proctrack/linuxproc``,
-``task/none``), no accounting database, ``SlurmUser=root``, ``MinJobAge=60``, ``OverSubscribe=FORCE:4``.
+process (their pids are known; they are stopped by pid). The daemons' ports are free ports reserved while the cluster
+runs (:func:`megatron_bridge.utils.launch.reserved_ports`) and job ids start at a random number (a job's rendezvous
+port derives from its id), so two test runs on one machine do not collide. Nothing under /etc is read or changed:
+clients find the cluster through ``SLURM_CONF`` (:meth:`SlurmCluster.env`). Settings from
+``/work/shared/reference/multi-node.md``: no cgroups (``proctrack/linuxproc``, ``task/none``), no accounting database,
+``SlurmUser=root``, ``MinJobAge=60``, ``OverSubscribe=FORCE:4``.
 """
 
+import contextlib
 import os
 import random
 import shutil
@@ -17,6 +19,8 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+
+from megatron_bridge.utils.launch import reserved_ports
 
 
 INSTALL_HINT = "apt-get update && apt-get install -y slurm-wlm munge"
@@ -30,17 +34,6 @@ def missing_programs() -> list[str]:
     """The Slurm/munge programs this machine lacks (daemons are looked up in /usr/sbin too)."""
     path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     return [p for p in (*DAEMONS, *CLIENTS) if shutil.which(p, path=path) is None]
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:  # held together, so the kernel hands out distinct ports
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _program(name: str) -> str:
@@ -58,13 +51,14 @@ class SlurmCluster:
         self.conf = root / "slurm.conf"
         self.socket = root / "munge" / "munge.socket"
         self._procs: dict[str, subprocess.Popen] = {}
+        self._ports = contextlib.ExitStack()  # the daemons' ports, reserved while the cluster runs
 
     def env(self) -> dict[str, str]:
         """The environment of a Slurm client of this cluster (``SLURM_CONF`` set; /usr/sbin on PATH)."""
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def _write_conf(self) -> None:
-        ctld, *node_ports = _free_ports(1 + len(NODES))
+        ctld, *node_ports = self._ports.enter_context(reserved_ports(1 + len(NODES)))
         r = self.root
         lines = [
             "ClusterName=mbtest",
@@ -177,3 +171,4 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+        self._ports.close()
