@@ -16,7 +16,9 @@ def small_config(**overrides: Any) -> ConfigContainer:
     """The tiny Llama at seq 64, 8 steps of 8 samples (2 per micro-batch), no eval, no checkpoints."""
     base = {"train_iters": 8, "global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
             "eval_interval": None, "lr_warmup_iters": 2, "log_interval": 4}
-    cfg = tiny_llama_pretrain_config(**{**base, **overrides})
+    kwargs = {**base, **overrides}
+    cfg = tiny_llama_pretrain_config(**kwargs)
+    cfg.validation.eval_interval = kwargs["eval_interval"]  # a recipe ignores None keywords: it kept its own 100
     cfg.checkpoint.save = cfg.checkpoint.load = None
     return cfg
 

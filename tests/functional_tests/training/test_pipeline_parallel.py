@@ -49,7 +49,7 @@ def pp_config(**overrides: Any) -> ConfigContainer:
     padded embedding is the same at TP 1 and 2 (one reference for every layout)."""
     cfg = small_config(**{"train_iters": STEPS, **overrides})
     cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by = 512, 128
-    cfg.validation.eval_iters = 1
+    cfg.validation.eval_interval, cfg.validation.eval_iters = cfg.train.train_iters, 1
     cfg.logger.log_interval = 1
     return cfg
 
