@@ -1,7 +1,9 @@
 """Fail fast: an error (or a hang) on one rank ends the whole 2-rank job within seconds, the first error shown once.
 
 The job runs ``worker.py`` under ``python -m megatron_bridge.launcher.torchrun`` (what ``run_recipe.py --nproc 2``
-uses); the hang case sets ``dist.distributed_timeout_seconds=20``.
+uses), started cold as users run it; its workers fork from the tests' fork server (launcher.py's
+``forked_workers_env``: the same worker code, without each worker's cold imports). The hang case sets
+``dist.distributed_timeout_seconds=20``.
 """
 
 import os
@@ -12,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from megatron_bridge.utils.launch import reserved_port
-from tests.functional_tests.launcher import REPO_ROOT
+from tests.functional_tests.launcher import REPO_ROOT, forked_workers_env
 from tests.functional_tests.robustness.worker import HANG_TIMEOUT_S
 
 
@@ -25,7 +27,8 @@ def run_job(mode: str, timeout: float = 300) -> tuple[int, str, float]:
 
     Seconds are counted from the "training ... parameters" log line (just before the failure at step 2), so a slow
     start on a loaded machine does not count against the limit."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MB_FAIL_MODE": mode}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MB_FAIL_MODE": mode,
+           **forked_workers_env()}  # the launcher starts cold, as users run it; its workers fork warm
     with reserved_port() as port:
         cmd = [sys.executable, "-m", "megatron_bridge.launcher.torchrun", "--nproc_per_node=2",
                "--master_addr=127.0.0.1", f"--master_port={port}", str(WORKER)]
