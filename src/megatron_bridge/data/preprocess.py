@@ -157,12 +157,14 @@ def preprocess_jsonl(
             logger.warning("removed %s, left by a preprocessing run that was killed", stale)
     tmp = {k: (str(owned_temporary_sibling(bin_path_of(p))), str(owned_temporary_sibling(idx_path_of(p))))
            for k, p in prefixes.items()}
-    builders = {k: IndexedDatasetBuilder(tmp[k][0], dtype) for k in prefixes}
+    builders: dict[str, IndexedDatasetBuilder] = {}
     docs = 0
     tokens = 0
     jobs = ((input_path, n, line, keys, append_eod) for n, line in _read_lines(input_path))
     pool = None
-    try:
+    try:  # from the first temporary file on: a SIGTERM right after it is created still removes it
+        for k in prefixes:
+            builders[k] = IndexedDatasetBuilder(tmp[k][0], dtype)
         if workers == 1:
             encoded: Iterator[dict[str, list[int]] | None] = (
                 _encode_line(tokenizer, input_path, n, line, keys, append_eod) for _, n, line, _, _ in jobs
@@ -184,9 +186,11 @@ def preprocess_jsonl(
             builders[k].finalize(tmp[k][1])
         _publish(prefixes, tmp)
     except BaseException:
-        for k, b in builders.items():
+        for b in builders.values():
             b.abort()
-            remove_path(tmp[k][1])
+        for paths in tmp.values():  # also a .bin opened by a builder interrupted before it was recorded
+            for path in paths:
+                remove_path(path)
         raise
     finally:
         if pool is not None:

@@ -64,6 +64,27 @@ def test_next_run_removes_temporaries_of_a_killed_run(tmp_path: Path) -> None:
     assert _names(out) == sorted([live.name, "x_text_document.bin", "x_text_document.idx"])
 
 
+def test_an_interrupt_right_after_the_first_temporary_is_created_removes_it(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window test_sigterm_removes_the_temporaries can hit on a loaded machine (it signals as soon as the file
+    appears): the SIGTERM handler's KeyboardInterrupt lands after the builder opened its ``.bin``."""
+    from megatron_bridge.data import preprocess
+
+    opened = preprocess.IndexedDatasetBuilder.__init__
+
+    def interrupted(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        opened(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(preprocess.IndexedDatasetBuilder, "__init__", interrupted)
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"text": "a document"}) + "\n")
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        preprocess_jsonl(str(src), str(out / "x"), BYTE)
+    assert _names(out) == []
+
+
 def test_sigterm_removes_the_temporaries(tmp_path: Path) -> None:
     src = tmp_path / "big.jsonl"
     with src.open("w") as f:
