@@ -127,13 +127,14 @@ def functional_streams(files: list[str], n: int) -> dict[str, int]:
 
 
 def _xdist_scheduler() -> type:
-    from xdist.scheduler import LoadScopeScheduling
+    from tests.xdist_recovery import crash_safe_scope_scheduling
 
-    class FunctionalStreams(LoadScopeScheduling):
+    class FunctionalStreams(crash_safe_scope_scheduling()):
         """xdist scheduling of ``--dist loadgroup`` here: the functional tests split into one unit of work per xdist
         worker (:func:`functional_streams`), so each worker first runs its stream, a test at a time in the order
         collected (a file's tests share its module fixtures and torchrun launches; the streams share the two cores and
-        fill each other's waits on launches and daemons), then the unit tests, a file at a time.
+        fill each other's waits on launches and daemons), then the unit tests, a file at a time. A worker that
+        crashes fails its test and the run goes on to its end (tests/xdist_recovery.py).
 
         xdist's own loadgroup reads ``xdist_group`` marks into the node ids, which pytest 9 no longer lets a plugin
         rename: it would split a file's tests over both workers."""
