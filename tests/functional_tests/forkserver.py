@@ -97,26 +97,35 @@ def _send_quietly(sock: socket.socket, message: dict) -> None:
 
 
 def _recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
-    """One message (None: the peer closed the connection first) and the descriptors sent with it."""
+    """One message (None: the peer closed the connection first) and the descriptors sent with it.
+
+    Reads exactly one message: the server sends a client two in a row (the forked process's id, then its end, at
+    once when it ends at once), and a read past the first would lose the second. Once a message has begun, the rest
+    is waited for whatever the socket's timeout (it was sent whole)."""
     if with_fds:
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, with_fds)
+        data, fds, _, _ = socket.recv_fds(sock, _HEADER.size, with_fds)
     else:
-        data, fds = sock.recv(1 << 16), []
-    while data and len(data) < _HEADER.size:
-        more = sock.recv(1 << 16)
-        if not more:
-            return None, fds
-        data += more
+        data, fds = sock.recv(_HEADER.size), []
     if not data:
         return None, fds
-    size = _HEADER.unpack_from(data)[0]
-    data = data[_HEADER.size:]
+    timeout = sock.gettimeout()
+    sock.settimeout(None)
+    try:
+        header = _recv_exactly(sock, _HEADER.size, data)
+        body = _recv_exactly(sock, _HEADER.unpack(header)[0]) if header is not None else None
+    finally:
+        sock.settimeout(timeout)
+    return (json.loads(body) if body is not None else None), fds
+
+
+def _recv_exactly(sock: socket.socket, size: int, data: bytes = b"") -> bytes | None:
+    """``data`` completed to ``size`` bytes from ``sock``; None if the peer closes first."""
     while len(data) < size:
         more = sock.recv(size - len(data))
         if not more:
-            return None, fds
+            return None
         data += more
-    return json.loads(data), fds
+    return data
 
 
 def _startup_env(env: dict[str, str]) -> dict[str, str | None]:

@@ -205,3 +205,23 @@ def test_workers_use_the_fork_server_their_parent_shares(monkeypatch: pytest.Mon
     monkeypatch.setenv(launcher.SHARED_SERVER_ENV, f"/tmp/x/socket:{gone.stdout.strip()}")
     assert launcher.fork_server_env() == {}
     assert launcher._FORK_SERVER == []  # a worker never starts a server of its own beside the shared one
+
+
+def test_two_messages_sent_back_to_back_are_read_one_at_a_time() -> None:
+    """A process that ends at once: the server sends its id and its end together, and the client reads them apart
+    (a client that read past the first message failed on "Extra data", a fresh-clone run of the docs' blocks)."""
+    server_end, client_end = socket.socketpair()
+    with server_end, client_end, open(os.devnull) as null:
+        forkserver._send(server_end, {"pid": 12345})
+        forkserver._send(server_end, {"status": {"code": 0}})
+        client_end.settimeout(0.5)  # as the client waits for the end
+        assert forkserver._recv(client_end) == ({"pid": 12345}, [])
+        assert forkserver._recv(client_end) == ({"status": {"code": 0}}, [])
+        forkserver._send(client_end, {"argv": ["a"]}, [null.fileno()])
+        forkserver._send(client_end, {"argv": ["b"]})
+        message, fds = forkserver._recv(server_end, with_fds=3)
+        assert message == {"argv": ["a"]} and len(fds) == 1
+        os.close(fds[0])
+        assert forkserver._recv(server_end, with_fds=3) == ({"argv": ["b"]}, [])
+        server_end.close()
+        assert forkserver._recv(client_end) == (None, [])  # the peer closed first
