@@ -1,6 +1,7 @@
 """Suite-wide settings: no GPU tests without CUDA, one thread per process (2-core machines), and under pytest-xdist
 (``make test`` runs ``pytest tests -n 3 --dist loadgroup``) the functional tests in one serial stream per xdist worker,
-balanced by their measured time."""
+balanced by their measured time; a crashed worker fails its test without hanging the run (xdist_recovery.py), and a
+session past its time limit ends itself, naming what still ran (session_watchdog.py)."""
 
 import os
 from pathlib import Path
@@ -9,6 +10,9 @@ from typing import Any
 import pytest
 
 from tests.functional_tests.launcher import SHARED_LAUNCHES
+
+
+pytest_plugins = ["tests.session_watchdog"]
 
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
