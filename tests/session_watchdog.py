@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+from tests.functional_tests.launcher import is_worker
+
 
 LIMIT_ENV = "MB_SESSION_LIMIT_S"
 LIMIT_S = 3600.0
@@ -30,7 +32,7 @@ _last_report = [time.monotonic()]
 
 
 def _controlling(config: pytest.Config) -> bool:
-    return not hasattr(config, "workerinput") and "TORCHELASTIC_RUN_ID" not in os.environ
+    return not hasattr(config, "workerinput") and not is_worker()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
