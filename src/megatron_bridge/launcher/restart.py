@@ -13,12 +13,14 @@ project error, exit code 2 (:mod:`megatron_bridge.utils.cli`). Retrying those on
   store, or the launcher itself got a stop signal (:func:`note_stop_signal`).
 
 Every failure is reported as one line naming the rank, its node and the signal or exit code
-(:func:`describe_failure`), whichever rank the agent sees exit first; a restart says so too.
+(:func:`describe_failure`): a worker's own error before a rank that only stopped because of it (exit code 3), which
+the agent gives :data:`PEER_GRACE_S` to be seen exiting (:func:`await_first_error`); a restart says so too.
 """
 
 import os
 import signal
 import socket
+import time
 from typing import Any
 
 from megatron_bridge.training.job import NO_RESTART_KEY, rendezvous_store
@@ -27,6 +29,12 @@ from megatron_bridge.utils.logging import get_logger
 
 
 logger = get_logger(__name__)
+
+PEER_GRACE_S = 3.0
+"""Seconds the agent waits, once a worker of its node exited because another rank failed (exit code 3), for its other
+workers to end on their own before torch's agent stops them with SIGTERM. The rank whose error it was is then usually
+still exiting (it aborts its process groups first, which is what stopped the others), and its own exit code (2 for a
+user error) is the one to report and to decide a restart by. A hung rank costs the job these seconds more."""
 
 _AGENT: "Any | None" = None
 _STOP_SIGNAL: int | None = None
@@ -62,6 +70,19 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, int]:
     """(rank, exit code) of the failure to report among torch's ``{rank: ProcessFailure}``."""
     rank, failure = min(failures.items(), key=lambda item: (failure_order(item[1].exitcode), item[1].timestamp))
     return rank, failure.exitcode
+
+
+def await_first_error(procs: dict[int, Any], grace_s: float = PEER_GRACE_S) -> None:
+    """If a worker process (``subprocess.Popen``-like: ``poll()``) exited with code 3 while others still run, wait up
+    to ``grace_s`` seconds until they all ended or one ended with another code; return at once otherwise."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        codes = [proc.poll() for proc in procs.values()]
+        if EXIT_PEER_FAILURE not in codes or None not in codes or time.monotonic() >= deadline:
+            return
+        if any(code not in (None, 0, EXIT_PEER_FAILURE) for code in codes):
+            return
+        time.sleep(0.02)
 
 
 def note_stop_signal(signum: int) -> None:
@@ -102,6 +123,8 @@ def restart_policy_agent() -> type:
                     pass
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+            handlers = getattr(getattr(self, "_pcontext", None), "subprocess_handlers", None) or {}
+            await_first_error({rank: handler.proc for rank, handler in handlers.items()})
             result = super()._monitor_workers(worker_group)
             if result.state == WorkerState.FAILED and result.failures:
                 self._report(worker_group, result)

@@ -3,6 +3,9 @@ store, the launcher's exit codes and stop-signal handling."""
 
 import argparse
 import signal
+import subprocess
+import sys
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -10,7 +13,7 @@ import pytest
 
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.launcher import torchrun
-from megatron_bridge.launcher.restart import describe_failure, first_failure
+from megatron_bridge.launcher.restart import await_first_error, describe_failure, first_failure
 from megatron_bridge.training import job
 from megatron_bridge.training.job import NO_RESTART_KEY, forbid_restart_after
 from megatron_bridge.utils.cli import EXIT_PREEMPTED
@@ -32,6 +35,38 @@ def test_a_workers_own_error_wins_and_sigterm_comes_last() -> None:
     # torch's agent SIGTERMs the ranks still running once one failed: the failed one is the story
     assert first_failure(_failures(r0=3, r1=-signal.SIGTERM)) == (0, 3)
     assert first_failure(_failures(r1=-signal.SIGTERM)) == (1, -signal.SIGTERM)
+
+
+def _exiting(code: int, after_s: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-S", "-c", f"import time, os; time.sleep({after_s}); os._exit({code})"])
+
+
+def test_the_agent_waits_for_the_failure_that_stopped_a_peer() -> None:
+    # rank 0 stopped because rank 1 failed (code 3), rank 1 is still exiting: its own code 2 is the one to see
+    peer, failing = _exiting(3), _exiting(2, after_s=0.5)
+    peer.wait()
+    started = time.monotonic()
+    await_first_error({0: peer, 1: failing}, grace_s=30)
+    assert failing.poll() == 2
+    assert time.monotonic() - started < 20
+
+
+def test_a_hung_rank_costs_only_the_grace_and_other_failures_none() -> None:
+    peer, hung = _exiting(3), _exiting(0, after_s=60)
+    try:
+        peer.wait()
+        started = time.monotonic()
+        await_first_error({0: peer, 1: hung}, grace_s=0.3)
+        assert 0.3 <= time.monotonic() - started < 10 and hung.poll() is None
+        crashed = _exiting(1)
+        crashed.wait()
+        started = time.monotonic()
+        await_first_error({0: peer, 1: hung, 2: crashed}, grace_s=30)  # a worker's own error is already there
+        await_first_error({1: hung, 2: crashed}, grace_s=30)  # no rank stopped because of another
+        assert time.monotonic() - started < 10
+    finally:
+        hung.kill()
+        hung.wait()
 
 
 def test_describe_failure_names_rank_node_and_signal() -> None:
