@@ -8,6 +8,7 @@ PYTHON ?=
 PY_VERSION := 3.12
 VENV := .venv
 PY := $(VENV)/bin/python
+NOT_COMPILED := /(tests?|pip|fontTools|pygments)/|/transformers/models/(?!auto/)
 STAMP := $(VENV)/.installed-py$(PY_VERSION)-$(shell cat requirements/cpu.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: venv pretrain test lint clean-runs
@@ -19,11 +20,17 @@ $(STAMP): requirements/cpu.txt pyproject.toml
 		if [ -e $(VENV) ]; then echo "$(VENV) is not a Python $(PY_VERSION) environment: recreating it"; fi; \
 		rm -rf $(VENV); echo "creating $(VENV) with $$py"; "$$py" -m venv $(VENV); \
 	fi
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -c requirements/cpu.txt -e ".[test,perf]"
-	@# pip compiles the bytecode one file at a time; compileall uses every core (84 s -> 74 s for make venv on 2 cores).
-	@# Like pip, it leaves a file that does not compile (a template, another Python's syntax) to be read from source.
-	PYTHONWARNINGS=ignore::SyntaxWarning $(PY) -m compileall -qq -j 0 $(VENV)/lib || true
+	@# uv installs the pinned set (same versions as pip) in ~20 s instead of pip's ~70 s, downloads included (it
+	@# fetches and unpacks the wheels in parallel); pip itself is the fallback. --system-certs: the OS's certificates,
+	@# as pip is configured here.
+	$(PY) -m pip install -q -c requirements/cpu.txt uv
+	$(VENV)/bin/uv pip install -q --python $(PY) --system-certs -c requirements/cpu.txt -e ".[test,perf]" || \
+		{ echo "uv failed: installing with pip"; $(PY) -m pip install -q --no-compile -c requirements/cpu.txt -e ".[test,perf]"; }
+	@# Bytecode on every core (pip compiles one file at a time), but not of what is never imported here: tests, pip,
+	@# fonts, lexers, and the ~300 model folders of transformers (auto/ stays; a model's files compile at first import).
+	@# 14,300 -> 8,750 files, 41 -> ~25 s. A file that does not compile (a template, another Python's syntax) is read
+	@# from source, as pip leaves it.
+	PYTHONWARNINGS=ignore::SyntaxWarning $(PY) -m compileall -qq -j 0 -x '$(NOT_COMPILED)' $(VENV)/lib || true
 	rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)
