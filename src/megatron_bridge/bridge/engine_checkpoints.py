@@ -42,6 +42,7 @@ from megatron_bridge.checkpoint import files, mcore_reader, mcore_state
 from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.checkpoint.saved_run import read_model_config
+from megatron_bridge.distributed.init import groups_destroyed_after
 from megatron_bridge.errors import CheckpointError
 
 
@@ -55,7 +56,8 @@ EMBEDDING_KEY = "embedding.word_embeddings.weight"
 
 @contextmanager
 def _one_process_mcore() -> Iterator[None]:
-    """A 1-process gloo group and megatron-core TP=PP=1 parallel state for the block (created and destroyed here)."""
+    """A 1-process gloo group (unless one exists) and megatron-core TP=PP=1 parallel state for the block, created and
+    destroyed here, megatron-core's groups included."""
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized() or (dist.is_initialized() and dist.get_world_size() > 1):
@@ -66,10 +68,13 @@ def _one_process_mcore() -> Iterator[None]:
         store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        ps.initialize_model_parallel(1, 1)
-        yield
+        with groups_destroyed_after():  # megatron-core's groups, also in a process that keeps its default group
+            ps.initialize_model_parallel(1, 1)
+            try:
+                yield
+            finally:
+                ps.destroy_model_parallel()
     finally:
-        ps.destroy_model_parallel()
         if created:
             dist.destroy_process_group()
 

@@ -6,7 +6,8 @@ staging even when training uses NCCL.
 """
 
 import errno
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -23,12 +24,36 @@ def is_distributed() -> bool:
 
 
 def new_checkpoint_group() -> dist.ProcessGroup | None:
-    """A gloo group over all ranks (collective: every rank must call it at the same point); None without one."""
+    """A gloo group over all ranks (collective: every rank must call it at the same point); None without one. Releases
+    the groups retired before (``megatron_bridge.distributed.init.release_retired_groups``)."""
     if not is_distributed():
         return None
     from megatron_bridge.distributed.failure import world_timeout
+    from megatron_bridge.distributed.init import release_retired_groups
 
+    release_retired_groups()
     return dist.new_group(backend="gloo", timeout=world_timeout())
+
+
+def retire_checkpoint_group(group: dist.ProcessGroup | None) -> None:
+    """Destroy ``group``, a :func:`new_checkpoint_group` nothing uses any more (idempotent; every rank calls it;
+    ``megatron_bridge.distributed.init.retire_groups``). Each checkpoint manager and weights load makes its own:
+    without this, every ``pretrain()`` in a process that keeps its default group (a notebook, a test launch) would
+    leave one behind, with its sockets and a gloo thread waking every 10 ms."""
+    if group is not None and is_distributed():
+        from megatron_bridge.distributed.init import retire_groups
+
+        retire_groups([group])
+
+
+@contextmanager
+def checkpoint_group() -> Iterator[dist.ProcessGroup | None]:
+    """:func:`new_checkpoint_group` for the block, retired after it."""
+    group = new_checkpoint_group()
+    try:
+        yield group
+    finally:
+        retire_checkpoint_group(group)
 
 
 def rank() -> int:

@@ -85,7 +85,8 @@ class CheckpointManager:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.train_state = train_state
-        self.group = comm.new_checkpoint_group()
+        self._group = comm.new_checkpoint_group()
+        self._group_retired = False
         self.rank = comm.rank()
         self.world_size = comm.world_size()
         self._pending: _PendingSave | None = None
@@ -463,8 +464,8 @@ class CheckpointManager:
         self._release_lock()
 
     def close(self) -> None:
-        """Wait for pending saves and release the background thread and megatron-core's writer processes (call at
-        exit, on every rank)."""
+        """Wait for pending saves and release the background thread, megatron-core's writer processes and the
+        checkpoint group (call at exit, on every rank)."""
         try:
             self.wait()
         finally:
@@ -473,6 +474,16 @@ class CheckpointManager:
                 self._committer = None
             mcore_checkpoint.stop_writer_processes()
             self._release_lock()
+            comm.retire_checkpoint_group(self._group)
+            self._group_retired = True
+
+    @property
+    def group(self) -> "torch.distributed.ProcessGroup | None":
+        """The manager's checkpoint group (``comm.new_checkpoint_group``); :meth:`close` destroys it and a later save
+        or load makes a new one (every use is collective, so every rank makes it at the same point)."""
+        if self._group_retired:
+            self._group, self._group_retired = comm.new_checkpoint_group(), False
+        return self._group
 
 
 def _free_bytes(path: str | Path) -> int | None:

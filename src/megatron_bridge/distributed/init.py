@@ -13,7 +13,8 @@
 
 import datetime
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,11 +35,13 @@ _CREATED_BY_US = False
 """True while the default process group is one :func:`initialize_distributed` created."""
 
 _RETIRED_GROUPS: list[dist.ProcessGroup] = []
-"""The process groups :func:`destroy_distributed` ended, kept referenced until the next :func:`initialize_distributed`
-(or the end of the process). torch's gloo backend joins a group's worker threads in the group's destructor, which runs
-wherever the last reference goes (e.g. when a DDP model is freed) and holds the GIL meanwhile; a worker still dropping
-the tensors of its last collective waits for the GIL: a deadlock (seen when a run ended with an error right after a
-collective and the model went with the traceback). Released at the next start, the workers are long idle."""
+"""The process groups :func:`retire_groups` destroyed (those of :func:`destroy_distributed` among them), kept referenced
+until the next :func:`release_retired_groups` (at the next :func:`initialize_distributed`, checkpoint group or
+:func:`groups_destroyed_after` block, or the end of the process). torch's gloo backend joins a group's worker threads
+in the group's destructor, which runs wherever the last reference goes (e.g. when a DDP model is freed) and holds the
+GIL meanwhile; a worker still dropping the tensors of its last collective waits for the GIL: a deadlock (seen when a
+run ended with an error right after a collective and the model went with the traceback). Released later, the workers
+are long idle. A gloo group's sockets and its thread (waking every 10 ms) go with it."""
 
 _TORCHRUN_GROUPS = 0
 """How many default groups this process has created under torchrun (one per ``pretrain()`` call)."""
@@ -101,7 +104,7 @@ def initialize_distributed(cfg: "ConfigContainer") -> DistEnv:
         ConfigValidationError: nccl without CUDA (names ``dist.distributed_backend``).
     """
     global _CREATED_BY_US
-    _RETIRED_GROUPS.clear()
+    release_retired_groups()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if dist.is_initialized():
         backend = str(dist.get_backend())
@@ -159,6 +162,38 @@ def destroy_distributed(teardown: Callable[[], None] | None = None) -> None:
         _RETIRED_GROUPS.extend(list(world.pg_map) if world is not None else [dist.group.WORLD])
         dist.destroy_process_group()
     _CREATED_BY_US = False
+
+
+def retire_groups(groups: "list[dist.ProcessGroup]") -> None:
+    """Destroy each of ``groups`` still registered with torch (local, not collective: every rank calls it for its own),
+    keeping it referenced in :data:`_RETIRED_GROUPS`; for groups nothing will use again."""
+    world = getattr(dist.distributed_c10d, "_world", None)  # torch's registry of groups
+    if world is None or not dist.is_initialized():
+        return
+    for pg in groups:
+        if pg in world.pg_map and pg is not dist.GroupMember.WORLD:
+            dist.destroy_process_group(pg)
+            _RETIRED_GROUPS.append(pg)
+
+
+def release_retired_groups() -> None:
+    """Drop the references :func:`retire_groups` kept (their threads and sockets end)."""
+    _RETIRED_GROUPS.clear()
+
+
+@contextmanager
+def groups_destroyed_after() -> Iterator[None]:
+    """Retire (:func:`retire_groups`), when the block ends, the process groups created in it; the groups that existed
+    before (the default group among them) stay. For a block that builds groups it will not use again in a process that
+    lives on, e.g. megatron-core's parallel state (~20 groups), which ``destroy_model_parallel`` only forgets."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    before = {id(pg) for pg in world.pg_map} if world is not None and dist.is_initialized() else None
+    release_retired_groups()
+    try:
+        yield
+    finally:
+        if before is not None:
+            retire_groups([pg for pg in list(world.pg_map) if id(pg) not in before])
 
 
 def build_device_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:

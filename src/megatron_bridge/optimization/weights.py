@@ -24,7 +24,8 @@ def resolve_start_source(cfg: ConfigContainer) -> loading.LoadSource | None:
     c = cfg.checkpoint
     if not (c.load or c.pretrained_checkpoint):
         return None
-    return comm.run_on_rank0(lambda: loading.resolve_source(c, PretrainedConverter()), comm.new_checkpoint_group())
+    with comm.checkpoint_group() as group:
+        return comm.run_on_rank0(lambda: loading.resolve_source(c, PretrainedConverter()), group)
 
 
 def modelopt_state_to_resume(cfg: ConfigContainer) -> tuple[str, dict[str, Any]] | None:
@@ -52,7 +53,8 @@ def load_weights_into(module: nn.Module, source: loading.LoadSource) -> None:
         return
     state = {"model": without_quantizer_keys(module.state_dict())}
     if source.kind == "dcp":
-        loading.load_dcp(source, state, comm.new_checkpoint_group())
+        with comm.checkpoint_group() as group:
+            loading.load_dcp(source, state, group)
     else:
         config = getattr(module, "config", None)
         loading.load_full(source, state, getattr(config, "padded_vocab_size", None), converter=PretrainedConverter())
@@ -83,4 +85,5 @@ def resolve_checkpoint_folder(path: str, what: str) -> loading.LoadSource:
                                   "checkpoint root)")
         return loading.inspect_folder(folder, weights_only=True)
 
-    return comm.run_on_rank0(resolve, comm.new_checkpoint_group())
+    with comm.checkpoint_group() as group:
+        return comm.run_on_rank0(resolve, group)

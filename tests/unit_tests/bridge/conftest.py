@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from megatron_bridge.distributed.init import groups_destroyed_after
+
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -19,3 +21,11 @@ def _quiet_transformers():  # noqa: ANN202
         return
     hf_logging.disable_progress_bar()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _groups_of_the_test():
+    """The process groups a test made (its runs' checkpoint managers, megatron-core's) end with it, where a default
+    group outlives the test (tests/unit_tests/checkpoint/conftest.py says why)."""
+    with groups_destroyed_after():
+        yield

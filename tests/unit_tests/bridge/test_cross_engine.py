@@ -136,3 +136,26 @@ def test_what_does_not_convert_is_refused_with_the_fix() -> None:
     mcore.dist.use_megatron_fsdp = True
     error = _refusal(LoadSource("/ckpt", "dcp", 0, True), mcore, converter)
     assert error is not None and "dist.use_megatron_fsdp=False" in str(error)
+
+
+def test_megatron_core_conversion_destroys_its_groups_in_a_process_that_keeps_its_own() -> None:
+    """megatron-core's ``destroy_model_parallel`` only forgets its ~20 groups: a conversion in a process whose default
+    group lives on (a notebook, a training job's set-up) must not leave them, each with a gloo thread and sockets."""
+    import torch.distributed as dist
+
+    from megatron_bridge.bridge.engine_checkpoints import _one_process_mcore
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True), rank=0,
+                                world_size=1)
+    try:
+        registry = dist.distributed_c10d._world.pg_map
+        before = {id(g) for g in registry}
+        with _one_process_mcore():
+            made = len(registry) - len(before)
+        assert made > 0  # megatron-core's parallel state had its own groups
+        assert {id(g) for g in registry} == before
+    finally:
+        if created:
+            dist.destroy_process_group()

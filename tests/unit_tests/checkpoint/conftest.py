@@ -6,7 +6,7 @@ import pytest
 import torch.distributed as dist
 
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
+from megatron_bridge.distributed.init import destroy_distributed, groups_destroyed_after, initialize_distributed
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -25,4 +25,12 @@ def _quiet_dcp_warnings():
     """DCP warns about overwriting / single-process use; the tests check behaviour, not those warnings."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _groups_of_the_test():
+    """The groups a test made (its checkpoint managers', megatron-core's) end with it: this package's group lives on,
+    and each gloo group's thread would wake every 10 ms for the rest of the session."""
+    with groups_destroyed_after():
         yield

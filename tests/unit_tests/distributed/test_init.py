@@ -109,3 +109,66 @@ def test_destroyed_groups_are_released_at_the_next_start_not_when_the_model_goes
     assert not dist.is_initialized() and any(g is world for g in init._RETIRED_GROUPS)
     initialize_distributed(ConfigContainer())  # the session's group again, as before this test
     assert init._RETIRED_GROUPS == []
+
+
+def _gloo_threads() -> int:
+    """Threads of this process running a gloo group's TCP loop (one per group, waking every 10 ms)."""
+    import os
+
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{tid}/comm").read().strip())  # noqa: SIM115
+        except OSError:  # the thread ended meanwhile
+            continue
+    return names.count("gloo_tcp_loop")
+
+
+@pytest.mark.skipif(not hasattr(dist.distributed_c10d, "_world"), reason="torch's group registry moved")
+def test_groups_made_in_a_block_end_with_it_and_their_threads_at_the_next_release() -> None:
+    from megatron_bridge.distributed import init
+    from megatron_bridge.distributed.init import groups_destroyed_after, release_retired_groups
+
+    kept = dist.new_group(backend="gloo")  # made before the block: stays
+    threads = _gloo_threads()
+    with groups_destroyed_after():
+        made = [dist.new_group(backend="gloo") for _ in range(3)]
+        dist.barrier(group=made[0])
+        assert _gloo_threads() == threads + 3
+    registered = dist.distributed_c10d._world.pg_map
+    assert kept in registered and dist.group.WORLD in registered
+    assert not any(g in registered for g in made)
+    assert all(any(g is r for r in init._RETIRED_GROUPS) for g in made)  # destroyed, referenced until a release
+    del made
+    release_retired_groups()
+    assert _gloo_threads() == threads
+    dist.barrier(group=kept)
+    dist.destroy_process_group(kept)
+
+
+def test_a_checkpoint_managers_group_ends_with_close_and_a_later_save_makes_a_new_one(tmp_path) -> None:  # noqa: ANN001
+    from megatron_bridge.checkpoint import comm
+    from tests.unit_tests.checkpoint.toy import build_run, tiny_cfg, train
+
+    run = build_run(tiny_cfg(save=str(tmp_path / "ckpt")))
+    first = run.manager.group
+    assert first in dist.distributed_c10d._world.pg_map
+    train(run, 1)
+    run.manager.close()
+    assert first not in dist.distributed_c10d._world.pg_map
+    train(run, 1)
+    run.manager.save()  # after close: a new group, as every rank makes it at the same point
+    second = run.manager.group
+    assert second is not first and second in dist.distributed_c10d._world.pg_map
+    run.manager.close()
+    run.manager.close()  # idempotent
+    assert second not in dist.distributed_c10d._world.pg_map
+    group = comm.new_checkpoint_group()  # releases the retired ones
+    assert group is not None and not comm_retired()
+    comm.retire_checkpoint_group(group)
+
+
+def comm_retired() -> list:
+    from megatron_bridge.distributed import init
+
+    return init._RETIRED_GROUPS
