@@ -40,7 +40,7 @@ def retire_checkpoint_group(group: dist.ProcessGroup | None) -> None:
     ``megatron_bridge.distributed.init.retire_groups``). Each checkpoint manager and weights load makes its own:
     without this, every ``pretrain()`` in a process that keeps its default group (a notebook, a test launch) would
     leave one behind, with its sockets and a gloo thread waking every 10 ms."""
-    if group is not None and is_distributed():
+    if group is not None:
         from megatron_bridge.distributed.init import retire_groups
 
         retire_groups([group])

@@ -158,20 +158,26 @@ def destroy_distributed(teardown: Callable[[], None] | None = None) -> None:
         if teardown is not None:
             teardown()
         dist.barrier()
-        world = getattr(dist.distributed_c10d, "_world", None)  # every group, the engine's too (torch's registry)
-        _RETIRED_GROUPS.extend(list(world.pg_map) if world is not None else [dist.group.WORLD])
+        registry = _group_registry()  # every group, the engine's too
+        _RETIRED_GROUPS.extend(list(registry) if registry is not None else [dist.group.WORLD])
         dist.destroy_process_group()
     _CREATED_BY_US = False
+
+
+def _group_registry() -> "dict[dist.ProcessGroup, object] | None":
+    """torch's registry of the live process groups (``_world.pg_map``: private, so None where a torch lacks it)."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    return world.pg_map if world is not None else None
 
 
 def retire_groups(groups: "list[dist.ProcessGroup]") -> None:
     """Destroy each of ``groups`` still registered with torch (local, not collective: every rank calls it for its own),
     keeping it referenced in :data:`_RETIRED_GROUPS`; for groups nothing will use again."""
-    world = getattr(dist.distributed_c10d, "_world", None)  # torch's registry of groups
-    if world is None or not dist.is_initialized():
+    registry = _group_registry()
+    if registry is None or not dist.is_initialized():
         return
     for pg in groups:
-        if pg in world.pg_map and pg is not dist.GroupMember.WORLD:
+        if pg in registry and pg is not dist.GroupMember.WORLD:
             dist.destroy_process_group(pg)
             _RETIRED_GROUPS.append(pg)
 
@@ -186,14 +192,14 @@ def groups_destroyed_after() -> Iterator[None]:
     """Retire (:func:`retire_groups`), when the block ends, the process groups created in it; the groups that existed
     before (the default group among them) stay. For a block that builds groups it will not use again in a process that
     lives on, e.g. megatron-core's parallel state (~20 groups), which ``destroy_model_parallel`` only forgets."""
-    world = getattr(dist.distributed_c10d, "_world", None)
-    before = {id(pg) for pg in world.pg_map} if world is not None and dist.is_initialized() else None
+    registry = _group_registry()
+    before = {id(pg) for pg in registry} if registry is not None and dist.is_initialized() else None
     release_retired_groups()
     try:
         yield
     finally:
-        if before is not None:
-            retire_groups([pg for pg in list(world.pg_map) if id(pg) not in before])
+        if registry is not None and before is not None:
+            retire_groups([pg for pg in list(registry) if id(pg) not in before])
 
 
 def build_device_mesh(cfg: "ConfigContainer", env: DistEnv) -> DeviceMesh:

@@ -78,9 +78,8 @@ def await_first_error(procs: dict[int, Any], grace_s: float = PEER_GRACE_S) -> N
     deadline = time.monotonic() + grace_s
     while True:
         codes = [proc.poll() for proc in procs.values()]
-        if EXIT_PEER_FAILURE not in codes or None not in codes or time.monotonic() >= deadline:
-            return
-        if any(code not in (None, 0, EXIT_PEER_FAILURE) for code in codes):
+        own_error = any(code not in (None, 0, EXIT_PEER_FAILURE) for code in codes)
+        if EXIT_PEER_FAILURE not in codes or None not in codes or own_error or time.monotonic() >= deadline:
             return
         time.sleep(0.02)
 

@@ -152,6 +152,7 @@ def test_groups_made_in_a_block_end_with_it_and_their_threads_at_the_next_releas
 
 def test_a_checkpoint_managers_group_ends_with_close_and_a_later_save_makes_a_new_one(tmp_path) -> None:  # noqa: ANN001
     from megatron_bridge.checkpoint import comm
+    from megatron_bridge.distributed import init
     from tests.unit_tests.checkpoint.toy import build_run, tiny_cfg, train
 
     run = build_run(tiny_cfg(save=str(tmp_path / "ckpt")))
@@ -168,11 +169,5 @@ def test_a_checkpoint_managers_group_ends_with_close_and_a_later_save_makes_a_ne
     run.manager.close()  # idempotent
     assert second not in dist.distributed_c10d._world.pg_map
     group = comm.new_checkpoint_group()  # releases the retired ones
-    assert group is not None and not comm_retired()
+    assert group is not None and init._RETIRED_GROUPS == []
     comm.retire_checkpoint_group(group)
-
-
-def comm_retired() -> list:
-    from megatron_bridge.distributed import init
-
-    return init._RETIRED_GROUPS
