@@ -182,6 +182,15 @@ def retire_groups(groups: "list[dist.ProcessGroup]") -> None:
             _RETIRED_GROUPS.append(pg)
 
 
+def hold_groups() -> None:
+    """Keep every registered group referenced in :data:`_RETIRED_GROUPS` (before an abort: torch's
+    ``_abort_process_group`` unregisters them, and their destructors would then run wherever the last reference goes,
+    e.g. with a failed run's traceback: the deadlock :data:`_RETIRED_GROUPS` describes)."""
+    registry = _group_registry()
+    if registry is not None:
+        _RETIRED_GROUPS.extend(registry)
+
+
 def release_retired_groups() -> None:
     """Drop the references :func:`retire_groups` kept (their threads and sockets end)."""
     _RETIRED_GROUPS.clear()

@@ -253,7 +253,7 @@ def pretrain(
         ForwardStepError: ``forward_step_func`` fits none of the forms above.
     """
     from megatron_bridge.distributed.failure import abort_distributed, annotate_failure
-    from megatron_bridge.distributed.init import destroy_distributed, initialize_distributed
+    from megatron_bridge.distributed.init import destroy_distributed, hold_groups, initialize_distributed
     from megatron_bridge.training.determinism import apply_deterministic_mode
     from megatron_bridge.training.job import agree_on_job, forbid_restart_after, log_resume
     from megatron_bridge.utils.process import watch_parent
@@ -290,6 +290,7 @@ def pretrain(
         # at once instead of after the collective timeout.
         annotate_failure(exc, env.rank, env.world_size)
         forbid_restart_after(exc)  # before the abort: the other nodes' agents must see it when their ranks fail
+        hold_groups()  # the aborted groups go at the next start, not with this traceback
         abort_distributed()
         try:
             _close(ctx, failed=True)
