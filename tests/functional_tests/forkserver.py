@@ -54,6 +54,11 @@ COLD_ENV = "MB_COLD_START"
 PYTHON_ENV = "MB_FORKSERVER_PYTHON"
 """The interpreter that ``forked_python`` (torchrun's ``PYTHON_EXEC`` in launcher.py's ``forked_workers_env``) runs
 this client with."""
+STARTUP_ENV = "MB_FORKSERVER_STARTUP"
+"""A Python file that a forked process runs before its module or script, as a cold interpreter imports a
+``sitecustomize`` module it finds on ``PYTHONPATH`` (a different ``PYTHONPATH`` would start the request cold): e.g. the
+megatron-core CPU harness's ``tests/functional_tests/mcore_cpu/sitecustomize.py`` for the torchrun workers of a script
+under test (mcore_cpu_harness.py's ``workers_env``). Cold processes ignore it."""
 LOG_ENV = "MB_FORKSERVER_LOG"
 """A file the launching process's fork server appends its log to (one line per forked process: its end, wall and CPU
 seconds, command line); by default a file in the server's temporary folder, removed with it."""
@@ -68,12 +73,15 @@ PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distrib
            "torch.distributed.fsdp", "torch.distributed.tensor", "torch.optim", "torch._dynamo", "pytest",
            "xdist.plugin", "pytest_timeout", "anyio.pytest_plugin", "megatron_bridge.training.pretrain",
            "megatron_bridge.recipes", "megatron.core", "megatron.core.models.gpt", "megatron.core.distributed",
-           "megatron.core.optimizer", "transformers")
+           "megatron.core.optimizer", "transformers", "torchao.float8", "modelopt.torch.opt",
+           "modelopt.torch.quantization", "modelopt.torch.distill")
 """What the server imports before it forks (a missing package is left out); megatron-core after
 tests/functional_tests/deferred_compile.py is installed, as in a cold worker (conftest.py). ``torch._dynamo``: torch
 imports it at a process's first ``nn.init`` call or optimizer (≈ 1 CPU s in a fresh process; measured 2026-12-03, a
 quarter of a CP worker's py-spy samples, and 19.2 -> 16.3 CPU s per worker once preloaded, with
-``anyio.pytest_plugin``, a plugin pytest loads at start-up)."""
+``anyio.pytest_plugin``, a plugin pytest loads at start-up). nvidia-modelopt and torchao: ``validate()`` imports them
+(``megatron_bridge.utils.packages.import_problem``) for a config with quantization, distillation or FP8, ≈ 6.5 CPU s
+per worker of the QAT and distillation launches (py-spy, 2026-12-04); importing them changes no torch attribute."""
 CLIENT_WAIT_S = 120.0
 """How long a client waits for a server that is still importing :data:`PRELOAD`."""
 _HEADER = struct.Struct("!Q")
@@ -283,6 +291,8 @@ def _run_main(request: dict) -> int:
     import traceback
 
     try:
+        if os.environ.get(STARTUP_ENV):
+            runpy.run_path(os.environ[STARTUP_ENV], run_name="sitecustomize")
         if request.get("module"):
             sys.argv = [request["module"], *request["argv"]]
             sys.path[0] = os.getcwd()

@@ -244,3 +244,26 @@ def pretrain_in_launch(cfg: Any, callbacks: Sequence[Any] = (), forward_step: An
     except BaseException:
         parallel_state.destroy()
         raise
+
+
+def workers_env(mode: str = "1") -> dict[str, str]:
+    """Environment (to add to ``os.environ``) under which a script under test (``run_recipe.py --nproc N``) starts its
+    torchrun workers with the harness installed: ``mode`` ``"1"`` (:func:`install`) or ``"fsdp"``
+    (:func:`install_fsdp`), read by ``tests/functional_tests/mcore_cpu/sitecustomize.py``.
+
+    With a fork server (launcher.py's ``forked_workers_env``) the workers fork warm and run that file first
+    (forkserver.py's ``STARTUP_ENV``); without one they start cold with its folder on ``PYTHONPATH``, where the
+    interpreter imports it. The script and its torchrun agent start cold either way, as users run them, and the file
+    does nothing in them (no ``LOCAL_RANK``)."""
+    import os
+
+    from tests.functional_tests import forkserver
+    from tests.functional_tests.launcher import REPO_ROOT, forked_workers_env
+
+    folder = REPO_ROOT / "tests" / "functional_tests" / "mcore_cpu"
+    env = {ENV_FLAG: mode, "OMP_NUM_THREADS": "1"}
+    forked = forked_workers_env()
+    if forked:
+        return {**env, **forked, forkserver.STARTUP_ENV: str(folder / "sitecustomize.py")}
+    path = os.pathsep.join(p for p in (str(folder), str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**env, "PYTHONPATH": path}

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.training.callbacks import Callback
 from tests.functional_tests.launcher import REPO_ROOT, LaunchGroups, is_worker, launch, selected_groups
+from tests.functional_tests.mcore_cpu_harness import workers_env
 from tests.functional_tests.training._common import assert_finite_decreasing, small_config
 
 
@@ -313,9 +314,7 @@ def test_run_recipe_trains_pp2_vpp2_on_megatron_core() -> None:
     the torchrun workers through tests/functional_tests/mcore_cpu/sitecustomize.py)."""
     if is_worker():
         pytest.skip("launches run_recipe.py itself")
-    harness_path = os.pathsep.join([str(REPO_ROOT / "tests" / "functional_tests" / "mcore_cpu"), str(REPO_ROOT)])
-    env = {**os.environ, **HARNESS_ENV, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (harness_path, os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, **workers_env()}
     cmd = [sys.executable, "scripts/training/run_recipe.py", "--recipe", "tiny_llama", "--nproc", "2",
            "model.engine=megatron_core", "model.pipeline_model_parallel_size=2",
            "model.virtual_pipeline_model_parallel_size=2", "train.train_iters=4", "train.global_batch_size=8",

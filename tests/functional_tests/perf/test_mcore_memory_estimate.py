@@ -1,15 +1,16 @@
 """The megatron-core engine's memory estimate (src/megatron_bridge/engines/megatron_core/memory.py) against the bytes
 megatron-core really allocates, on CPU through the test-only harness (tests/functional_tests/mcore_cpu_harness.py).
 
-One plain Python process (no torchrun; the harness is process-wide, so not this pytest process) runs ``pretrain()`` for
-one step of the functional tests' megatron-core config per case — ``GPTModel`` (in ``Float16Module`` with bf16),
-megatron-core DDP, its FSDP2 wrapper or its Megatron FSDP adapter, and ``get_megatron_optimizer``, all through this
-library's set-up code — and counts the unique storages (local shards of DTensors) of the model's parameters after the
-step, of the gradients as the optimizer step starts (``main_grad``: views of DDP's ``grad_data`` buffer; FSDP2's
-``grad`` shards, freed by the step) and of the optimizer's parameters and state after the step (Adam state exists) that
-are not parameters. The test compares them with ``estimate_memory`` of the same validated config, each within ±15%;
-under megatron-core DDP and FSDP2 weights and gradients exactly, optimizer state exactly but for torch Adam's
-per-tensor ``step`` scalars (which the estimate leaves out).
+One plain Python process (no torchrun; the harness is process-wide, so not this pytest process; forked from the fork
+server, tests/functional_tests/forkserver.py) runs ``pretrain()`` for one step of the functional tests' megatron-core
+config per case — ``GPTModel`` (in ``Float16Module`` with bf16), megatron-core DDP, its FSDP2 wrapper or its Megatron
+FSDP adapter, and ``get_megatron_optimizer``, all through this library's set-up code — and counts the unique storages
+(local shards of DTensors) of the model's parameters after the step, of the gradients as the optimizer step starts
+(``main_grad``: views of DDP's ``grad_data`` buffer; FSDP2's ``grad`` shards, freed by the step) and of the optimizer's
+parameters and state after the step (Adam state exists) that are not parameters. The test compares them with
+``estimate_memory`` of the same validated config, each within ±15%; under megatron-core DDP and FSDP2 weights and
+gradients exactly, optimizer state exactly but for torch Adam's per-tensor ``step`` scalars (which the estimate leaves
+out).
 """
 
 import json
@@ -23,9 +24,12 @@ import pytest
 import torch
 
 from megatron_bridge.perf.measure import storage_bytes
+from tests.functional_tests.launcher import fork_server_env
 
 
 REPO = Path(__file__).resolve().parents[3]
+MODULE = "tests.functional_tests.perf.test_mcore_memory_estimate"
+"""This file as a module: its ``__main__`` is the measuring process."""
 TOLERANCE = 0.15
 CASES: dict[str, dict[str, Any]] = {
     "bf16": {"mixed_precision": "bf16_mixed"},
@@ -116,10 +120,9 @@ def worker(out: str) -> None:
 @pytest.mark.timeout(120)
 def test_estimate_matches_megatron_core_bytes(tmp_path: Path) -> None:
     out = tmp_path / "bytes.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-m", "tests.functional_tests.perf.test_mcore_memory_estimate", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **fork_server_env()}  # forked warm (forkserver.py), else cold
+    cmd = [sys.executable, "-m", "tests.functional_tests.forkserver", MODULE, str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert set(rows) == set(CASES)

@@ -10,7 +10,8 @@
   and TP=2 (TP=2 builds the same initial weights as TP=1).
 * ``run_recipe.py --recipe tiny_llama model.engine=megatron_core`` trains (2 ranks: TP=2 with megatron-core DDP, and
   DP=2 with ``dist.use_megatron_fsdp=true``), the harness installed in its torchrun workers by
-  ``tests/functional_tests/mcore_cpu/sitecustomize.py``.
+  ``tests/functional_tests/mcore_cpu/sitecustomize.py`` (the workers fork warm: mcore_cpu_harness.py's
+  ``workers_env``).
 
 The vocabulary is padded to 512 under every layout (``make_vocab_size_divisible_by`` × TP), so all layouts build the
 same model. Skipped with CUDA (the harness replaces CUDA calls) and without megatron-core (Python < 3.12).
@@ -34,6 +35,7 @@ import torch.distributed as dist
 
 from megatron_bridge.training.callbacks import Callback
 from tests.functional_tests.launcher import REPO_ROOT, LaunchGroups, is_worker, launch, selected_groups
+from tests.functional_tests.mcore_cpu_harness import workers_env
 from tests.functional_tests.training._common import assert_finite_decreasing, small_config
 
 
@@ -174,15 +176,14 @@ def test_native_engine_matches_megatron_core_from_the_same_weights(reference: Pa
     print(f"[parity] native vs megatron-core TP=1: {ref['native_losses']} vs {ref['losses']}")
 
 
-RUN_RECIPE_CASES: dict[str, tuple[list[str], str, str, dict[str, str]]] = {
-    "ddp_tp2": (["model.tensor_model_parallel_size=2"], "mcore_ddp", "TP 2, PP 1, CP 1, DP 1", HARNESS_ENV),
+RUN_RECIPE_CASES: dict[str, tuple[list[str], str, str, str]] = {
+    "ddp_tp2": (["model.tensor_model_parallel_size=2"], "mcore_ddp", "TP 2, PP 1, CP 1, DP 1", "1"),
     "megatron_fsdp_dp2": (["dist.use_megatron_fsdp=true", "ddp.data_parallel_sharding_strategy=optim_grads_params",
                            "checkpoint.ckpt_format=fsdp_dtensor"],
-                          "mcore_megatron_fsdp", "TP 1, PP 1, CP 1, DP 2",
-                          {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "fsdp"}),
+                          "mcore_megatron_fsdp", "TP 1, PP 1, CP 1, DP 2", "fsdp"),
 }
-"""run_recipe.py case → (overrides, backend, megatron-core layout, harness environment: ``fsdp`` adds megatron-core's
-FSDP wrappers' redirections)."""
+"""run_recipe.py case → (overrides, backend, megatron-core layout, harness mode of the workers
+(mcore_cpu_harness.py's ``workers_env``): ``fsdp`` adds megatron-core's FSDP wrappers' redirections)."""
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -202,12 +203,11 @@ def test_run_recipe_tiny_llama_trains_on_megatron_core(case: str, tmp_path: Path
     """``run_recipe.py --recipe tiny_llama --nproc 2 model.engine=megatron_core`` at TP=2 (megatron-core DDP) and at
     DP=2 under Megatron FSDP trains, evaluates and saves a checkpoint (the harness enters the workers through
     sitecustomize); no process of the run outlives it (megatron-core's torch_dist writer starts a multiprocessing
-    manager that ``os._exit``-ended workers would orphan)."""
-    overrides, backend, layout, harness_env = RUN_RECIPE_CASES[case]
-    harness_path = os.pathsep.join([str(REPO_ROOT / "tests" / "functional_tests" / "mcore_cpu"), str(REPO_ROOT)])
+    manager that ``os._exit``-ended workers would orphan). The manager starts with ``spawn``, so its environment holds
+    the marker also when the workers fork warm (a forked process's /proc environ is the fork server's)."""
+    overrides, backend, layout, harness_mode = RUN_RECIPE_CASES[case]
     marker = f"MB_RUN_RECIPE_TEST={os.getpid()}-{case}"
-    env = {**os.environ, **harness_env, "OMP_NUM_THREADS": "1", marker.split("=")[0]: marker.split("=")[1],
-           "PYTHONPATH": os.pathsep.join(p for p in (harness_path, os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, **workers_env(harness_mode), marker.split("=")[0]: marker.split("=")[1]}
     cmd = [sys.executable, "scripts/training/run_recipe.py", "--recipe", "tiny_llama", "--nproc", "2",
            "model.engine=megatron_core", *overrides, "train.train_iters=6",
            "train.global_batch_size=8", "train.micro_batch_size=2", "validation.eval_iters=1",

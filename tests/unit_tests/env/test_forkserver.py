@@ -1,8 +1,8 @@
 """tests/functional_tests/forkserver.py: a process forked by the fork server runs as ``python -m MODULE`` would (or,
 through ``forked_python``, torchrun's ``PYTHON_EXEC``, as ``python [-u] SCRIPT``), with the client's arguments,
 environment, working directory and streams; its client exits as it did, forwards signals, and takes it along when
-killed; what cannot fork warm starts cold. A forked process finds the server's objects frozen (``gc.freeze``) and
-``inspect`` told the frozen standard-library file names' modules. The
+killed; what cannot fork warm starts cold; a start-up file runs first where asked. A forked process finds the
+server's objects frozen (``gc.freeze``) and ``inspect`` told the frozen standard-library file names' modules. The
 server here imports only ``json`` (the launches' server imports torch and the library: launcher.py)."""
 
 import os
@@ -85,6 +85,17 @@ def test_forked_process_gets_arguments_environment_directory_streams_and_exit_co
     assert frozen[0] > frozen[1] + 1000  # the server's objects, out of the forked process's collections
     # inspect finds the module of a frozen file name without scanning sys.modules (forkserver._name_frozen_files)
     assert "runpy runpy" in out and "runpy None" in cold
+
+
+def test_a_forked_process_runs_the_startup_file_first(server: dict[str, str], tmp_path: Path) -> None:
+    """``$MB_FORKSERVER_STARTUP`` runs in the forked process before its module, as a ``sitecustomize`` would."""
+    startup = tmp_path / "startup.py"
+    startup.write_text("import os\nos.environ['MB_FS_VALUE'] = 'set by ' + __name__\n")
+    out, _ = _client(server, **{forkserver.STARTUP_ENV: str(startup)}).communicate(timeout=60)
+    assert "env set by sitecustomize" in out
+    cold_env = {forkserver.STARTUP_ENV: str(startup), forkserver.COLD_ENV: "1"}
+    cold, _ = _client(server, **cold_env).communicate(timeout=60)
+    assert "env None" in cold  # a cold process ignores it (it finds a sitecustomize on PYTHONPATH instead)
 
 
 def test_a_process_killed_by_a_signal_ends_its_client_by_that_signal(server: dict[str, str]) -> None:
