@@ -76,12 +76,13 @@ SAME_STREAM: list[tuple[str, ...]] = [
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``-n N``) with functional tests asked for, the controlling process starts the fork server
     that all its workers' launches fork from (launcher.py's ``share_fork_server``), before it starts the workers: one
-    server's imports instead of one per worker, done while the workers collect."""
+    server's imports instead of one per worker; the workers fork from it too (``fork_xdist_workers``)."""
     workers = config.getoption("numprocesses", None)
     if not hasattr(config, "workerinput") and isinstance(workers, int) and workers > 0 and _asks_functional(config):
-        from tests.functional_tests.launcher import share_fork_server
+        from tests.functional_tests.launcher import fork_xdist_workers, share_fork_server
 
         share_fork_server()
+        fork_xdist_workers(config)
 
 
 def _asks_functional(config: pytest.Config) -> bool:

@@ -280,15 +280,16 @@ class _Server:
 
 
 def _main_of(request: dict) -> str:
-    return request.get("module") or request["script"]
+    return request.get("module") or request.get("script") or "-c " + request["code"][:60]
 
 
 def _run_main(request: dict) -> int:
-    """Run the request's module as ``python -m MODULE ARGS...`` would (``sys.path[0]``: the working directory), or its
-    script as ``python SCRIPT ARGS...`` would (``sys.path[0]``: the script's folder), in this process; its exit
-    code."""
+    """Run the request's module as ``python -m MODULE ARGS...`` would (``sys.path[0]``: the working directory), its
+    script as ``python SCRIPT ARGS...`` would (``sys.path[0]``: the script's folder), or its code as ``python -c CODE
+    ARGS...`` would (``sys.path[0]``: empty, in a fresh ``__main__``), in this process; its exit code."""
     import runpy
     import traceback
+    import types
 
     try:
         if os.environ.get(STARTUP_ENV):
@@ -297,6 +298,12 @@ def _run_main(request: dict) -> int:
             sys.argv = [request["module"], *request["argv"]]
             sys.path[0] = os.getcwd()
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        elif request.get("code") is not None:
+            sys.argv = ["-c", *request["argv"]]
+            sys.path[0] = ""
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(request["code"], "<string>", "exec"), main.__dict__)
         else:
             sys.argv = [request["script"], *request["argv"]]
             sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))
@@ -369,13 +376,16 @@ def _cold(python_args: list[str], why: str | None) -> None:
 
 def _python_request(args: list[str]) -> dict | None:
     """The request for the interpreter arguments ``args`` (``[-u] SCRIPT ARGS...`` or ``[-u] -m MODULE ARGS...``,
-    what torchrun passes to its ``PYTHON_EXEC``); None for any other option, which then starts cold."""
+    what torchrun passes to its ``PYTHON_EXEC``, or ``[-u] -c CODE ARGS...``, what execnet starts pytest-xdist's
+    workers with); None for any other option, which then starts cold."""
     unbuffered = False
     for i, arg in enumerate(args):
         if arg == "-u":
             unbuffered = True
         elif arg == "-m" and i + 1 < len(args):
             return {"module": args[i + 1], "argv": args[i + 2:], "unbuffered": unbuffered}
+        elif arg == "-c" and i + 1 < len(args):
+            return {"code": args[i + 1], "argv": args[i + 2:], "unbuffered": unbuffered}
         elif arg.startswith("-"):
             return None
         else:
