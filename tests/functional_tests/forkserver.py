@@ -10,7 +10,8 @@ environment, working directory and standard streams, and then stands in for that
 gets (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) to the forked process's group and exits as it did (its exit code, or
 killed by the same signal). So ``torch.distributed.run`` still starts, watches and stops its workers itself, each worker
 is a process of its own with its own gloo process group, and what a test checks is unchanged; only the imports before
-the first line of the test are paid once.
+the first line of the test are paid once. pytest-xdist's workers fork from the same server (launcher.py's
+``fork_xdist_workers``: execnet starts them as ``python -u -c BOOTSTRAP``).
 
 The launches of the scripts under test (``launch.py``, ``python -m megatron_bridge.launcher.torchrun``: the multi-node,
 restart and perf tests) start the scripts and their torchrun agents cold, as users run them, and only their workers

@@ -193,6 +193,11 @@ def test_forked_python_runs_a_script_or_a_module_as_the_interpreter_would(server
     code, out, err, client = _python({**server, "MB_FS_CODE": "9"}, "-u", "-m", "fs_program", "b")
     assert code == 9 and "argv ['b'] env None cwd / pid" in out and "starts cold" not in err, err
     assert "path0 / name __main__" in out and _pid(out) != client  # sys.path[0]: the working directory
+    # -c CODE, as execnet starts pytest-xdist's workers (launcher.py's fork_xdist_workers): a fresh __main__
+    program_code = f"import os; os.chdir({str(program)!r}); exec(open('fs_program.py').read())"
+    code, out, err, client = _python({**server, "MB_FS_CODE": "6"}, "-u", "-c", program_code, "c")
+    assert code == 6 and "argv ['c'] env None" in out and "starts cold" not in err, err
+    assert "path0  name __main__" in out and _pid(out) != client  # sys.path[0]: empty, as for python -c
 
 
 def test_forked_python_starts_cold_for_interpreter_options_it_does_not_take(server: dict[str, str],
