@@ -143,6 +143,17 @@ def forked_workers_env() -> dict[str, str]:
     return {**env, "PYTHON_EXEC": str(FORKED_PYTHON), forkserver.PYTHON_ENV: sys.executable} if env else {}
 
 
+def warm_python() -> tuple[str, dict[str, str]]:
+    """The interpreter and environment to run a script under test whose subject is what it writes, not its start-up
+    or process tree (the docs' commands, ``export_quantized.py``, ``gpu_check.py --dry-run``): when the suite shares a
+    fork server (tests/conftest.py, with the functional tests), :data:`FORKED_PYTHON`, a process forked from it that
+    runs the file as ``python FILE`` would, without the cold imports of torch and the library; else this interpreter.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    forked = forked_workers_env() if os.environ.get(SHARED_SERVER_ENV) else {}
+    return (str(FORKED_PYTHON), {**env, **forked}) if forked else (sys.executable, env)
+
+
 def _stop_fork_server(proc: subprocess.Popen, folder: Path) -> None:
     proc.kill()
     proc.wait()

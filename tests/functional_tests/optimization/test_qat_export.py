@@ -1,9 +1,7 @@
 """Export of a quantization-aware-trained checkpoint as a modelopt file (one process): the restored model is the
 quantized model of the checkpoint, and a checkpoint without quantization is refused with a named error."""
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ import torch
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.optimization.export import load_quantized_model, restore_exported
 from megatron_bridge.training.pretrain import pretrain
+from tests.functional_tests.launcher import warm_python
 from tests.functional_tests.training._common import small_config
 
 
@@ -26,8 +25,9 @@ def test_export_restores_the_quantized_model(tmp_path: Path) -> None:
     cfg.quantization.quant_cfg, cfg.quantization.calib_size = "fp8", 4
     cfg.checkpoint.save = str(tmp_path / "ckpt")
     pretrain(cfg)
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "ckpt"), str(tmp_path / "model.pth")],
-                          capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    python, env = warm_python()  # forked warm from the suite's fork server where it has one
+    proc = subprocess.run([python, str(SCRIPT), str(tmp_path / "ckpt"), str(tmp_path / "model.pth")],
+                          capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     model, model_cfg = load_quantized_model(tmp_path / "ckpt")
     restored = restore_exported(model_cfg, tmp_path / "model.pth")

@@ -1,15 +1,13 @@
 """Docs and skills name only config keys, files, scripts, tests and Python names that exist; code blocks parse."""
 
 import ast
-import os
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 
-from tests.functional_tests.launcher import FORKED_PYTHON, SHARED_SERVER_ENV, forked_workers_env
+from tests.functional_tests.launcher import warm_python
 from tests.unit_tests.docs.doc_refs import (
     REPO,
     code_blocks,
@@ -26,15 +24,6 @@ from tests.unit_tests.docs.doc_refs import (
 
 DOCS = doc_files()
 IDS = [str(p.relative_to(REPO)) for p in DOCS]
-
-
-def _python() -> tuple[str, dict[str, str]]:
-    """The interpreter a block or command runs with, and its environment: when the suite shares a fork server
-    (tests/conftest.py, with the functional tests), ``forked_python``, a process forked from it that runs the file
-    as ``python FILE`` would, without the cold imports of torch and the library; else this interpreter."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    forked = forked_workers_env() if os.environ.get(SHARED_SERVER_ENV) else {}
-    return (str(FORKED_PYTHON), {**env, **forked}) if forked else (sys.executable, env)
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=IDS)
@@ -79,10 +68,11 @@ PYTHON_BLOCKS = [(doc, i, body) for doc in DOCS for i, (lang, body) in enumerate
 @pytest.mark.parametrize(("doc", "index", "body"), PYTHON_BLOCKS,
                          ids=[f"{d.relative_to(REPO)}#{i}" for d, i, _ in PYTHON_BLOCKS])
 def test_python_blocks_run(doc, index: int, body: str, tmp_path) -> None:  # noqa: ANN001
-    """Every ``python`` block runs as written, as a script of its own in an empty folder (:func:`_python`). Blocks
-    that only illustrate an interface are fenced ``python fragment`` and are parsed and resolved instead."""
+    """Every ``python`` block runs as written, as a script of its own in an empty folder (launcher.py's
+    ``warm_python``). Blocks that only illustrate an interface are fenced ``python fragment`` and are parsed and
+    resolved instead."""
     (tmp_path / "block.py").write_text(body)
-    python, env = _python()
+    python, env = warm_python()
     proc = subprocess.run([python, "block.py"], cwd=tmp_path, capture_output=True, text=True, timeout=280, env=env)
     assert proc.returncode == 0, f"{doc.name} block {index} failed:\n{proc.stderr[-3000:]}"
 
@@ -143,6 +133,6 @@ DRY_COMMANDS = _dry_commands()
 def test_dry_run_commands_run(doc: str, command: str) -> None:
     """Commands that only print (``--dry-run``, ``--dryrun``, ``--help``) are run as written."""
     words = shlex.split(command)
-    python, env = _python()
+    python, env = warm_python()
     proc = subprocess.run([python, *words[1:]], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, f"{doc}: `{command}` failed:\n{proc.stderr[-3000:]}"

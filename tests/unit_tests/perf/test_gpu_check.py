@@ -3,10 +3,10 @@
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from megatron_bridge.config.mixed_precision import MIXED_PRECISION_PRESETS
+from tests.functional_tests.launcher import warm_python
 
 
 REPO = Path(__file__).resolve().parents[3]
@@ -22,8 +22,9 @@ def _module():  # noqa: ANN202
 
 def test_dry_run_plans_every_check(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--gpu", "h100", "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    python, env = warm_python()  # forked warm from the suite's fork server where it has one
+    proc = subprocess.run([python, str(SCRIPT), "--dry-run", "--gpu", "h100", "--output", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads(out.read_text())
     assert plan["dry_run"] is True and plan["ok"] is True
