@@ -3,13 +3,13 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from megatron_bridge.checkpoint import files
+from tests.functional_tests.launcher import warm_python
 from tests.unit_tests.checkpoint.toy import build_run, full_weights, tiny_cfg, train
 
 
@@ -44,11 +44,12 @@ def test_sigkill_during_save_never_breaks_the_previous_checkpoint(tmp_path):
     case_dirs = {case: tmp_path / f"{case[0]}-{case[1]}" for case in CASES}
     for d in case_dirs.values():
         d.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    python, env = warm_python()  # forked warm from the suite's fork server where it has one
+    env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.unit_tests.checkpoint.crash_child",
+        [python, "-m", "tests.unit_tests.checkpoint.crash_child",
          *(f"{d}:{stage}:{mode}" for (stage, mode), d in case_dirs.items())],
-        cwd=REPO, env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:
         for (stage, _), case_dir in case_dirs.items():
