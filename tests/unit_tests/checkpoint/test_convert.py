@@ -1,7 +1,6 @@
 """Export to a torch file and a Hugging Face Llama folder, import back, and the CLI."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from megatron_bridge.bridge.convert import (
 )
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.utils.cli import EXIT_USER_ERROR, run_cli
+from tests.functional_tests.launcher import warm_python
 from tests.unit_tests.checkpoint.toy import VOCAB, build_run, full_weights, tiny_cfg, train
 
 
@@ -108,8 +108,8 @@ def test_cli(tmp_path):
     run = build_run(tiny_cfg(save=str(root)))
     run.manager.save()
     weights = full_weights(run)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    hf = subprocess.run([sys.executable, str(SCRIPT), str(root), str(tmp_path / "hf"), "--to", "hf"],
+    python, env = warm_python()  # forked warm from the suite's fork server where it has one
+    hf = subprocess.run([python, str(SCRIPT), str(root), str(tmp_path / "hf"), "--to", "hf"],
                         capture_output=True, text=True, env=env, cwd=REPO)
     assert hf.returncode == 0, hf.stderr
     from_hf = tmp_path / "from_hf.pt"
