@@ -158,8 +158,7 @@ def destroy_distributed(teardown: Callable[[], None] | None = None) -> None:
         if teardown is not None:
             teardown()
         dist.barrier()
-        registry = _group_registry()  # every group, the engine's too
-        _RETIRED_GROUPS.extend(list(registry) if registry is not None else [dist.group.WORLD])
+        hold_groups()  # every group, the engine's too
         dist.destroy_process_group()
     _CREATED_BY_US = False
 
@@ -183,12 +182,14 @@ def retire_groups(groups: "list[dist.ProcessGroup]") -> None:
 
 
 def hold_groups() -> None:
-    """Keep every registered group referenced in :data:`_RETIRED_GROUPS` (before an abort: torch's
-    ``_abort_process_group`` unregisters them, and their destructors would then run wherever the last reference goes,
-    e.g. with a failed run's traceback: the deadlock :data:`_RETIRED_GROUPS` describes)."""
+    """Keep every registered group referenced in :data:`_RETIRED_GROUPS` (before the default group is destroyed or
+    aborted: torch's ``_abort_process_group`` unregisters them, and their destructors would then run wherever the last
+    reference goes, e.g. with a failed run's traceback: the deadlock :data:`_RETIRED_GROUPS` describes)."""
     registry = _group_registry()
     if registry is not None:
         _RETIRED_GROUPS.extend(registry)
+    elif dist.is_initialized():  # a torch without the registry: the default group at least
+        _RETIRED_GROUPS.append(dist.group.WORLD)
 
 
 def release_retired_groups() -> None:
