@@ -17,7 +17,10 @@ after 90 minutes). Two faults, both reported upstream (pytest-xdist issues 1323,
 :func:`crash_safe_scope_scheduling` returns xdist's ``LoadScopeScheduling`` with both mended: only the unfinished
 tests of the crashed worker's units go back on the queue, without the test it crashed on (xdist has reported that one
 as failed, "worker 'gwN' crashed while running ..."; running it again would crash the replacement too); a worker is
-given units until it holds at least two tests, and is told to shut down as soon as the queue is empty. Test:
+given units until it holds at least two tests, and is told to shut down as soon as the queue is empty. A worker
+that crashed right after reporting a test is still given work when that report is handled (xdist learns of the crash
+later): the send fails, the unit stays with it, and ``remove_node`` queues it again (seen once in a full run:
+``OSError: cannot send (already closed?)`` ended the run). Test:
 tests/unit_tests/env/test_xdist_recovery.py. xdist is imported only when the class is made (a torchrun worker's
 pytest never schedules).
 """
@@ -52,10 +55,13 @@ def crash_safe_scope_scheduling() -> type:
         def _reschedule(self, node: Any) -> None:
             if node.shutting_down:
                 return
-            if self.workqueue and self._pending_of(self.assigned_work[node]) <= MIN_QUEUED:
-                self._assign_work_unit(node)  # one unit, as xdist does ...
-            while self.workqueue and self._pending_of(self.assigned_work[node]) < MIN_QUEUED:
-                self._assign_work_unit(node)  # ... and more while the worker could not start its last test
+            try:
+                if self.workqueue and self._pending_of(self.assigned_work[node]) <= MIN_QUEUED:
+                    self._assign_work_unit(node)  # one unit, as xdist does ...
+                while self.workqueue and self._pending_of(self.assigned_work[node]) < MIN_QUEUED:
+                    self._assign_work_unit(node)  # ... and more while the worker could not start its last test
+            except OSError:  # its channel closed: it crashed after its last report, which is handled before the crash
+                return  # the unit stays assigned to it; remove_node puts it back on the queue
             if not self.workqueue:
                 node.shutdown()  # queued after its tests: it runs them all, then stops
 

@@ -53,3 +53,35 @@ def test_a_crashed_worker_fails_its_test_and_the_run_ends(tmp_path: Path) -> Non
     assert proc.returncode == 1, out[-3000:] + proc.stderr[-2000:]
     assert "crashed while running 'test_08.py::test_crash'" in out, out[-3000:]
     assert "1 failed, 24 passed" in out, out[-3000:]  # 11 files x 2 + test_before + test_after, the crash not rerun
+
+
+class _ClosedNode:
+    """A worker whose channel closed after its last report (it crashed): every send fails, as execnet's does."""
+
+    shutting_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        raise OSError("cannot send (already closed?)")
+
+    def shutdown(self) -> None:
+        raise AssertionError("a worker still holding unfinished tests is not told to shut down")
+
+
+def test_work_sent_to_a_worker_that_crashed_after_its_report_goes_back_on_the_queue() -> None:
+    """The report of the test before the crash is handled first: the unit sent then stays with the crashed worker,
+    and removing the worker puts it back on the queue, the crashed test still named as such."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from tests.xdist_recovery import crash_safe_scope_scheduling
+
+    sched = crash_safe_scope_scheduling()(SimpleNamespace(getvalue=lambda name: ["popen", "popen"]))
+    node = _ClosedNode()
+    crashing = {"t8.py::before": True, "t8.py::crash": False, "t8.py::after": False}
+    sched.assigned_work[node] = {"t8.py": crashing}
+    sched.registered_collections[node] = ["t8.py::before", "t8.py::crash", "t8.py::after", "t9.py::a"]
+    sched.workqueue = OrderedDict({"t9.py": {"t9.py::a": False}})
+    sched._reschedule(node)  # no exception: the run goes on to the crash report
+    assert not sched.workqueue and sched.assigned_work[node]["t9.py"] == {"t9.py::a": False}
+    assert sched.remove_node(node) == "t8.py::crash"
+    assert list(sched.workqueue) == ["t8.py", "t9.py"] and sched.workqueue["t8.py"]["t8.py::crash"] is True
