@@ -231,3 +231,14 @@ def test_native_engine_never_imports_megatron_core() -> None:
             "print([m for m in sys.modules if m.split('.')[0] == 'megatron'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_no_cuda_graphs_and_no_deprecation_warning() -> None:
+    import warnings
+
+    m = tiny_llama_pretrain_config().model
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tc = transformer_config(m, CPU)
+    assert tc.cuda_graph_impl == "none" and tc.cuda_graph_modules == []  # the whole layer, as "full" meant
+    assert not [w for w in caught if "cuda_graph" in str(w.message) or "scope is deprecated" in str(w.message)]

@@ -37,7 +37,8 @@ rank ``s % PP``; tests/unit_tests/models/test_megatron_core_pipeline_split.py co
 megatron-core's (:mod:`.pipeline`).
 
 The native model has no dropout, so both dropouts are 0; no fused kernels are requested (they need CUDA extensions
-this library does not require). Weights are initialised on the CPU when the model is built on the CPU
+this library does not require), nor CUDA graphs (``cuda_graph_modules=[]``: megatron-core's default ``"full"`` means
+the same and warns that it is deprecated). Weights are initialised on the CPU when the model is built on the CPU
 (``use_cpu_initialization``), else on the current CUDA device.
 """
 
@@ -101,6 +102,7 @@ def transformer_config(model: "ModelConfig", device: torch.device, precision: di
         use_cpu_initialization=device.type == "cpu",
         attention_softmax_in_fp32=True,
         deterministic_mode=model.deterministic_mode,
+        cuda_graph_modules=[],  # no CUDA graphs; 0.19.2's default "full" warns on every build that it is deprecated
     )
     kwargs.update(precision or {})
     return TransformerConfig(**kwargs)
