@@ -46,7 +46,6 @@ from tests.functional_tests.mcore.writer_process import (  # noqa: F401 (autouse
 
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
 
-HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
 STEPS, SAVE_AT = 4, 2
 BF16_RESHARD_RTOL = 1e-3
 """bf16_mixed resharded (TP=2 → TP=1 × DP=2, PP=2 × VPP=2 → TP=2) vs the run that wrote the checkpoint, per step
@@ -89,7 +88,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     if "test_bf16_checkpoint_converts_its_model_weights" in selected and GROUPS[2][0] not in groups[2]:
         groups[2] = [GROUPS[2][0], *groups[2]]  # its checkpoint
     work = tmp_path_factory.mktemp("mcore_ckpt")
-    return LaunchGroups(__file__, groups, {2: 840}, env={**HARNESS_ENV, "MB_MCORE_CKPT_DIR": str(work)},
+    return LaunchGroups(__file__, groups, {2: 840}, env={"MB_MCORE_CKPT_DIR": str(work)},
                         split_before=SPLIT_BEFORE)
 
 

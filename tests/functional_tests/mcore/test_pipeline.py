@@ -46,7 +46,6 @@ pytest.importorskip("megatron.core", reason="the megatron-core engine needs mega
 
 LOSS_ATOL = 1e-5
 STEPS = 4
-HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
 GROUPS: dict[int, list[str]] = {
     2: ["test_pp2_1f1b", "test_pp2_vpp2_interleaved", "test_distributed_optimizer", "test_uneven_splits",
         "test_tied_embeddings"],
@@ -142,7 +141,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     if is_worker():
         return None
     path = tmp_path_factory.mktemp("mcore_pp_reference") / "reference.pt"
-    launch(f"{__file__}::test_reference_trains", nproc=1, env={**HARNESS_ENV, "MB_REFERENCE": str(path)})
+    launch(f"{__file__}::test_reference_trains", nproc=1, env={"MB_REFERENCE": str(path)})
     return path
 
 
@@ -171,7 +170,7 @@ def launches(reference: Path | None, request: pytest.FixtureRequest) -> LaunchGr
     if is_worker():
         return None
     groups = selected_groups(request, GROUPS)
-    return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={**HARNESS_ENV, "MB_REFERENCE": str(reference)})
+    return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={"MB_REFERENCE": str(reference)})
 
 
 def train(engine: str, callbacks: list[Callback], forward_step: Any = None, **overrides: Any) -> Any:

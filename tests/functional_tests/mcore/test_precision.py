@@ -38,7 +38,6 @@ BF16_VS_FP32_RTOL = 2e-3
 """Per-step loss, bf16_mixed (and fp16_mixed) vs fp32, one process, 8 steps (measured ≤ 1.1e-4)."""
 BF16_PARITY_RTOL = 1e-3
 """Per-step loss, bf16_mixed at TP=2 or DP=2 vs one process (measured ≤ 5.3e-5)."""
-HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
 GROUPS: dict[int, list[str]] = {
     1: ["test_bf16_one_process", "test_bf16_close_to_fp32", "test_fp16_close_to_fp32"],
     2: ["test_bf16_tp2_matches_one_process", "test_bf16_dp2_distributed_optimizer_matches_one_process",
@@ -121,7 +120,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     if any(groups[2]) and "test_bf16_one_process" not in groups[1]:
         groups[1] = ["test_bf16_one_process", *groups[1]]  # the two-process tests compare with its losses
     work = tmp_path_factory.mktemp("mcore_precision")
-    return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={**HARNESS_ENV, "MB_PRECISION_DIR": str(work)})
+    return LaunchGroups(__file__, groups, LAUNCH_TIMEOUT_S, env={"MB_PRECISION_DIR": str(work)})
 
 
 _LOSSES: dict[str, list[float]] = {}

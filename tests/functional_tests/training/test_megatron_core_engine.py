@@ -44,7 +44,6 @@ pytest.importorskip("megatron.core", reason="the megatron-core engine needs mega
 LOSS_RTOL = 1e-5
 CROSS_ENGINE_ATOL = 1e-5
 PADDED_VOCAB = 512
-HARNESS_ENV = {"MEGATRON_BRIDGE_MCORE_CPU_HARNESS": "1"}
 LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2": {"model.tensor_model_parallel_size": 2},
     "dp2_distributed_optimizer": {"optimizer.use_distributed_optimizer": True, "ddp.use_distributed_optimizer": True},
@@ -128,7 +127,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
         return None
     path = tmp_path_factory.mktemp("mcore_reference") / "reference.json"
     launch(f"{__file__}::test_two_ranks_match_one_process[tp2]", nproc=1,
-           env={**HARNESS_ENV, "MB_MCORE_OUT": str(path), "MB_MCORE_LAYOUT": "reference"})
+           env={"MB_MCORE_OUT": str(path), "MB_MCORE_LAYOUT": "reference"})
     return path
 
 
@@ -141,7 +140,7 @@ def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory,
         return None
     work = tmp_path_factory.mktemp("mcore_layouts")
     return LaunchGroups(__file__, selected_groups(request, GROUPS), {2: 600},
-                        env={**HARNESS_ENV, "MB_MCORE_DIR": str(work)})
+                        env={"MB_MCORE_DIR": str(work)})
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
