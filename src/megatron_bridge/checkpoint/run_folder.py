@@ -33,6 +33,7 @@ from megatron_bridge.errors import (
     DiskFullError,
     RunFolderLockedError,
 )
+from megatron_bridge.utils.atomic import pid_alive
 from megatron_bridge.utils.logging import get_logger
 
 
@@ -63,14 +64,8 @@ def _lock_record() -> dict[str, Any]:
 
 def _holder_alive(holder: dict[str, Any]) -> bool:
     pid = holder.get("pid")
-    if not isinstance(pid, int):
+    if not isinstance(pid, int) or not pid_alive(pid):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
     recorded = holder.get("process_start")
     return recorded is None or _process_start(pid) in (None, recorded)
 

@@ -25,7 +25,8 @@ def owned_temporary_sibling(path: str | Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (another user's live process counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -42,7 +43,7 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
     removed = []
     for tmp in path.parent.glob(f".{path.name}.tmp-*-*") if path.parent.is_dir() else ():
         pid = tmp.name[len(f".{path.name}.tmp-"):].split("-", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             remove_path(tmp)
             removed.append(tmp)
     return removed
