@@ -23,7 +23,7 @@ from tests.functional_tests.launcher import is_worker
 
 LIMIT_ENV = "MB_SESSION_LIMIT_S"
 LIMIT_S = 3600.0
-"""The whole suite takes 12-25 minutes (README); CI allows 90 with its set-up."""
+"""The whole suite takes 8-14 minutes on a 2-core machine (docs/testing.md); CI allows 90 with its set-up."""
 EXIT_CODE = 3
 """pytest's own code for an internal error: the session did not complete."""
 
