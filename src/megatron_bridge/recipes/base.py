@@ -93,10 +93,15 @@ COMMON_OVERRIDES: dict[str, _Knob] = {
 }
 """Keyword overrides every recipe accepts, besides ``dir``, ``seq_length``, ``data_path`` and
 ``use_megatron_fsdp`` (handled by apply_common_overrides)."""
+NONE_MEANS_SOMETHING = frozenset({"eval_interval", "virtual_pipeline_model_parallel_size", "mixed_precision"})
+"""Keywords whose field takes None as a value of its own (no evaluation, no virtual pipeline stages, fp32), as in
+Megatron-Bridge's recipes: given as None, they set it. For every other keyword None means "the recipe's value"."""
 
 
 def apply_common_overrides(cfg: ConfigContainer, **overrides: Any) -> ConfigContainer:
-    """Apply recipe keyword overrides (None values are ignored).
+    """Apply recipe keyword overrides. A keyword given as None sets its field to None where that means something
+    (:data:`NONE_MEANS_SOMETHING`: ``eval_interval=None`` turns evaluation off) and is ignored otherwise (``dir=None``
+    keeps the default run folder, ``train_iters=None`` the recipe's steps).
 
     ``dir``: run folder (checkpoints in <dir>/checkpoints, TensorBoard in <dir>/tb_logs);
     ``seq_length``: model and dataset sequence length; ``data_path``: indexed data prefixes (turns mock off);
@@ -104,7 +109,7 @@ def apply_common_overrides(cfg: ConfigContainer, **overrides: Any) -> ConfigCont
     (imported lazily); every key of ``COMMON_OVERRIDES``.
     """
     for key, value in overrides.items():
-        if value is None:
+        if value is None and key not in NONE_MEANS_SOMETHING:
             continue
         if key == "dir":
             set_run_dir(cfg, value)

@@ -35,7 +35,6 @@ def resume_config(root: Path, backend: str, phase: str) -> ConfigContainer:
     cfg.model.num_layers, cfg.model.hidden_size, cfg.model.ffn_hidden_size = 2, 64, 128
     cfg.scheduler.lr_warmup_iters, cfg.scheduler.lr_warmup_fraction = 2, None
     cfg.logger.tensorboard_dir = None
-    cfg.validation.eval_interval = None  # the recipe ignores the keyword's None: no evaluation
     c = cfg.checkpoint
     c.ckpt_format = "torch_dist" if backend == "ddp" else "fsdp_dtensor"
     c.save = str(root / phase)

@@ -85,7 +85,6 @@ def _shrunk_llama3_8b(cp: int, run_dir: str, **overrides: Any) -> ConfigContaine
     m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads = 2, 64, 128, 4
     m.num_query_groups, m.vocab_size = 2, 512
     cfg.tokenizer.vocab_size = 512
-    cfg.validation.eval_interval = recipe_kwargs["eval_interval"]  # a recipe ignores None keywords
     cfg.checkpoint.save = cfg.checkpoint.load = None
     cfg.logger.tensorboard_dir = None
     return cfg

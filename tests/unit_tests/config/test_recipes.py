@@ -103,6 +103,21 @@ def test_recipe_keyword_overrides(tmp_path) -> None:
         tiny_llama_pretrain_config(trian_iters=5)
 
 
+def test_none_keywords_set_what_none_means_and_keep_the_rest(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    recipe = llama3_70b_pretrain_config()
+    assert recipe.validation.eval_interval and recipe.model.virtual_pipeline_model_parallel_size
+    assert recipe.mixed_precision is not None
+    cfg = llama3_70b_pretrain_config(eval_interval=None, virtual_pipeline_model_parallel_size=None,
+                                     mixed_precision=None, dir=None, train_iters=None, lr=None, data_path=None)
+    assert cfg.validation.eval_interval is None  # no evaluation, as Megatron-Bridge reads it
+    assert cfg.model.virtual_pipeline_model_parallel_size is None and cfg.mixed_precision is None  # no VP; fp32
+    assert cfg.checkpoint.save == str(tmp_path / "nemo_experiments" / "default" / "checkpoints")  # dir=None: default
+    assert cfg.train.train_iters == recipe.train.train_iters and cfg.optimizer.lr == recipe.optimizer.lr
+    assert cfg.dataset.mock and cfg.dataset.data_path is None
+    cfg.validate(world_size=64)
+
+
 def test_megatron_fsdp_keyword_applies_perf_overrides() -> None:
     cfg = llama3_8b_pretrain_config(use_megatron_fsdp=True)
     assert cfg.ddp.data_parallel_sharding_strategy == "optim_grads_params"

@@ -35,7 +35,7 @@ def test_resume_with_train_iters_below_the_checkpoint_step_says_so(tmp_path):
                                          seq_length=16, eval_interval=None, lr_warmup_iters=1, log_interval=100,
                                          dir=str(tmp_path))
         cfg.model.num_layers, cfg.model.hidden_size, cfg.model.ffn_hidden_size = 1, 32, 64
-        cfg.logger.tensorboard_dir = cfg.validation.eval_interval = None  # recipes ignore None keywords
+        cfg.logger.tensorboard_dir = None
         cfg.scheduler.lr_decay_iters = 4  # the same schedule in both runs: only train_iters differs
         return cfg
 
