@@ -221,7 +221,8 @@ def _fsdp2_buffers(cfg: "ConfigContainer", layout: Layout, params: RankParams, n
     held = first_n if reshard is False else min(first_n, 1 + depth + (1 if reshard is None else 0))
     root = params.embedding_and_output * gather
     block = params.block * gather
-    return root + held * block + 2 * params.block * reduce, ("FSDP2 all-gather (root unit)", max(root, block))
+    name = "Megatron FSDP" if layout.backend == "megatron_fsdp" else "FSDP2"
+    return root + held * block + 2 * params.block * reduce, (f"{name} all-gather (largest unit)", max(root, block))
 
 
 def buffer_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams, n_layers: int | None = None

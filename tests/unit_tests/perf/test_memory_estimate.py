@@ -81,6 +81,13 @@ def test_step_flops_and_time_on_a_named_gpu() -> None:
         gpu_key("tpu")
 
 
+def test_largest_buffer_names_the_sharding_backend() -> None:
+    fsdp2 = tiny_llama_pretrain_config(use_torch_fsdp2=True).validate(world_size=2)
+    assert estimate_memory(fsdp2, 2).largest_buffer[0] == "FSDP2 all-gather (largest unit)"
+    mfsdp = tiny_llama_pretrain_config(use_megatron_fsdp=True).validate(world_size=2)
+    assert estimate_memory(mfsdp, 2).largest_buffer[0] == "Megatron FSDP all-gather (largest unit)"
+
+
 def test_pipeline_context_and_expert_fields_are_read_when_present() -> None:
     """PP/CP/EP layouts from the config fields (set directly: the estimate needs no validation of them)."""
     cfg = tiny_llama_pretrain_config(global_batch_size=64, micro_batch_size=1).validate(world_size=1)
