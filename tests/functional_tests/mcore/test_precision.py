@@ -35,9 +35,10 @@ from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_gr
 pytest.importorskip("megatron.core", reason="the megatron-core engine needs megatron-core (Python 3.12 environment)")
 
 BF16_VS_FP32_RTOL = 2e-3
-"""Per-step loss, bf16_mixed (and fp16_mixed) vs fp32, one process, 8 steps (measured ≤ 1.1e-4)."""
+"""Per-step loss, bf16_mixed (and fp16_mixed) vs fp32, one process, 8 steps (measured 2026-12-04, the
+harness computing bf16 products in fp32: ≤ 1.3e-4, the PP=2 pair the largest; fp16 6e-6)."""
 BF16_PARITY_RTOL = 1e-3
-"""Per-step loss, bf16_mixed at TP=2 or DP=2 vs one process (measured ≤ 5.3e-5)."""
+"""Per-step loss, bf16_mixed at TP=2 or DP=2 vs one process (measured 2026-12-04: ≤ 2.8e-5)."""
 GROUPS: dict[int, list[str]] = {
     1: ["test_bf16_one_process", "test_bf16_close_to_fp32", "test_fp16_close_to_fp32"],
     2: ["test_bf16_tp2_matches_one_process", "test_bf16_dp2_distributed_optimizer_matches_one_process",
