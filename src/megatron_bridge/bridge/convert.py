@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from megatron_bridge.bridge.hf_reader import is_hf_folder
+from megatron_bridge.bridge.targets import TARGETS
 from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
 from megatron_bridge.checkpoint.mcore_megatron_fsdp import is_fsdp_dtensor_folder
 from megatron_bridge.checkpoint.mcore_reader import is_mcore_checkpoint
@@ -40,9 +41,6 @@ __all__ = ["TARGETS", "VOCAB_KEYS", "convert_weights", "is_hf_folder", "pad_rows
            "read_dcp_model_weights", "read_hf_folder", "read_model_config", "read_model_weights",
            "resolve_checkpoint_folder", "write_hf_folder", "write_torch_output", "write_torch_weights"]
 
-TARGETS = ("torch", "hf", "megatron", "megatron_core")
-"""What :func:`convert_weights` writes: a torch file, a HF folder, one of our (native engine) checkpoints, a
-megatron-core torch_dist checkpoint (the megatron-core engine's; :mod:`.engine_checkpoints`)."""
 
 
 # -------------------------------------------------------------------------------------------------- reading

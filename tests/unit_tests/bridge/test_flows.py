@@ -14,7 +14,6 @@ from megatron_bridge.config.checkpoint import CheckpointConfig
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import BridgeError
 from megatron_bridge.utils.cli import EXIT_USER_ERROR, run_cli
-from tests.functional_tests.launcher import warm_python
 from tests.unit_tests.bridge.hf_models import VOCAB, hf_logits, hf_model, our_logits, write_tokenizer
 from tests.unit_tests.checkpoint.toy import build_run
 
@@ -116,10 +115,14 @@ def test_cli_import_export_and_errors(hf_folder, tmp_path) -> None:  # noqa: ANN
     assert cli.main([str(tmp_path / "ck"), str(tmp_path / "hf"), "--to", "hf", "--overwrite"]) == 0
     assert run_cli(cli.main, [str(tmp_path / "nothing"), str(tmp_path / "x"), "--to", "megatron"]) == EXIT_USER_ERROR
     assert not (tmp_path / "x").exists()
-    python, env = warm_python()  # forked warm from the suite's fork server where it has one
-    help_text = subprocess.run([python, str(SCRIPT), "--help"], capture_output=True, text=True, cwd=REPO, env=env)
-    assert help_text.returncode == 0
-    assert "--to megatron" in help_text.stdout and "--max-shard-size" in help_text.stdout
+    code = ("import runpy, sys\n"  # cold, as a user runs it: --help answers without importing torch (0.1 s, not 3)
+            f"sys.argv = [{str(SCRIPT)!r}, '--help']\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+            "finally:\n    sys.stderr.write(f'torch imported: {\"torch\" in sys.modules}')\n")
+    help_text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert help_text.returncode == 0, help_text.stderr
+    assert "--to {torch,hf,megatron,megatron_core}" in help_text.stdout and "--max-shard-size" in help_text.stdout
+    assert help_text.stderr.endswith("torch imported: False"), help_text.stderr
 
 
 def test_data_tokenizer_adds_bos_as_the_hf_tokenizer_does(hf_folder, tmp_path) -> None:  # noqa: ANN001
