@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_bridge.utils.atomic import pid_alive
 from tests.functional_tests import forkserver
 
 
@@ -77,7 +78,7 @@ def fork_server_env() -> dict[str, str]:
         return {}
     shared = os.environ.get(SHARED_SERVER_ENV, "").rsplit(":", 1)
     if not _FORK_SERVER and len(shared) == 2 and shared[1].isdigit():
-        return {forkserver.SOCKET_ENV: shared[0], forkserver.PID_ENV: shared[1]} if _alive(int(shared[1])) else {}
+        return {forkserver.SOCKET_ENV: shared[0], forkserver.PID_ENV: shared[1]} if pid_alive(int(shared[1])) else {}
     if not _FORK_SERVER:
         folder = Path(tempfile.mkdtemp(prefix="mb-forkserver-"))
         path = str(folder / "socket")
@@ -120,14 +121,6 @@ def fork_xdist_workers(config: pytest.Config) -> None:
     unbuffered = {"PYTHONUNBUFFERED": LAUNCH_ENV["PYTHONUNBUFFERED"]}
     os.environ.update({**env, forkserver.PYTHON_ENV: sys.executable, **unbuffered})
     config.option.tx = [f"popen//python={FORKED_PYTHON}"] * len(tx)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 FORKED_PYTHON = Path(__file__).with_name("forked_python")
