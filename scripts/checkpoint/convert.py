@@ -31,6 +31,7 @@ import argparse
 import sys
 
 from megatron_bridge.bridge.targets import TARGETS  # torch-free: --help and argument errors come at once
+from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.utils.logging import setup_logging
 
 
@@ -63,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging("WARNING")
     from megatron_bridge.bridge.convert import convert_weights
-    from megatron_bridge.config.container import ConfigContainer
     from megatron_bridge.utils.paths import check_output_path
 
     check_output_path(args.dst, "dst", folder=args.to != "torch")
