@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from megatron_bridge.bridge.auto_bridge import AutoBridge
     from megatron_bridge.bridge.convert import convert_weights, read_model_weights, write_hf_folder, write_torch_weights
-    from megatron_bridge.bridge.families import ModelFamily, register_family, supported_architectures
+    from megatron_bridge.bridge.families import ModelFamily, family_names, supported_architectures
     from megatron_bridge.bridge.hf_reader import is_hf_folder
 
 _EXPORTS = {"AutoBridge": "auto_bridge", "convert_weights": "convert", "read_model_weights": "convert",
             "write_hf_folder": "convert", "write_torch_weights": "convert", "ModelFamily": "families",
-            "register_family": "families", "supported_architectures": "families", "is_hf_folder": "hf_reader"}
+            "family_names": "families", "supported_architectures": "families", "is_hf_folder": "hf_reader"}
 """Name → the module of this package that defines it: imported on first use, so importing a light submodule (e.g.
 ``targets`` for a command line's ``--help``) does not import torch."""
 
-__all__ = ["AutoBridge", "ModelFamily", "convert_weights", "is_hf_folder", "read_model_weights", "register_family",
+__all__ = ["AutoBridge", "ModelFamily", "convert_weights", "family_names", "is_hf_folder", "read_model_weights",
            "supported_architectures", "write_hf_folder", "write_torch_weights"]
 
 

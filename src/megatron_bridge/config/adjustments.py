@@ -216,6 +216,19 @@ def _mcore_vpp_p2p(cfg: "ConfigContainer") -> None:
              "(or overlapped with model.overlap_p2p_comm=True)")
 
 
+@_adjustment(
+    "model_family",
+    "A config without model.family (written before the field existed) gets the family its shape had then: q/k norm "
+    "with experts 'qwen3_moe', q/k norm 'qwen3', else 'llama' (config/families.py, inferred_family).",
+)
+def _infer_family(cfg: "ConfigContainer") -> None:
+    if cfg.model.family is None:
+        from megatron_bridge.config.families import inferred_family
+
+        _set(cfg, "model.family", inferred_family(cfg.model), "the config names no model family",
+             level=logging.INFO)
+
+
 def apply_adjustments(cfg: "ConfigContainer") -> None:
     """Apply every adjustment in order."""
     for adjustment in ADJUSTMENTS:

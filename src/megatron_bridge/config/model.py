@@ -24,6 +24,11 @@ class ModelConfig:
     The provider in :mod:`megatron_bridge.models.provider` turns this into model chunks.
     """
 
+    family: str | None = None
+    """Model family (a name registered in :mod:`megatron_bridge.config.families`: "llama", "qwen3", "qwen3_moe",
+    ...): what the Bridge exports it as, which perf configs and recipes it has. Recipes set it. None, in a config
+    written before this field existed, is resolved at ``finalize()`` from the shape (q/k norm with experts:
+    "qwen3_moe", q/k norm: "qwen3", else "llama"), logged once (adjustment ``model_family``)."""
     num_layers: int = 2
     """Number of decoder blocks."""
     hidden_size: int = 64

@@ -36,6 +36,17 @@ def is_importable(module_name: str) -> bool:
         return False
 
 
+@rule("model_family", ("model.family",),
+      "model.family names a registered model family (config/families.py).")
+def _family(cfg: "ConfigContainer", world_size: int) -> None:
+    from megatron_bridge.config.families import family_names
+
+    family = cfg.model.family
+    if family is not None and family not in family_names():
+        fail(f"model.family={family!r} is not a registered model family: set one of {family_names()}",
+             "model.family")
+
+
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),
       "Without model.kv_channels, hidden_size is divisible by num_attention_heads; the head width is even (RoPE).")
 def _head_dim(cfg: "ConfigContainer", world_size: int) -> None:

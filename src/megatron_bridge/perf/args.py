@@ -13,6 +13,7 @@ import argparse
 from typing import Any
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.families import all_families, get_family, resolved_family
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.launcher.nodes import add_node_arguments
 from megatron_bridge.launcher.slurm import add_slurm_arguments
@@ -31,8 +32,9 @@ from megatron_bridge.utils.cli import bool_arg, positive_int
 COMPUTE_DTYPES = tuple(COMPUTE_DTYPE_PRESETS)
 """``-c`` values: Megatron-Bridge's (bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4) plus fp16 and fp32; each selects the preset
 of :data:`~megatron_bridge.recipes.perf_configs.COMPUTE_DTYPE_PRESETS`."""
-MODEL_FAMILIES = ("llama", "qwen")
-"""``-m`` values: the recipe name (``-mr``) starts with the family."""
+MODEL_FAMILIES = tuple(sorted({spec.perf_family for spec in all_families()}))
+"""``-m`` values: Megatron-Bridge's performance families (each registered family's ``perf_family``: "qwen" for
+Qwen3 and Qwen3-MoE)."""
 GPUS = ("h100", "h200", "h20", "b200", "b300", "gb200", "gb300", "vr200", "r100", "a100", "l40s")
 """``-g`` values (Megatron-Bridge's GPU list plus the dry-run estimate's)."""
 RECOMPUTE_MODULES = {"core_attn": "selective"}
@@ -56,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 allow_abbrev=False)
     what = p.add_argument_group("what to run")
     what.add_argument("-m", "--model_family_name", type=str.lower, choices=MODEL_FAMILIES, default=None,
-                      help="model family (llama, qwen); checked against the recipe")
+                      help=f"model family ({', '.join(MODEL_FAMILIES)}); checked against the recipe")
     what.add_argument("-mr", "--model_recipe_name", type=str.lower, default=None,
                       help=f"recipe, one of {sorted(RECIPES)} (default llama3_8b)")
     what.add_argument("--recipe", default=None, help="same as -mr (this library's spelling)")
@@ -115,10 +117,17 @@ def recipe_name(args: argparse.Namespace) -> str:
     name = (args.model_recipe_name or args.recipe or "llama3_8b").removesuffix("_pretrain_config")
     get_recipe(name)  # unknown names: a named error listing the recipes
     family = args.model_family_name
-    if family is not None and not name.startswith(family):
-        raise ConfigValidationError(f"-m {family} does not match the recipe {name!r} (-mr): recipes of family "
-                                    f"{family!r} are {sorted(n for n in RECIPES if n.startswith(family))}")
+    if family is not None and recipe_perf_family(name) != family:
+        of_family = sorted(n for n in RECIPES if recipe_perf_family(n) == family)
+        raise ConfigValidationError(f"-m {family} does not match the recipe {name!r} (-mr), a "
+                                    f"{recipe_perf_family(name)!r} recipe: recipes of family {family!r} are "
+                                    f"{of_family}")
     return name
+
+
+def recipe_perf_family(name: str) -> str:
+    """Megatron-Bridge's performance family (``-m``) of recipe ``name``: its model family's ``perf_family``."""
+    return get_family(resolved_family(get_recipe(name).fn().model)).perf_family
 
 
 def perf_config(args: argparse.Namespace) -> PerfConfig | None:

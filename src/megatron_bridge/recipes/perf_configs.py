@@ -141,13 +141,19 @@ def perf_config_key(function_name: str) -> tuple[str, str, str, int]:
     return match["recipe"], match["gpu"], RECIPE_NAME_DTYPES[match["dtype"]], int(match["gpus"])
 
 
+MEGATRON_BRIDGE_PERF_MODULES: dict[str, tuple[str, str]] = {
+    "llama3": ("llama", "llama3"), "llama31": ("llama", "llama31"), "qwen3": ("qwen", "qwen3_moe"),
+}
+"""First word of a perf recipe's name → the folder and module of Megatron-Bridge's ``perf_recipes`` that define it
+(recorded as each perf config's ``source``)."""
+
+
 def _perf_config(name: str, row: tuple) -> PerfConfig:
     *values, extras = row if isinstance(row[-1], dict) and len(row) > len(ROW_FIELDS) else (*row, {})
-    module = {"llama3": "llama3", "llama31": "llama31", "qwen3": "qwen3_moe"}[name.split("_")[0]]
-    recipe, gpu, _, gpus = perf_config_key(name)
-    family = "llama" if recipe.startswith("llama") else "qwen"
+    folder, module = MEGATRON_BRIDGE_PERF_MODULES[name.split("_")[0]]
+    _, gpu, _, gpus = perf_config_key(name)
     return PerfConfig(num_gpus=gpus, **dict(zip(ROW_FIELDS, values, strict=True)), **extras,
-                      source=f"megatron.bridge.perf_recipes.{family}.{gpu}.{module}.{name}")
+                      source=f"megatron.bridge.perf_recipes.{folder}.{gpu}.{module}.{name}")
 
 
 PERF_CONFIGS: dict[tuple[str, str, str, int], PerfConfig] = {

@@ -20,7 +20,7 @@ BYTE_TOKENIZER_VOCAB = 258
 def tiny_llama_pretrain_config(**overrides: Any) -> ConfigContainer:
     """4 layers, hidden 128, 4 heads / 2 KV groups, seq 128, byte-level vocab; fp32, AdamW 1e-3 cosine with 5%
     warmup, 300 steps of 16 samples. Mock data by default; pass ``data_path=[prefix]`` to train on indexed text."""
-    model = ModelConfig(num_layers=4, hidden_size=128, ffn_hidden_size=352, num_attention_heads=4,
+    model = ModelConfig(family="llama", num_layers=4, hidden_size=128, ffn_hidden_size=352, num_attention_heads=4,
                         num_query_groups=2, vocab_size=BYTE_TOKENIZER_VOCAB, seq_length=128, rotary_base=10000.0)
     cfg = ConfigContainer(
         model=model,

@@ -67,3 +67,24 @@ def test_floor_checks_catch_what_they_should() -> None:
     assert cycles([up, down, back]) == [["megatron_bridge.config.rules", "megatron_bridge.config.train",
                                          "megatron_bridge.training.loop"]]
     assert cycles([down]) == []
+
+
+def test_family_packages_are_reached_only_through_the_registry() -> None:
+    """A lower floor reaches a model family only through config/families.py (the registry imports the family's package
+    by the name its registration line gives); no other module below the families names a family package."""
+    from pathlib import Path
+
+    from megatron_bridge.config.families import FAMILY_PACKAGES
+
+    src = Path(__file__).resolve().parents[3] / "src" / "megatron_bridge"
+    registry = src / "config" / "families.py"
+    table = floors()
+    offenders = []
+    for path in sorted(src.rglob("*.py")):
+        package = path.relative_to(src).parts[0].removesuffix(".py")
+        if path == registry or package not in table or table[package] >= table["families"]:
+            continue
+        if "megatron_bridge.families" in path.read_text():
+            offenders.append(str(path.relative_to(src)))
+    assert not offenders, f"modules below the families floor that name a family package: {offenders}"
+    assert all(p == f"megatron_bridge.families.{name}" for name, p in FAMILY_PACKAGES.items())

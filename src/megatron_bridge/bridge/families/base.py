@@ -1,8 +1,9 @@
-"""What a model family's mapping states, the shared Llama-style mapping, and the registry of families.
+"""What a model family's Hugging Face mapping states, the shared Llama-style mapping, and the lookup of families.
 
-A family (one module per family in this package) is a :class:`ModelFamily` subclass registered with
-:func:`register_family`. It states its HF ``architectures`` and ``model_type``, which :class:`ModelConfig` it
-covers (:meth:`ModelFamily.matches`), the config mapping both ways and the weight-name mapping. Everything the
+A family's mapping (``bridge.py`` in its folder under ``src/megatron_bridge/families/``, named by its spec's
+``bridge``) is a :class:`ModelFamily` subclass. Its spec (config/families.py) gives its name and HF
+``architectures`` and ``model_type``; the class states which :class:`ModelConfig` it can express
+(:meth:`ModelFamily.matches`), the config mapping both ways and the weight-name mapping. Everything the
 HF config says is either mapped, checked against the one value we support (:attr:`ModelFamily.fixed_hf_values`)
 or listed as harmless (:attr:`ModelFamily.ignored_hf_keys`); anything else is a :class:`BridgeError`.
 """
@@ -11,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from megatron_bridge.bridge.rope import RopeFormat, rope_fields_from_hf, rope_to_hf
+from megatron_bridge.config import families as registry
+from megatron_bridge.config.families import FamilySpec
 from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.errors import BridgeError
+from megatron_bridge.errors import BridgeError, ConfigValidationError
 
 
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -44,14 +47,27 @@ class StackedWeight:
 
 
 class ModelFamily:
-    """Base class of a family mapping (see the module docstring); subclasses set the class attributes."""
+    """Base class of a family mapping (see the module docstring); subclasses set the class attributes. Built once
+    per family from its :class:`~megatron_bridge.config.families.FamilySpec`, which gives its name and HF names."""
 
-    name: ClassVar[str]
-    """Short name used by the CLI's --family and in messages, e.g. "llama"."""
-    architectures: ClassVar[tuple[str, ...]]
-    """HF ``architectures`` entries this family reads; the first one is written on export."""
-    model_type: ClassVar[str]
-    """HF ``model_type`` written on export."""
+    def __init__(self, spec: FamilySpec) -> None:
+        self.spec = spec
+
+    @property
+    def name(self) -> str:
+        """The family's name (``model.family``), e.g. "llama"."""
+        return self.spec.name
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        """HF ``architectures`` entries this family reads; the first one is written on export."""
+        return self.spec.hf_architectures
+
+    @property
+    def model_type(self) -> str:
+        """HF ``model_type`` written on export."""
+        return self.spec.hf_model_type
+
     qk_layernorm: ClassVar[bool] = False
     """Whether the family has per-head q/k RMSNorm (Qwen3)."""
     moe: ClassVar[bool] = False
@@ -80,6 +96,7 @@ class ModelFamily:
             hidden = int(hf["hidden_size"])
             max_pos = int(get("max_position_embeddings"))
             fields: dict[str, Any] = {
+                "family": self.name,
                 "num_layers": int(hf["num_hidden_layers"]),
                 "hidden_size": hidden,
                 "ffn_hidden_size": int(hf["intermediate_size"]),
@@ -205,35 +222,30 @@ class ModelFamily:
 
 
 # ------------------------------------------------------------------------------------------------- registry
-_BY_ARCHITECTURE: dict[str, ModelFamily] = {}
 _FAMILIES: dict[str, ModelFamily] = {}
 
 
-def register_family(cls: type[ModelFamily]) -> type[ModelFamily]:
-    """Class decorator: make a family known to :class:`AutoBridge` under its architectures and name."""
-    family = cls()
-    if cls.name in _FAMILIES:
-        raise BridgeError(f"model family {cls.name!r} is registered twice")
-    _FAMILIES[cls.name] = family
-    for arch in cls.architectures:
-        _BY_ARCHITECTURE[arch] = family
-    return cls
+def family_names() -> list[str]:
+    """Names of the registered families (config/families.py)."""
+    return registry.family_names()
 
 
 def supported_architectures() -> list[str]:
     """Every HF architecture a registered family reads."""
-    return sorted(_BY_ARCHITECTURE)
-
-
-def family_names() -> list[str]:
-    """Names of the registered families."""
-    return list(_FAMILIES)
+    return sorted(arch for spec in registry.all_families() for arch in spec.hf_architectures)
 
 
 def family_by_name(name: str) -> ModelFamily:
-    """The family registered as ``name``."""
+    """The Hugging Face mapping of the family registered as ``name`` (built once, from its spec's ``bridge``)."""
     if name not in _FAMILIES:
-        raise BridgeError(f"model family {name!r} is unknown; known: {family_names()}")
+        try:
+            spec = registry.get_family(name)
+        except ConfigValidationError as exc:
+            raise BridgeError(f"model family {name!r} is unknown; known: {family_names()}") from exc
+        cls = registry.load_family_object(spec, spec.bridge)
+        if not (isinstance(cls, type) and issubclass(cls, ModelFamily)):
+            raise TypeError(f"{spec.bridge} (the {name} family's bridge) is not a ModelFamily subclass")
+        _FAMILIES[name] = cls(spec)
     return _FAMILIES[name]
 
 
@@ -241,21 +253,17 @@ def family_for_hf_config(hf: dict[str, Any]) -> ModelFamily:
     """The family of a HF config dict, from its ``architectures`` (else its ``model_type``)."""
     archs = hf.get("architectures") or []
     for arch in archs if isinstance(archs, list) else []:
-        if arch in _BY_ARCHITECTURE:
-            return _BY_ARCHITECTURE[arch]
-    if not archs:
-        for family in _FAMILIES.values():
-            if family.model_type == hf.get("model_type"):
-                return family
+        spec = registry.family_for_architecture(arch) if isinstance(arch, str) else None
+        if spec is not None:
+            return family_by_name(spec.name)
+    spec = None if archs else registry.family_for_model_type(hf.get("model_type"))
+    if spec is not None:
+        return family_by_name(spec.name)
     raise BridgeError(f"architecture {archs or hf.get('model_type')!r} is not supported; supported: "
                       f"{supported_architectures()}")
 
 
 def family_for_model_config(config: ModelConfig) -> ModelFamily:
-    """The first registered family that can express ``config``."""
-    for family in _FAMILIES.values():
-        if family.matches(config):
-            return family
-    raise BridgeError(f"no Hugging Face family fits this model (normalization={config.normalization!r}, "
-                      f"activation={config.activation!r}, qk_layernorm={config.qk_layernorm}); families: "
-                      f"{family_names()}")
+    """The family ``config`` declares (``model.family``; for a config written before that field, the family its
+    shape had: :func:`megatron_bridge.config.families.resolved_family`)."""
+    return family_by_name(registry.resolved_family(config))

@@ -10,7 +10,8 @@ from megatron_bridge.recipes.base import apply_common_overrides, pretrain_common
 
 def _llama3(num_layers: int, hidden: int, ffn: int, heads: int, **extra: Any) -> ModelConfig:
     """A Llama 3-family model: GQA with 8 KV heads, RoPE base 500000, vocab 128256, SwiGLU, RMSNorm."""
-    return ModelConfig(num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+    return ModelConfig(family="llama", num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn,
+                       num_attention_heads=heads,
                        num_query_groups=8, vocab_size=128256, seq_length=8192, rotary_base=500_000.0,
                        normalization="RMSNorm", activation="swiglu", layernorm_epsilon=1e-5,
                        init_method_std=0.02, **extra)

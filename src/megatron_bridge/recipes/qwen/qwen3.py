@@ -14,7 +14,8 @@ def _qwen3(num_layers: int, hidden: int, ffn: int, heads: int, *, tied: bool, tp
     Megatron-Bridge's Qwen3 training values: its ``_pretrain_common`` (300000 steps of 32 samples, micro-batch 2,
     500 warmup steps, eval every 500 steps over 32 batches, lr 3e-4 → 3e-5), no sequence parallelism, recompute
     only for 32B (full, uniform, 1 layer)."""
-    model = ModelConfig(num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+    model = ModelConfig(family="qwen3", num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn,
+                        num_attention_heads=heads,
                         num_query_groups=8, kv_channels=128, vocab_size=151936, seq_length=4096,
                         max_position_embeddings=40960,
                         rotary_base=1_000_000.0, normalization="RMSNorm", layernorm_epsilon=1e-6,

@@ -14,7 +14,7 @@ def qwen3_moe_model(num_layers: int, hidden: int, ffn: int, heads: int, moe_ffn:
     selected logits (``norm_topk_prob``), switch aux loss 1e-3, no shared expert; head dim 128, 4 KV heads,
     QK-norm, RoPE base 1e6, vocab 151936, seq 4096 (positions up to 40960), untied output layer."""
     return ModelConfig(
-        num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+        family="qwen3_moe", num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
         num_query_groups=4, kv_channels=128, vocab_size=151936, seq_length=4096, max_position_embeddings=40960,
         rotary_base=1_000_000.0,
         normalization="RMSNorm", layernorm_epsilon=1e-6, activation="swiglu", qk_layernorm=True,

@@ -6,22 +6,18 @@
 
 from typing import Any
 
-from megatron_bridge.bridge.families.base import ModelFamily, StackedWeight, register_family
-from megatron_bridge.bridge.families.qwen3 import Qwen3Family
+from megatron_bridge.bridge.families.base import ModelFamily, StackedWeight
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import BridgeError
+from megatron_bridge.families.qwen3.bridge import Qwen3Family
 
 
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-@register_family
 class Qwen3MoeFamily(Qwen3Family):
     """Names and defaults of transformers' ``Qwen3MoeConfig``."""
 
-    name = "qwen3_moe"
-    architectures = ("Qwen3MoeForCausalLM",)
-    model_type = "qwen3_moe"
     moe = True
     hf_defaults = {**Qwen3Family.hf_defaults, "num_key_value_heads": 4, "decoder_sparse_step": 1,
                    "norm_topk_prob": False, "router_aux_loss_coef": 0.001, "num_experts_per_tok": 8}

@@ -3,18 +3,14 @@ the width, RoPE base 1e6, tied embeddings for the small sizes. No MLP biases; sl
 
 from typing import Any
 
-from megatron_bridge.bridge.families.base import ModelFamily, register_family
+from megatron_bridge.bridge.families.base import ModelFamily
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import BridgeError
 
 
-@register_family
 class Qwen3Family(ModelFamily):
     """Names and defaults of transformers' ``Qwen3Config``."""
 
-    name = "qwen3"
-    architectures = ("Qwen3ForCausalLM",)
-    model_type = "qwen3"
     qk_layernorm = True
     hf_defaults = {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "attention_bias": False,
                    "head_dim": 128, "num_key_value_heads": 32, "tie_word_embeddings": False}

@@ -3,17 +3,13 @@ tied embeddings, q/k/v/o biases (``attention_bias``) and MLP biases (``mlp_bias`
 
 from typing import Any
 
-from megatron_bridge.bridge.families.base import ModelFamily, register_family
+from megatron_bridge.bridge.families.base import ModelFamily
 from megatron_bridge.config.model import ModelConfig
 
 
-@register_family
 class LlamaFamily(ModelFamily):
     """Names and defaults of transformers' ``LlamaConfig``."""
 
-    name = "llama"
-    architectures = ("LlamaForCausalLM",)
-    model_type = "llama"
     qk_layernorm = False
     hf_defaults = {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "attention_bias": False,
                    "mlp_bias": False, "tie_word_embeddings": False}
