@@ -62,6 +62,14 @@ class ModelConfig:
     max_position_embeddings: int | None = None
     """Longest sequence the positional encoding is meant for (Hugging Face's max_position_embeddings, e.g. 131072
     for Llama 3.1); None means seq_length. Only recorded and exported; training uses seq_length."""
+    window_size: tuple[int, int] | None = None
+    """Sliding-window attention as megatron-core writes it (Megatron-Bridge's field): ``(left, right)`` keys before
+    and after each query; ``(W - 1, 0)`` is Hugging Face's ``sliding_window = W`` (W tokens including the current
+    one). Only causal windows (right = 0) are built. None: full causal attention in every layer."""
+    window_attn_skip_freq: int | list[int] | None = None
+    """Which layers keep full attention when window_size is set (megatron-core's field and meaning, layers numbered
+    from 1): an int N makes every N-th layer full (layer_number % N == 0) and the others windowed; a list of 0/1 of
+    length num_layers marks each layer (1 = windowed). None: every layer windowed."""
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
     """Normalization layer type."""
     layernorm_epsilon: float = 1e-5
@@ -216,6 +224,15 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one attention head."""
         return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+
+    def attention_window(self, layer_idx: int) -> int | None:
+        """The sliding window (in tokens, including the current one: ``window_size[0] + 1``) of decoder layer
+        ``layer_idx`` (0-based), or None when it attends to the whole causal prefix (see window_attn_skip_freq)."""
+        if self.window_size is None:
+            return None
+        freq = self.window_attn_skip_freq
+        windowed = freq is None or (freq[layer_idx] == 1 if isinstance(freq, list) else (layer_idx + 1) % freq != 0)
+        return self.window_size[0] + 1 if windowed else None
 
     @property
     def has_attention_output_bias(self) -> bool:

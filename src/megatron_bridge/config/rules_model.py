@@ -47,6 +47,28 @@ def _family(cfg: "ConfigContainer", world_size: int) -> None:
              "model.family")
 
 
+@rule("attention_window", ("model.window_size", "model.window_attn_skip_freq", "model.cp_comm_type"),
+      "model.window_size is (left >= 0, 0) (causal windows only); window_attn_skip_freq is an int >= 1 or a 0/1 list "
+      "of num_layers entries; native context parallelism with a window uses cp_comm_type='all_gather'.")
+def _window(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.window_size is not None:
+        left, right = m.window_size
+        if left < 0 or right != 0:
+            fail(f"model.window_size={tuple(m.window_size)!r}: only causal sliding windows (left >= 0, 0) are built; "
+                 "Hugging Face's sliding_window=W is (W - 1, 0)", "model.window_size")
+        if m.engine == "native" and m.context_parallel_size > 1 and m.cp_comm_type != "all_gather":
+            fail(f"model.window_size={tuple(m.window_size)!r} with model.cp_comm_type={m.cp_comm_type!r}: ring "
+                 "attention has only the plain causal mask; set model.cp_comm_type='all_gather'", "model.cp_comm_type")
+    freq = m.window_attn_skip_freq
+    if isinstance(freq, int) and freq < 1:
+        fail(f"model.window_attn_skip_freq={freq}: every N-th layer is full attention, N >= 1",
+             "model.window_attn_skip_freq")
+    if isinstance(freq, list) and (len(freq) != m.num_layers or any(x not in (0, 1) for x in freq)):
+        fail(f"model.window_attn_skip_freq={freq}: a list marks each of the {m.num_layers} layers with 1 (window) or 0 "
+             "(full attention)", "model.window_attn_skip_freq")
+
+
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),
       "Without model.kv_channels, hidden_size is divisible by num_attention_heads; the head width is even (RoPE).")
 def _head_dim(cfg: "ConfigContainer", world_size: int) -> None:

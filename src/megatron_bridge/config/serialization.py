@@ -186,6 +186,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if item_tp is str:  # YAML and `a=[0.7,x]` overrides parse a blend's weights as numbers
             value = [_number_as_str(v) for v in value]
         return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:  # YAML has no tuples: a list of the tuple's length
+        items = typing.get_args(tp)
+        if not isinstance(value, list | tuple) or len(value) != len(items):
+            raise ConfigOverrideError(f"'{path}' must be a list of {len(items)} (got {value!r})")
+        return tuple(_coerce(v, item_tp, f"{path}[{i}]") for i, (v, item_tp) in enumerate(zip(value, items)))
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigOverrideError(f"'{path}' must be a mapping (got {value!r})")

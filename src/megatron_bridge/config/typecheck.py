@@ -6,7 +6,8 @@ from Python (``cfg.ddp.data_parallel_sharding_strategy = "zero3"``) are only see
 * ``bool`` fields take only ``True``/``False``; ``int`` fields take ints but not bools;
 * ``float`` fields take ints and floats, but not bools, and never NaN or ±Inf (``lr: .nan`` in YAML is refused);
 * ``Literal[...]`` fields take exactly one of the listed values, which the error names;
-* ``list[X]`` / ``dict[K, V]`` / nested dataclasses are checked element by element.
+* ``list[X]`` / ``tuple[X, Y]`` / ``dict[K, V]`` / nested dataclasses are checked element by element (a tuple field
+  takes a list of its length too: YAML has no tuples).
 """
 
 import dataclasses
@@ -23,7 +24,7 @@ def _type_name(tp: Any) -> str:
     if tp is type(None):
         return "None"
     origin = typing.get_origin(tp)
-    if origin in (list, dict):
+    if origin in (list, dict, tuple):
         return str(tp).replace("typing.", "")
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
@@ -62,6 +63,8 @@ def _matches(value: Any, tp: Any) -> bool:
         return any(value == a and type(value) is type(a) for a in typing.get_args(tp))
     if origin is list:
         return isinstance(value, list)
+    if origin is tuple:  # a fixed-length tuple; YAML gives a list of the same length
+        return isinstance(value, tuple | list) and len(value) == len(typing.get_args(tp))
     if origin is dict:
         return isinstance(value, dict)
     if dataclasses.is_dataclass(tp):
@@ -89,6 +92,9 @@ def _problems(value: Any, tp: Any, path: str) -> list[tuple[str, str]]:
     if origin is list:
         (item_tp,) = typing.get_args(tp) or (Any,)
         return [p for i, v in enumerate(value) for p in _problems(v, item_tp, f"{path}[{i}]")]
+    if origin is tuple:
+        return [p for i, (v, item_tp) in enumerate(zip(value, typing.get_args(tp), strict=True))
+                for p in _problems(v, item_tp, f"{path}[{i}]")]
     if origin is dict:
         key_tp, val_tp = typing.get_args(tp) or (Any, Any)
         return [p for k, v in value.items() for p in (*_problems(k, key_tp, f"{path} key {k!r}"),

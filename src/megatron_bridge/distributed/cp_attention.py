@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from megatron_bridge.data.zigzag import gathered_positions, query_blocks, zigzag_chunk_ids
 from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.models.attention import band_mask
 
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup, cp_rank: int,
-                         segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+                         segment_ids: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """Causal attention of this rank's zig-zag queries over the whole sequence (module docstring).
 
     Args:
@@ -85,6 +86,7 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
         group: the CP process group (``P`` ranks).
         cp_rank: this rank's index in ``group``.
         segment_ids: optional local segment ids ``[b, s_local]``; a query attends only to keys of its segment.
+        window: optional sliding window (tokens including the query's own; :mod:`megatron_bridge.models.attention`).
 
     Returns:
         ``[b, heads, s_local, d]``, equal to the rows of one-process causal attention at this rank's positions.
@@ -102,7 +104,7 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     for block in query_blocks(zigzag_chunk_ids(cp, cp_rank), chunk):
         rows = slice(block.q_start, block.q_start + block.q_len)
         q_pos = block.chunk * chunk + torch.arange(block.q_len, device=q.device)
-        mask = torch.arange(block.kv_len, device=q.device)[None, :] <= q_pos[:, None]
+        mask = band_mask(q_pos, torch.arange(block.kv_len, device=q.device), window)
         if seg_seq is not None and segment_ids is not None:
             same = segment_ids[:, rows, None] == seg_seq[:, None, : block.kv_len]
             mask = (mask[None] & same)[:, None]
@@ -146,8 +148,9 @@ class ContextParallelAttention:
         self.comm_type = comm_type
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 segment_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Causal attention of the local zig-zag queries over the whole sequence."""
+                 segment_ids: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+        """Causal attention of the local zig-zag queries over the whole sequence (within ``window`` tokens when
+        given; ring attention has no window: rule ``context_parallel_window``)."""
         if self.comm_type == "p2p":
             if segment_ids is not None:
                 raise ConfigValidationError(
@@ -156,7 +159,7 @@ class ContextParallelAttention:
                     ("model.cp_comm_type",),
                 )
             return ring_attention(q, k, v, self.mesh)
-        return all_gather_attention(q, k, v, self.group, self.rank, segment_ids)
+        return all_gather_attention(q, k, v, self.group, self.rank, segment_ids, window)
 
     def __repr__(self) -> str:
         return f"ContextParallelAttention(size={self.size}, rank={self.rank}, comm_type={self.comm_type!r})"

@@ -96,9 +96,11 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
     Counted (``2*m*n*k`` per matmul, per token, times ``batch_size * seq_length`` tokens):
 
     * q/k/v/o projections with grouped-query attention: ``2*h*d*(2*nq + 2*nkv)``;
-    * attention scores ``Q K^T`` and attention over values: ``2 * (2*s*d*nq)``. The full ``s x s`` matrix is
-      counted, not the causal half: that is what the kernels compute (the mask is applied to a full product in
-      the math path) and what Megatron's classic formula and ``torch.utils.flop_counter`` count;
+    * attention scores ``Q K^T`` and attention over values: ``2 * (2*k*d*nq)`` over ``k`` keys per query. With full
+      attention ``k = s``: the full ``s x s`` matrix is counted, not the causal half: that is what the kernels compute
+      (the mask is applied to a full product in the math path) and what Megatron's classic formula and
+      ``torch.utils.flop_counter`` count. A sliding-window layer (:meth:`ModelConfig.attention_window`) counts only
+      the attended keys, ``k = min(W, s)`` (what a banded kernel computes);
     * MLP: 3 matmuls ``h x f`` for SwiGLU, 2 for GELU;
     * MoE layers (``config.moe_layer_pattern()``): the router ``2*h*E`` plus only the **active** experts,
       ``moe_router_topk`` SwiGLU experts ``3 * 2*h*moe_ffn_hidden_size``, plus the shared expert
@@ -118,7 +120,7 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
     nq, nkv = config.num_attention_heads, config.num_kv_heads
 
     projections = 2 * h * d * (2 * nq + 2 * nkv)
-    attention = 2 * 2 * s * d * nq
+    attention_keys = sum(min(config.attention_window(i) or s, s) for i in range(config.num_layers))
     mlp = (3 if config.activation == "swiglu" else 2) * 2 * h * f
     n_moe = sum(config.moe_layer_pattern())
     moe_mlp = 0
@@ -127,6 +129,7 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
         shared = config.moe_shared_expert_intermediate_size or 0
         moe_mlp = 2 * h * e + config.moe_router_topk * 3 * 2 * h * fe + 3 * 2 * h * shared
     logits = 2 * h * config.padded_vocab_size
-    forward_per_token = (config.num_layers * (projections + attention) + (config.num_layers - n_moe) * mlp
+    forward_per_token = (config.num_layers * projections + 2 * 2 * d * nq * attention_keys
+                         + (config.num_layers - n_moe) * mlp
                          + n_moe * moe_mlp + logits)
     return float(3 * forward_per_token * batch_size * s)

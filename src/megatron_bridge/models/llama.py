@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import MegatronBridgeError
+from megatron_bridge.models.attention import causal_attention
 from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, build_norm
 from megatron_bridge.models.moe import GroupedExperts, MoELayer, TopKRouter
 from megatron_bridge.models.validation import validate_model_config
@@ -45,10 +46,12 @@ def _linear(
 
 
 class LlamaAttention(nn.Module):
-    """Causal self-attention with grouped-query heads, optional per-head q/k RMSNorm and rotary embeddings."""
+    """Causal self-attention with grouped-query heads, optional per-head q/k RMSNorm and rotary embeddings, over the
+    whole causal prefix or a sliding window (``window``: tokens including the current one; None: full)."""
 
-    def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, window: int | None = None) -> None:
         super().__init__()
+        self.window = window
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -77,10 +80,9 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin)
         if self.context_parallel is not None:
-            out = self.context_parallel(q, k, v)
+            out = self.context_parallel(q, k, v, window=self.window)
         else:
-            gqa = self.num_kv_heads != self.num_heads
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            out = causal_attention(q, k, v, self.window)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
@@ -110,7 +112,7 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.input_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
-        self.self_attn = LlamaAttention(config, dtype=dtype)
+        self.self_attn = LlamaAttention(config, dtype=dtype, window=config.attention_window(layer_idx))
         self.post_attention_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.mlp: LlamaMLP | MoELayer
         if config.moe_layer_pattern()[layer_idx]:

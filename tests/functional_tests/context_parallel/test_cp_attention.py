@@ -9,7 +9,8 @@ Every rank builds the same full ``q, k, v`` (grouped-query: 4 query heads, 2 KV 
 of its local q/k/v slices must equal the reference's rows at its positions within 1e-6 × max(1, max |reference|)
 (fp32; dv entries reach ~3 here and differ by up to ~1.2e-6 absolute: the gradient of a key sums the contributions of
 queries on other ranks in another order), with the plain causal mask and with a padding / end-of-document mask
-(``segment_ids``: three documents, then padding).
+(``segment_ids``: three documents, then padding), and with a sliding window of 11 tokens (shorter than the sequence,
+longer than a zig-zag chunk) against the one-process window attention of ``megatron_bridge.models.attention``.
 """
 
 import pytest
@@ -19,6 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from megatron_bridge.data.zigzag import zigzag_slice
 from megatron_bridge.distributed.cp_attention import ContextParallelAttention, all_gather_attention, causal_attention
+from megatron_bridge.models import attention
 from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 
 
@@ -48,19 +50,22 @@ def _cp_mesh(cp: int):  # noqa: ANN202  (DeviceMesh)
     return init_device_mesh("cpu", (world // cp, cp), mesh_dim_names=("dp", "cp"))["cp"]
 
 
-def _check(segment_ids: torch.Tensor | None, mesh) -> float:  # noqa: ANN001
+WINDOW = 11
+
+
+def _check(segment_ids: torch.Tensor | None, mesh, window: int | None = None) -> float:  # noqa: ANN001
     world, rank = mesh.size(), mesh.get_local_rank()
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(BATCH, HEADS, SEQ, DIM, generator=gen, requires_grad=True)
     k = torch.randn(BATCH, KV_HEADS, SEQ, DIM, generator=gen, requires_grad=True)
     v = torch.randn(BATCH, KV_HEADS, SEQ, DIM, generator=gen, requires_grad=True)
     grad_out = torch.randn(BATCH, HEADS, SEQ, DIM, generator=gen)
-    ref = causal_attention(q, k, v, segment_ids)
+    ref = causal_attention(q, k, v, segment_ids) if window is None else attention.causal_attention(q, k, v, window)
     ref.backward(grad_out)
 
     local = [zigzag_slice(t.detach(), world, rank, dim=2).requires_grad_() for t in (q, k, v)]
     seg = zigzag_slice(segment_ids, world, rank, dim=1) if segment_ids is not None else None
-    out = ContextParallelAttention(mesh, "all_gather")(*local, seg)
+    out = ContextParallelAttention(mesh, "all_gather")(*local, seg, window=window)
     out.backward(zigzag_slice(grad_out, world, rank, dim=2))
     failures, worst = [], 0.0
     pairs = [("out", out, ref.detach())] + [(f"d{n}", p.grad, f.grad) for n, f, p in zip("qkv", (q, k, v), local)]
@@ -81,12 +86,13 @@ def _run(cp: int) -> None:
     mesh = _cp_mesh(cp)
     plain = _check(None, mesh)
     masked = _check(_segments(), mesh)
+    windowed = _check(None, mesh, WINDOW)
     # the functional form, without the mesh wrapper, gives the same output
     rank = mesh.get_local_rank()
     x = torch.randn(1, 2, SEQ // cp, 4, generator=torch.Generator().manual_seed(rank))
     assert all_gather_attention(x, x, x, mesh.get_group(), rank).shape == x.shape
     print(f"[cp attention] CP={cp} rank {dist.get_rank()} (CP rank {rank}): max diff plain {plain:.2e}, "
-          f"masked {masked:.2e}")
+          f"masked {masked:.2e}, window {windowed:.2e}")
 
 
 def test_cp2_attention_matches_one_process(launches: LaunchGroups | None) -> None:

@@ -242,3 +242,68 @@ def test_no_cuda_graphs_and_no_deprecation_warning() -> None:
         tc = transformer_config(m, CPU)
     assert tc.cuda_graph_impl == "none" and tc.cuda_graph_modules == []  # the whole layer, as "full" meant
     assert not [w for w in caught if "cuda_graph" in str(w.message) or "scope is deprecated" in str(w.message)]
+
+
+def test_window_fields_reach_transformer_config() -> None:
+    m = tiny_llama_pretrain_config().model
+    m.window_size, m.window_attn_skip_freq = (31, 0), 2
+    tc = transformer_config(m, CPU)
+    assert tc.window_size == (31, 0) and tc.window_attn_skip_freq == 2
+    assert transformer_config(tiny_llama_pretrain_config().model, CPU).window_size is None
+
+
+NOT_MODEL_ARCHITECTURE = {
+    "family": "names the family (export, perf configs); the provider builds the same GPTModel from the other fields",
+    "max_position_embeddings": "only recorded and exported (training uses seq_length on both engines)",
+}
+"""ModelConfig fields that do not change what the model computes, with the reason."""
+REFUSED_WITH = {
+    "recompute_method": "recompute_granularity", "recompute_num_layers": "recompute_granularity",
+    "cpu_offloading_num_layers": "cpu_offloading", "cpu_offloading_activations": "cpu_offloading",
+    "cpu_offloading_weights": "cpu_offloading", "expert_tensor_parallel_size": "num_moe_experts",
+}
+"""Fields that act only together with another field megatron-core refuses (every moe_* field: num_moe_experts)."""
+
+
+def _fields_read_by(source: str, model_fields: set[str]) -> set[str]:
+    """Fields ``source`` reads as ``model.<field>``, directly or through a ModelConfig property or method."""
+    import inspect
+    import re
+
+    from megatron_bridge.config.model import ModelConfig
+
+    derived = {name: set(re.findall(r"self\.(\w+)", inspect.getsource(getattr(ModelConfig, name).fget
+                                                                     if isinstance(getattr(ModelConfig, name), property)
+                                                                     else getattr(ModelConfig, name))))
+               for name, value in vars(ModelConfig).items() if isinstance(value, property) or (
+                   callable(value) and not name.startswith("_"))}
+    read = set(re.findall(r"\bmodel\.(\w+)", source))
+    out = read & model_fields
+    for name in read & set(derived):
+        out |= derived[name] & model_fields
+    return out
+
+
+def test_every_model_field_is_mapped_to_megatron_core_or_refused_there() -> None:
+    """A ModelConfig field either reaches megatron-core (engines/megatron_core/provider.py reads it, directly or
+    through a ModelConfig property), is checked by a megatron-core rule (config/rules_engine.py names it: refused or
+    limited), acts only with a refused field, or is named above as not changing the model. A new field that is none of
+    these fails here: it would be silently ignored on that engine."""
+    import dataclasses
+    import inspect
+
+    from megatron_bridge.config import rules_engine
+    from megatron_bridge.config.model import ModelConfig
+    from megatron_bridge.engines.megatron_core import provider
+
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    mapped = _fields_read_by(inspect.getsource(provider), fields)
+    rule_source = inspect.getsource(rules_engine)
+    checked = {f for f in fields if f"model.{f}" in rule_source or f"m.{f}" in rule_source}
+    refused_moe = {f for f in fields if f.startswith("moe_") or f == "num_moe_experts"} if "model.num_moe_experts" in \
+        inspect.getsource(rules_engine._unsupported) else set()
+    dependent = {f for f, parent in REFUSED_WITH.items() if parent in checked}
+    missing = sorted(fields - mapped - checked - refused_moe - dependent - set(NOT_MODEL_ARCHITECTURE))
+    assert not missing, (f"ModelConfig fields neither mapped to megatron-core (provider.py) nor refused there "
+                         f"(rules_engine.py): {missing}")
+    assert {"window_size", "window_attn_skip_freq", "num_query_groups", "kv_channels", "vocab_size"} <= mapped

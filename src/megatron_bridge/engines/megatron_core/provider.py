@@ -17,6 +17,7 @@ num_layers_in_first/last_pipeline_stage,
 account_for_embedding/loss_in_pipeline_split,
 overlap_p2p_comm, batch_p2p_comm,
 cp_comm_type (TE attention under CP),
+window_size, window_attn_skip_freq,
 deterministic_mode
 activation="swiglu" / "gelu"                ``gated_linear_unit=True, activation_func=F.silu`` / ``False, F.gelu``
 params_dtype, pipeline_dtype (None:         ``TransformerConfig`` bf16/fp16, dtypes, FP8/FP4 fields
@@ -96,6 +97,8 @@ def transformer_config(model: "ModelConfig", device: torch.device, precision: di
         batch_p2p_comm=model.batch_p2p_comm,
         context_parallel_size=model.context_parallel_size,
         cp_comm_type=model.cp_comm_type,
+        window_size=tuple(model.window_size) if model.window_size is not None else None,
+        window_attn_skip_freq=model.window_attn_skip_freq,
         sequence_parallel=model.sequence_parallel,
         params_dtype=DTYPES[model.params_dtype],
         pipeline_dtype=DTYPES[model.pipeline_dtype or model.params_dtype],
