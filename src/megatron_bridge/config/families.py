@@ -83,10 +83,27 @@ def load_family_object(spec: FamilySpec, target: str) -> object:
         TypeError: ``target`` lies outside the family's package (a programming error in its spec).
     """
     module, _, attr = target.partition(":")
+    if not attr:
+        raise TypeError(f"{target!r} (a field of the {spec.name} family's spec) must be 'module:attr'")
+    return getattr(importlib.import_module(_inside(spec, module)), attr)
+
+
+def _inside(spec: FamilySpec, module: str) -> str:
+    """``module`` when it lies in ``spec``'s own package; TypeError otherwise."""
     package = FAMILY_PACKAGES[spec.name]
-    if not (module == package or module.startswith(package + ".")) or not attr:
-        raise TypeError(f"{target!r} (a field of the {spec.name} family's spec) must be 'module:attr' inside {package}")
-    return getattr(importlib.import_module(module), attr)
+    if module != package and not module.startswith(package + "."):
+        raise TypeError(f"{module!r} (named by the {spec.name} family's spec) must lie inside {package}")
+    return module
+
+
+def family_recipes() -> dict[str, object]:
+    """Every family folder's recipes (its recipes module's ``RECIPES``: short name → ``RecipeInfo``), in
+    registration order."""
+    out: dict[str, object] = {}
+    for spec in all_families():
+        if spec.recipes is not None:
+            out.update(importlib.import_module(_inside(spec, spec.recipes)).RECIPES)
+    return out
 
 
 def all_families() -> list[FamilySpec]:

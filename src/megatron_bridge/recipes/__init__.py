@@ -1,13 +1,13 @@
 """Recipes: plain functions returning a validated-ready ``ConfigContainer``.
 
 ``RECIPES`` maps each recipe name to its function and the world size it is laid out for (``validate()`` passes at that
-world size). Importing this package loads no torch, megatron-fsdp, megatron-core or tensorboard.
+world size), with the recipes of the model families in their own folders (``families/<name>/recipes.py``, through
+the registry); their functions are attributes of this package too. Importing this package loads no torch,
+megatron-fsdp, megatron-core or tensorboard.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.families import family_recipes
+from megatron_bridge.recipes.base import RecipeInfo
 from megatron_bridge.recipes.llama import (
     llama3_8b_16k_pretrain_config,
     llama3_8b_64k_pretrain_config,
@@ -38,14 +38,6 @@ from megatron_bridge.recipes.qwen import (
 from megatron_bridge.recipes.tiny import tiny_llama_pretrain_config, tiny_moe_pretrain_config
 
 
-@dataclass(frozen=True)
-class RecipeInfo:
-    """A registered recipe and the world size its parallel layout is meant for."""
-
-    fn: Callable[..., ConfigContainer]
-    world_size: int
-
-
 RECIPES: dict[str, RecipeInfo] = {
     "tiny_llama": RecipeInfo(tiny_llama_pretrain_config, 2),
     "tiny_moe": RecipeInfo(tiny_moe_pretrain_config, 2),
@@ -72,6 +64,7 @@ RECIPES: dict[str, RecipeInfo] = {
     "qwen3_32b": RecipeInfo(qwen3_32b_pretrain_config, 16),
     "qwen3_30b_a3b": RecipeInfo(qwen3_30b_a3b_pretrain_config, 16),
     "qwen3_235b_a22b": RecipeInfo(qwen3_235b_a22b_pretrain_config, 512),
+    **family_recipes(),
 }
 
 
@@ -87,6 +80,14 @@ def get_recipe(name: str) -> RecipeInfo:
     if key not in RECIPES:
         raise ConfigValidationError(f"unknown recipe {name!r}; known: {sorted(RECIPES)}", ("recipe",))
     return RECIPES[key]
+
+
+def __getattr__(name: str) -> object:
+    """A family folder's recipe function by its name (``megatron_bridge.recipes.mistral_7b_pretrain_config``)."""
+    for info in RECIPES.values():
+        if info.fn.__name__ == name:
+            return info.fn
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

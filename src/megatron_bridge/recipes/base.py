@@ -5,6 +5,7 @@ only what differs for its model, then applies :func:`apply_common_overrides` for
 """
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,14 @@ from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.config.optimizer import OptimizerConfig, SchedulerConfig
 from megatron_bridge.config.train import RNGConfig, TrainingConfig, ValidationConfig
 from megatron_bridge.errors import ConfigValidationError
+
+
+@dataclass(frozen=True)
+class RecipeInfo:
+    """A registered recipe and the world size its parallel layout is meant for."""
+
+    fn: Callable[..., ConfigContainer]
+    world_size: int
 
 
 DEFAULT_RUN_DIR = os.path.join("nemo_experiments", "default")

@@ -25,18 +25,22 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen3-tied": ("qwen3", {"head_dim": 16, "tie_word_embeddings": True,
                              "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
     "qwen3": ("qwen3", {"head_dim": 16, "tie_word_embeddings": False, "attention_bias": True}),
+    "mistral-window8": ("mistral", {"sliding_window": 8, "head_dim": 16, "rms_norm_eps": 1e-5,
+                                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "mistral-full": ("mistral", {"sliding_window": None}),
     "qwen3-moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                                 "norm_topk_prob": True, "mlp_only_layers": [0]}),
 }
 
 
 def hf_config(variant: str):  # noqa: ANN201  (a transformers config)
-    """The transformers config of ``variant``."""
-    from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
+    """The transformers config of ``variant``: transformers' config class of the family's HF ``model_type``."""
+    from transformers import AutoConfig
+
+    from megatron_bridge.config.families import get_family
 
     family, extra = VARIANTS[variant]
-    cls = {"llama": LlamaConfig, "qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig}[family]
-    return cls(**_BASE, **extra)
+    return AutoConfig.for_model(get_family(family).hf_model_type, **_BASE, **extra)
 
 
 def hf_model(variant: str, seed: int = 0):  # noqa: ANN201
