@@ -45,6 +45,7 @@ FAMILY_PACKAGES: dict[str, str] = {
     "llama": "megatron_bridge.families.llama",
     "qwen3": "megatron_bridge.families.qwen3",
     "qwen3_moe": "megatron_bridge.families.qwen3_moe",
+    "mistral": "megatron_bridge.families.mistral",
 }
 """Every registered family: ``model.family`` value → its folder's package. Adding a family adds one line here."""
 
