@@ -46,6 +46,7 @@ FAMILY_PACKAGES: dict[str, str] = {
     "qwen3": "megatron_bridge.families.qwen3",
     "qwen3_moe": "megatron_bridge.families.qwen3_moe",
     "mistral": "megatron_bridge.families.mistral",
+    "mixtral": "megatron_bridge.families.mixtral",
 }
 """Every registered family: ``model.family`` value → its folder's package. Adding a family adds one line here."""
 

@@ -28,6 +28,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "mistral-window8": ("mistral", {"sliding_window": 8, "head_dim": 16, "rms_norm_eps": 1e-5,
                                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
     "mistral-full": ("mistral", {"sliding_window": None}),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
     "qwen3-moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                                 "norm_topk_prob": True, "mlp_only_layers": [0]}),
 }
