@@ -127,3 +127,18 @@ def test_stray_lm_head_of_a_tied_model_is_ignored(tmp_path) -> None:  # noqa: AN
     tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     assert (_import_logits(tmp_path) - hf_logits(model, TOKENS)).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_import_then_export_is_byte_identical(variant, tmp_path) -> None:  # noqa: ANN001
+    """HF folder (written by transformers) → our checkpoint → HF folder: the same weights file, byte for byte (the
+    vocabulary padded on import and cut back on export), and the same config.json."""
+    hf_model(variant).save_pretrained(tmp_path / "src")
+    AutoBridge.import_ckpt(tmp_path / "src", tmp_path / "ck")
+    out = AutoBridge.export_ckpt(tmp_path / "ck", tmp_path / "out")
+    src, back = load_file(tmp_path / "src" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert sorted(back) == sorted(src)
+    for name, tensor in src.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
+    assert (out / "model.safetensors").read_bytes() == (tmp_path / "src" / "model.safetensors").read_bytes()
+    assert json.loads((out / "config.json").read_text()) == json.loads((tmp_path / "src" / "config.json").read_text())
