@@ -43,9 +43,11 @@ def mixtral_8x22b_pretrain_config(**overrides: Any) -> ConfigContainer:
 
 def tiny_mixtral_pretrain_config(**overrides: Any) -> ConfigContainer:
     """The tiny MoE (4 layers, hidden 128, 8 experts of width 96, top-2; expert parallelism over 2 ranks) in
-    Mixtral's form: the expert width equals ffn_hidden_size, as Mixtral's intermediate_size is both."""
+    Mixtral's form: the expert width equals ffn_hidden_size, as Mixtral's intermediate_size is both; experts whole on
+    every tensor-parallel rank (expert_tensor_parallel_size=1, as the full-size recipes)."""
     cfg = tiny_moe_pretrain_config()
-    cfg.model.family, cfg.model.ffn_hidden_size = "mixtral", cfg.model.expert_ffn_hidden_size
+    m = cfg.model
+    m.family, m.ffn_hidden_size, m.expert_tensor_parallel_size = "mixtral", m.expert_ffn_hidden_size, 1
     return apply_common_overrides(cfg, **overrides)
 
 
