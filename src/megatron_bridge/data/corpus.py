@@ -9,8 +9,9 @@ from pathlib import Path
 from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.indexed import IndexedDataset, bin_path_of, idx_path_of, indexed_dataset_exists
 from megatron_bridge.data.preprocess import output_prefix_for, preprocess_jsonl
-from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.errors import ConfigValidationError, DataError, PathError
 from megatron_bridge.utils.logging import get_logger
+from megatron_bridge.utils.paths import output_path_problem
 
 
 logger = get_logger(__name__)
@@ -70,6 +71,10 @@ def ensure_corpus_indexed(
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:10]
     name = f"{source.stem}-{digest}-{_tokenizer_tag(tokenizer_cfg)}"
     out = Path(output_dir)
+    problem = output_path_problem(out, folder=True)
+    if problem and not indexed_dataset_exists(output_prefix_for(str(out / name), "text")):
+        raise PathError(f"corpus cache folder {output_dir!r} cannot be written: {problem}; choose another folder "
+                        "(--data-cache)")
     prefix = output_prefix_for(str(out / name), "text")
     if indexed_dataset_exists(prefix):
         try:
