@@ -386,8 +386,13 @@ class AutoBridge:
             copy_assets(bridge.hf_path, folder / HF_ASSETS_DIRNAME, with_config=True)
 
         if engine == "megatron_core":
-            from megatron_bridge.bridge.engine_checkpoints import write_mcore_checkpoint
+            from megatron_bridge.bridge.engine_checkpoints import (
+                megatron_core_checkpoint_config,
+                write_mcore_checkpoint,
+            )
 
+            # refuses what that engine cannot build (MoE, ...) before any weight is read
+            megatron_core_checkpoint_config(cfg, f"import_ckpt({str(hf_model_id)!r}, engine='megatron_core')")
             write_mcore_checkpoint(dict(weights), cfg, root, overwrite, extra=assets_into)
             logger.info("imported %s (%s) into %s (megatron-core)", hf_model_id, bridge.family.name, root)
             return root
