@@ -33,6 +33,20 @@ def describe_path(path: str | Path) -> str:
     return "a regular file" if os.access(p, os.R_OK) else "a regular file that is not readable"
 
 
+def file_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be read as a file, as a predicate ("does not exist", "is a folder, not a file", "is a FIFO
+    (named pipe), not a regular file", "is a regular file that is not readable"), or None when it can."""
+    p = Path(path)
+    if p.is_file() and os.access(p, os.R_OK):
+        return None
+    what = describe_path(p)
+    if what.startswith("missing"):
+        return "does not exist" + what[len("missing"):]
+    if what.startswith("a regular file"):
+        return f"is {what}"
+    return f"is {what}, not a regular file" if what != "a folder" else "is a folder, not a file"
+
+
 def output_path_problem(path: str | Path, *, folder: bool) -> str | None:
     """Why ``path`` cannot be written as an output folder (``folder=True``) or file, or None when it can (it may
     not exist yet: its nearest existing ancestor must be a writable folder)."""
