@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags anywhere, also between the key=value overrides
     if args.compare:
         from megatron_bridge.perf.results import read_results
 

@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--debug", action="store_true", help="print tracebacks of errors (or MEGATRON_BRIDGE_DEBUG=1)")
     add_node_arguments(p)
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.train_iters=10")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # flags anywhere, also between the key=value overrides
 
 
 def build_config(args: argparse.Namespace):  # noqa: ANN201  (ConfigContainer; keep the script import-light)
@@ -43,7 +43,6 @@ def build_config(args: argparse.Namespace):  # noqa: ANN201  (ConfigContainer; k
     cfg = get_recipe(args.recipe).fn(dir=args.dir)
     if args.corpus:
         from megatron_bridge.data.corpus import ensure_corpus_indexed
-
         prefix = ensure_corpus_indexed(args.data_cache, cfg.tokenizer)
         cfg.dataset.mock, cfg.dataset.data_path = False, [prefix]
     return cfg.apply_overrides(args.config_file, args.overrides)

@@ -287,9 +287,10 @@ class AutoBridge:
     def save_hf_weights(self, model: list[nn.Module] | nn.Module, path: str | Path, show_progress: bool = True,
                         strict: bool = True, merge_adapter_weights: bool = True, distributed_save: bool = False,
                         save_every_n_ranks: int = 1, weight_dtype: torch.dtype | str | None = None, *,
-                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
+                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, overwrite: bool = False) -> None:
         """Write only the HF safetensors weights of ``model`` (sharded with an index when large) into ``path``; no
-        config or tokenizer. Collective for DTensor models; rank 0 writes (``distributed_save`` is refused)."""
+        config or tokenizer (the folder's other files stay). Weights already in ``path`` are refused (BridgeError)
+        unless ``overwrite=True``. Collective for DTensor models; rank 0 writes (``distributed_save`` is refused)."""
         import torch.distributed as dist
 
         from megatron_bridge.models.llama import params_dtype_of
@@ -303,14 +304,16 @@ class AutoBridge:
                 pass
             return
         save_hf_safetensors(Path(path), self.family, config, pairs, _dtype(weight_dtype) or params_dtype_of(config),
-                            max_shard_size)
+                            max_shard_size, overwrite)
 
     def save_megatron_model(self, model: list[nn.Module] | nn.Module, path: str | Path,
                             hf_tokenizer_path: str | Path | None = None, low_memory_save: bool = False,
-                            hf_tokenizer_kwargs: dict[str, Any] | None = None) -> None:
+                            hf_tokenizer_kwargs: dict[str, Any] | None = None, *, overwrite: bool = False) -> None:
         """Save ``model``'s weights (no optimizer state) as a model-only checkpoint at ``path``, the layout
         :meth:`import_ckpt` writes (``pretrain()`` resumes it or starts from it), with the tokenizer files of
         ``hf_tokenizer_path`` (default: this bridge's folder). Collective for DTensor models; rank 0 writes.
+        A ``path`` that holds a training run or other files is refused (CheckpointOverwriteError / BridgeError)
+        unless ``overwrite=True``, which replaces the folder whole.
         ``low_memory_save`` is accepted (the model is kept either way); ``hf_tokenizer_kwargs`` is refused (the
         tokenizer files are copied as they are)."""
         import torch.distributed as dist
@@ -322,7 +325,7 @@ class AutoBridge:
         if dist.is_initialized() and dist.get_rank() != 0:
             return
         tokenizer = Path(hf_tokenizer_path) if hf_tokenizer_path is not None else self.hf_path
-        save_model_checkpoint(weights, _config_of(model) or self._model_config, Path(path), tokenizer)
+        save_model_checkpoint(weights, _config_of(model) or self._model_config, Path(path), tokenizer, overwrite)
 
     def load_megatron_model(self, path: str | Path, *, mp_overrides: dict[str, Any] | None = None,
                             **kwargs: Any) -> list[nn.Module]:
@@ -383,8 +386,13 @@ class AutoBridge:
             copy_assets(bridge.hf_path, folder / HF_ASSETS_DIRNAME, with_config=True)
 
         if engine == "megatron_core":
-            from megatron_bridge.bridge.engine_checkpoints import write_mcore_checkpoint
+            from megatron_bridge.bridge.engine_checkpoints import (
+                megatron_core_checkpoint_config,
+                write_mcore_checkpoint,
+            )
 
+            # refuses what that engine cannot build (MoE, ...) before any weight is read
+            megatron_core_checkpoint_config(cfg, f"import_ckpt({str(hf_model_id)!r}, engine='megatron_core')")
             write_mcore_checkpoint(dict(weights), cfg, root, overwrite, extra=assets_into)
             logger.info("imported %s (%s) into %s (megatron-core)", hf_model_id, bridge.family.name, root)
             return root

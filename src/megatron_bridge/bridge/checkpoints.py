@@ -41,7 +41,7 @@ from megatron_bridge.checkpoint.reader import (
 )
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.errors import BridgeError, CheckpointError
+from megatron_bridge.errors import BridgeError, CheckpointError, CheckpointOverwriteError
 
 
 class CheckpointTensors:
@@ -200,10 +200,13 @@ def write_native_checkpoint(weights: dict[str, torch.Tensor], cfg: "ConfigContai
 
 
 def save_model_checkpoint(weights: Mapping[str, torch.Tensor], config: ModelConfig, root: Path,
-                          tokenizer_folder: Path | None) -> Path:
+                          tokenizer_folder: Path | None, overwrite: bool = False) -> Path:
     """Write ``weights`` (full tensors, our names) as a model-only checkpoint at ``root`` (``iter_0000000``, the
     layout ``import_ckpt`` writes: ``pretrain()`` resumes it or starts from it), the tokenizer files of
-    ``tokenizer_folder`` in ``hf_assets/``. Returns the committed folder."""
+    ``tokenizer_folder`` in ``hf_assets/``. The folder appears whole or not at all; a ``root`` that holds anything
+    (a training run above all: its trackers would be rewound to step 0 and its newer checkpoints deleted by the
+    next resume) is refused unless ``overwrite``, which replaces it whole. Returns the committed folder."""
+    refuse_run_folder(root, overwrite, "save_megatron_model")
     assets = root.resolve() / "iter_0000000" / HF_ASSETS_DIRNAME
     cfg = checkpoint_run_config(config, tokenizer_folder, assets)
     shapes = {name: (tuple(t.shape), t.dtype) for name, t in weights.items()}
@@ -212,7 +215,26 @@ def save_model_checkpoint(weights: Mapping[str, torch.Tensor], config: ModelConf
         if tokenizer_folder is not None:
             copy_assets(tokenizer_folder, folder / HF_ASSETS_DIRNAME, with_config=True)
 
-    return write_streaming_checkpoint(root, cfg, shapes, weights.__getitem__, extra=extra)
+    with staged_output_dir(root, overwrite=overwrite) as tmp:
+        write_streaming_checkpoint(tmp, cfg, shapes, weights.__getitem__, extra=extra)
+    return files.iteration_dir(root, 0)
+
+
+def refuse_run_folder(root: Path, overwrite: bool, call: str) -> None:
+    """CheckpointOverwriteError when ``root`` holds a training run (a tracker or committed steps) and not
+    ``overwrite``: writing a step-0 checkpoint there would rewind the run. Other non-empty folders are refused by
+    :func:`staged_output_dir`."""
+    if overwrite or not root.is_dir():
+        return
+    steps = files.list_checkpoints(root)
+    tracker = root / files.TRACKER_FILENAME
+    if not steps and not tracker.exists():
+        return
+    latest = tracker.read_bytes()[:20].decode("utf-8", "replace").strip() if tracker.is_file() else "none"
+    raise CheckpointOverwriteError(
+        f"{call}: {str(root)!r} holds a training run (latest step {latest}, committed steps {steps[-5:]}); writing "
+        "a step-0 checkpoint there would rewind its trackers and the next resume would delete its newer "
+        "checkpoints. Fix: choose a new path, or pass overwrite=True to replace the whole folder")
 
 
 class CheckpointWeights(Mapping[str, torch.Tensor]):

@@ -43,7 +43,7 @@ from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.checkpoint.saved_run import read_model_config
 from megatron_bridge.distributed.init import groups_destroyed_after
-from megatron_bridge.errors import CheckpointError
+from megatron_bridge.errors import BridgeError, CheckpointError
 
 
 if TYPE_CHECKING:
@@ -173,6 +173,23 @@ def save_one_process(state: dict[str, Any], folder: Path, content_metadata: dict
     save_config(CheckpointingConfig("torch_dist", 1), str(folder))
 
 
+def megatron_core_checkpoint_config(cfg: "ConfigContainer", caller: str = "a megatron-core checkpoint") -> \
+        "ConfigContainer":
+    """A copy of ``cfg`` with ``model.engine='megatron_core'``; BridgeError, before any weight is read or written,
+    when that engine cannot build the model's weights (MoE, ...: rule ``megatron_core_features``)."""
+    from megatron_bridge.config.rules_engine import megatron_core_weight_problems
+
+    out_cfg = copy.deepcopy(cfg)
+    out_cfg.model.engine = "megatron_core"
+    bad = megatron_core_weight_problems(out_cfg)
+    if bad:
+        what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
+        raise BridgeError(f"{caller}: {what}: not supported by model.engine='megatron_core' in this version (rule "
+                          "megatron_core_features, docs/training/engines.md), so its weights have no megatron-core "
+                          "layout; convert with engine='native' (the default), which trains this model")
+    return out_cfg
+
+
 def write_mcore_checkpoint(weights: Mapping[str, torch.Tensor], cfg: "ConfigContainer", root: str | Path,
                            overwrite: bool = False, extra: Callable[[Path], None] | None = None) -> Path:
     """Write native-named ``weights`` as a megatron-core ``torch_dist`` checkpoint of ``cfg.model`` under ``root``
@@ -182,14 +199,14 @@ def write_mcore_checkpoint(weights: Mapping[str, torch.Tensor], cfg: "ConfigCont
     the committed ``iter_0000000``.
 
     Raises:
+        BridgeError: the megatron-core engine cannot build ``cfg.model``'s weights (rule ``megatron_core_features``).
         CheckpointError: the weights do not fit ``cfg.model``, or ``root`` holds files and not ``overwrite``.
     """
     from megatron_bridge.checkpoint.save import serialize
     from megatron_bridge.checkpoint.train_state import TrainState
     from megatron_bridge.engines.megatron_core.weights import native_to_megatron_core
 
-    out_cfg = copy.deepcopy(cfg)
-    out_cfg.model.engine = "megatron_core"
+    out_cfg = megatron_core_checkpoint_config(cfg)
     with _one_process_mcore(), staged_output_dir(root, overwrite=overwrite) as tmp:
         gpt = _tp1_model(cfg.model, int(weights["embed_tokens.weight"].shape[0]))
         dtypes = {t.dtype for t in weights.values()}

@@ -3,6 +3,9 @@
 model-parallel overrides of ``load_megatron_model``, HF safetensors weights alone (``save_hf_weights``), and the
 per-parameter conversion plan (``get_conversion_tasks``)."""
 
+import os
+import shutil
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +17,11 @@ from torch import nn
 from megatron_bridge.bridge.families import ModelFamily
 from megatron_bridge.bridge.hf_writer import SafetensorsShardWriter, TensorSpec
 from megatron_bridge.bridge.weights import hf_tensor_shapes, to_hf_tensors
+from megatron_bridge.checkpoint.files import fsync_dir, fsync_tree
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.errors import BridgeError
+from megatron_bridge.errors import BridgeError, PathError
+from megatron_bridge.utils.paths import describe_path
 
 
 def checkpoint_run_config(config: ModelConfig, tokenizer_folder: Path | None, assets: Path) -> ConfigContainer:
@@ -50,18 +55,39 @@ def apply_mp_overrides(config: ModelConfig, mp_overrides: Mapping[str, Any] | No
 
 def save_hf_safetensors(path: Path, family: ModelFamily, config: ModelConfig,
                         pairs: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype,
-                        max_shard_size: int | str) -> list[str]:
+                        max_shard_size: int | str, overwrite: bool = False) -> list[str]:
     """Write the HF safetensors files (and their index when sharded) of ``pairs`` (our names, full tensors) into
-    ``path`` (created); no config or tokenizer. Returns the file names."""
+    ``path`` (created); no config or tokenizer. Other files in ``path`` stay; safetensors weights already there are
+    refused unless ``overwrite`` (then the old set is removed, stale shards included). The files are written into a
+    hidden folder inside ``path`` and moved into place only when all are complete. Returns the file names."""
+    if path.exists() and not path.is_dir():
+        raise PathError(f"save_hf_weights: {str(path)!r} is {describe_path(path)}, not a folder; choose a folder path")
+    old = sorted(p.name for p in path.glob("model*.safetensors*")) if path.is_dir() else []
+    if old and not overwrite:
+        raise BridgeError(f"save_hf_weights: {str(path)!r} already holds weights {old[:4]}; choose a new folder or "
+                          "pass overwrite=True to replace them (the folder's other files are kept)")
     path.mkdir(parents=True, exist_ok=True)
-    specs = [TensorSpec(name, shape, dtype) for name, shape in hf_tensor_shapes(family, config).items()]
-    writer = SafetensorsShardWriter(path, specs, max_shard_size)
+    stage = path / f".weights.tmp-{uuid.uuid4().hex[:12]}"
+    stage.mkdir()
     try:
-        for name, tensor in to_hf_tensors(pairs, family, config):
-            writer.add(name, tensor)
-        return writer.finish()
+        specs = [TensorSpec(name, shape, dtype) for name, shape in hf_tensor_shapes(family, config).items()]
+        writer = SafetensorsShardWriter(stage, specs, max_shard_size)
+        try:
+            for name, tensor in to_hf_tensors(pairs, family, config):
+                writer.add(name, tensor)
+            written = writer.finish()
+        finally:
+            writer.close()
+        fsync_tree(stage)
+        for name in old:
+            if name not in written:
+                (path / name).unlink(missing_ok=True)
+        for name in written:
+            os.replace(stage / name, path / name)
+        fsync_dir(path)
+        return written
     finally:
-        writer.close()
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from megatron_bridge.checkpoint import files
 from megatron_bridge.checkpoint.files import DCP_METADATA_FILENAME
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.utils.logging import get_logger
+from megatron_bridge.utils.paths import file_problem
 
 
 logger = get_logger(__name__)
@@ -143,8 +144,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 def load_torch_file(path: str | Path, what: str) -> Any:
     """``torch.load(path, weights_only=True, map_location="cpu")``; CheckpointError naming ``what`` on failure."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{what} file {str(path)!r} does not exist")
+    problem = file_problem(path)
+    if problem:
+        raise CheckpointError(f"{what} file {str(path)!r} {problem}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:

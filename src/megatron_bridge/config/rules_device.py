@@ -8,7 +8,7 @@ problem. The probes (``cuda_capability`` and
 
 from typing import TYPE_CHECKING
 
-from megatron_bridge.config.rule_registry import fail, rule
+from megatron_bridge.config.rule_registry import fail, positive, rule
 
 
 if TYPE_CHECKING:
@@ -76,3 +76,45 @@ def _output_paths(cfg: "ConfigContainer", world_size: int) -> None:
         problem = output_path_problem(value, folder=path in OUTPUT_FOLDERS) if value else None
         if problem:
             fail(f"{path}={value!r} cannot be written: {problem}", path)
+
+
+INDEX_BYTES_PER_SAMPLE = 20
+"""The least memory a real dataset's indices take per sample (``GPTDataset``: the sample index, 2 × int64, and the
+shuffle index, uint32), built whole by every rank before the first step; building them needs about three times
+that."""
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@rule("data_index_fits_memory", ("train.train_iters", "train.train_samples", "train.global_batch_size",
+                                 "dataset.mock"),
+      "With real data (dataset.mock=False), the dataset indices of the samples the run reads (20 bytes each at "
+      "least) fit this machine's memory.")
+def _data_index_fits_memory(cfg: "ConfigContainer", world_size: int) -> None:
+    from megatron_bridge.config.rules import run_samples
+
+    t, v = cfg.train, cfg.validation
+    if (cfg.dataset.mock or not positive(t.global_batch_size) or cfg.train_iters <= 0 or v.eval_iters < 0
+            or (v.eval_interval is not None and not positive(v.eval_interval))):
+        return  # mock data has no index; positive_sizes and train_length name bad sizes
+    memory = machine_memory_bytes()
+    train, valid = run_samples(cfg)
+    need = (train + valid) * INDEX_BYTES_PER_SAMPLE
+    if memory is None or need <= memory:
+        return
+    length = "train.train_samples" if t.train_samples is not None else "train.train_iters"
+    most = memory // INDEX_BYTES_PER_SAMPLE // t.global_batch_size // (2 if valid else 1)
+    gib = 1024 ** 3
+    fail(f"{length}={getattr(t, length.split('.')[1])} with train.global_batch_size={t.global_batch_size} reads "
+         f"{train} training and {valid} validation samples: with real data (dataset.mock=False) every rank builds "
+         f"dataset indices of at least {INDEX_BYTES_PER_SAMPLE} bytes per sample = {need / gib:.1f} GiB, more than "
+         f"this machine's {memory / gib:.1f} GiB of memory. Fix: lower {length} (about {most} steps fit) or "
+         "train.global_batch_size", length, "train.global_batch_size")

@@ -126,6 +126,17 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     return [(path, value, fix) for bad, path, value, fix in checks if bad]
 
 
+MEGATRON_CORE_WEIGHT_FIELDS = ("model.num_moe_experts", "model.attention_output_bias")
+"""The fields of rule ``megatron_core_features`` that change the model's weights: a megatron-core checkpoint of a
+model that sets them cannot be written (the others only refuse training on that engine)."""
+
+
+def megatron_core_weight_problems(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
+    """(field, value, fix) of the settings of rule ``megatron_core_features`` in :data:`MEGATRON_CORE_WEIGHT_FIELDS`
+    that ``cfg`` sets: what stops a conversion into a megatron-core checkpoint."""
+    return [problem for problem in _unsupported(cfg) if problem[0] in MEGATRON_CORE_WEIGHT_FIELDS]
+
+
 @rule("megatron_core_features", ("model.engine",),
       "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
       " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (DDP and FSDP2: sync or "

@@ -83,8 +83,30 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_YAML_DEPTH = 64
+"""Deepest nesting of mappings/lists a config YAML may have (configs nest 4 deep; the loader recurses per level)."""
+
+
+def _check_depth(text: str, name: str) -> None:
+    """ConfigOverrideError when ``text`` nests deeper than :data:`MAX_YAML_DEPTH` (checked on the event stream,
+    which is not recursive, before the recursive composer would overflow the stack)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                mark = event.start_mark
+                where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+                raise ConfigOverrideError(f"YAML {name} nests mappings/lists more than {MAX_YAML_DEPTH} deep{where}; a "
+                                          "config nests at most a few levels: fix the file")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def load_yaml_text(text: str, name: str = "<string>") -> Any:
-    """YAML text as plain data with the safe loader; a key repeated in one mapping is a ConfigOverrideError."""
+    """YAML text as plain data with the safe loader; a key repeated in one mapping, or nesting deeper than
+    :data:`MAX_YAML_DEPTH`, is a ConfigOverrideError."""
+    _check_depth(text, name)
     loader = _UniqueKeyLoader(text)
     loader.name = name
     try:
@@ -96,9 +118,26 @@ def load_yaml_text(text: str, name: str = "<string>") -> Any:
 def _load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise ConfigOverrideError(f"config file {str(path)!r} does not exist")
+        from megatron_bridge.utils.paths import describe_path
+
+        what = describe_path(path)
+        if what == "missing":
+            raise ConfigOverrideError(f"config file {str(path)!r} does not exist")
+        raise ConfigOverrideError(f"config file {str(path)!r} cannot be read: it is {what}, not a YAML file")
     try:
-        data = load_yaml_text(path.read_text(), repr(str(path)))
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigOverrideError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigOverrideError(
+            f"config file {str(path)!r} is not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}, column "
+            f"{column} ({raw[max(0, exc.start - 12):exc.start + 4]!r}); save the file as UTF-8") from None
+    try:
+        data = load_yaml_text(text, repr(str(path)))
     except yaml.YAMLError as exc:
         raise ConfigOverrideError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
     if data is None:
@@ -125,9 +164,24 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
         if key not in names:
             hint = difflib.get_close_matches(str(key), names, n=1)
             suggestion = f" (did you mean '{prefix}{hint[0]}'?)" if hint else ""
-            raise ConfigOverrideError(f"unknown config key '{path}'{suggestion}")
+            raise ConfigOverrideError(f"unknown config key '{path}'{_odd_characters(str(key))}{suggestion}")
         kwargs[key] = _coerce(value, hints[key], path)
     return cls(**kwargs)
+
+
+def _odd_characters(key: str) -> str:
+    """Names the characters of ``key`` that are not ASCII (a look-alike letter such as Cyrillic 'а' pasted into a
+    key reads like the right key), e.g. " (key 'trаin' contains U+0430 CYRILLIC SMALL LETTER A at character 3; ...)";
+    "" if none."""
+    import unicodedata
+
+    odd = [(i, ch) for i, ch in enumerate(key, start=1) if not ch.isascii()]
+    if not odd:
+        return ""
+    named = ", ".join(f"U+{ord(ch):04X} {unicodedata.name(ch, 'UNNAMED CHARACTER')} at character {i}"
+                      for i, ch in odd[:3])
+    more = f" and {len(odd) - 3} more" if len(odd) > 3 else ""
+    return f" (key {key!r} contains {named}{more}; config keys are ASCII: retype it)"
 
 
 def _check_target(value: Any, cls: type, path: str) -> None:

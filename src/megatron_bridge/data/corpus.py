@@ -9,8 +9,9 @@ from pathlib import Path
 from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.indexed import IndexedDataset, bin_path_of, idx_path_of, indexed_dataset_exists
 from megatron_bridge.data.preprocess import output_prefix_for, preprocess_jsonl
-from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.errors import ConfigValidationError, DataError, PathError
 from megatron_bridge.utils.logging import get_logger
+from megatron_bridge.utils.paths import file_problem, output_path_problem
 
 
 logger = get_logger(__name__)
@@ -62,14 +63,18 @@ def ensure_corpus_indexed(
     """
     tokenizer_cfg = tokenizer_cfg or TokenizerConfig(tokenizer_type="byte")
     source = Path(corpus_path) if corpus_path else default_corpus_path()
-    if not source.is_file():
+    if file_problem(source):
         raise DataError(
-            f"corpus file {str(source)!r} not found; run from a source checkout of megatron-bridge or set "
+            f"corpus file {str(source)!r} {file_problem(source)}; run from a source checkout of megatron-bridge or set "
             f"${CORPUS_ENV_VAR} to the path of data/corpus/{CORPUS_FILENAME}"
         )
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:10]
     name = f"{source.stem}-{digest}-{_tokenizer_tag(tokenizer_cfg)}"
     out = Path(output_dir)
+    problem = output_path_problem(out, folder=True)
+    if problem and not indexed_dataset_exists(output_prefix_for(str(out / name), "text")):
+        raise PathError(f"corpus cache folder {output_dir!r} cannot be written: {problem}; choose another folder "
+                        "(--data-cache)")
     prefix = output_prefix_for(str(out / name), "text")
     if indexed_dataset_exists(prefix):
         try:

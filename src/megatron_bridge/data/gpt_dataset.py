@@ -86,6 +86,25 @@ def build_sample_index(
     return np.stack([doc_pos, offsets], axis=1).astype(np.int64)
 
 
+def index_build_bytes(document_entries: int, samples: int) -> int:
+    """The peak memory of building a GPTDataset's indices: per document entry the int32 document index and two int64
+    temporaries (lengths, their running sum); per sample the int64 positions, document positions and offsets, the
+    stacked [n, 2] index and its copy, and the shuffle index."""
+    return document_entries * (4 + 8 + 8) + (samples + 1) * (8 + 8 + 8 + 16 + 16 + 8)
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def build_shuffle_index(num_samples: int, total_size: int, rng: np.random.RandomState) -> np.ndarray:
     """A permutation of ``[0, num_samples)`` followed by one of ``[num_samples, total_size)``."""
     dtype = np.uint32 if total_size < np.iinfo(np.uint32).max - 1 else np.int64
@@ -197,9 +216,10 @@ class GPTDataset(torch.utils.data.Dataset):
             from_final = self.num_samples - sans_final
             per_epoch_samples = (per_epoch - 1) // self.seq_length
             separate_final_epoch = from_final < int(SEPARATE_FINAL_EPOCH_THRESHOLD * per_epoch_samples)
+        total = (num_epochs * per_epoch - 1) // self.seq_length
+        self._check_index_memory(num_epochs * len(self.indexed_indices), total)
         rng = np.random.RandomState(self.random_seed)
         document_index = build_document_index(self.indexed_indices, num_epochs, rng, separate_final_epoch)
-        total = (num_epochs * per_epoch - 1) // self.seq_length
         sample_index = build_sample_index(self.indexed.sequence_lengths, document_index, self.seq_length, total)
         first = sans_final if separate_final_epoch else total
         shuffle_index = build_shuffle_index(first, total, rng)
@@ -207,6 +227,20 @@ class GPTDataset(torch.utils.data.Dataset):
             "%s split of %s: %d samples over %d epochs", self.split_name, self.indexed.path_prefix, total, num_epochs
         )
         return document_index, sample_index, shuffle_index
+
+    def _check_index_memory(self, document_entries: int, samples: int) -> None:
+        """DataError, before anything is allocated, when building the indices would need more memory than this
+        machine has available (:func:`index_build_bytes`)."""
+        need, available = index_build_bytes(document_entries, samples), available_memory_bytes()
+        if available is None or need <= available:
+            return
+        gib = 1024 ** 3
+        raise DataError(
+            f"the {self.split_name} split of {self.indexed.path_prefix!r} is asked for {self.num_samples} samples "
+            f"({samples} samples over {document_entries} document entries, {self._num_epochs()} epochs): building its "
+            f"indices needs about {need / gib:.1f} GiB, more than the {available / gib:.1f} GiB of memory available. "
+            "Fix: lower train.train_iters (or train.train_samples, train.global_batch_size; for the valid split "
+            "validation.eval_iters), or use more data per epoch")
 
     def _description(self) -> str:
         idx = self.indexed_indices

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from megatron_bridge.errors import DataError
+from megatron_bridge.utils.paths import describe_path
 
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -184,7 +185,18 @@ class IndexedDataset:
         idx_path, bin_path = idx_path_of(self.path_prefix), bin_path_of(self.path_prefix)
         for p in (idx_path, bin_path):
             if not os.path.isfile(p):
-                raise DataError(f"indexed dataset file {p!r} does not exist")
+                what = describe_path(p)
+                if what == "missing":
+                    raise DataError(f"indexed dataset file {p!r} does not exist")
+                raise DataError(f"indexed dataset file {p!r} cannot be read: it is {what}, not a regular file")
+        try:
+            self._open_files(idx_path, bin_path)
+        except OSError as exc:
+            where = exc.filename if exc.filename else f"{idx_path} / {bin_path}"
+            raise DataError(f"indexed dataset file {where!r} cannot be read: {exc.strerror or exc}; check its "
+                            "permissions (it must be readable by the user running the job)") from None
+
+    def _open_files(self, idx_path: str, bin_path: str) -> None:
         idx_size = os.path.getsize(idx_path)
         with open(idx_path, "rb") as f:
             header = f.read(HEADER_SIZE)

@@ -28,6 +28,7 @@ from megatron_bridge.data.tokenizers import Tokenizer
 from megatron_bridge.data.zigzag import ContextParallelCollate
 from megatron_bridge.errors import DataError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
+from megatron_bridge.utils.paths import file_problem
 
 
 logger = get_logger(__name__)
@@ -76,9 +77,9 @@ def parse_data_path(data_path: list[str]) -> tuple[list[str], list[float] | None
 
 def _open_indexed(prefix: str) -> IndexedDataset:
     if not indexed_dataset_exists(prefix):
-        missing = [p for p in (bin_path_of(prefix), idx_path_of(prefix)) if not os.path.isfile(p)]
+        bad = next(p for p in (bin_path_of(prefix), idx_path_of(prefix)) if not os.path.isfile(p))
         raise DataError(
-            f"dataset.data_path entry {prefix!r}: missing file {missing[0]!r}; data_path entries are prefixes of "
+            f"dataset.data_path entry {prefix!r}: {bad!r} {file_problem(bad)}; data_path entries are prefixes of "
             ".bin/.idx pairs (e.g. out/corpus_text_document), written by scripts/data/preprocess_data.py."
         )
     return IndexedDataset(prefix)

@@ -12,9 +12,10 @@ from pathlib import Path
 from megatron_bridge.config.data import TokenizerConfig
 from megatron_bridge.data.indexed import IndexedDatasetBuilder, bin_path_of, idx_path_of, optimal_dtype
 from megatron_bridge.data.tokenizers import Tokenizer, build_tokenizer
-from megatron_bridge.errors import ConfigValidationError, DataError
+from megatron_bridge.errors import ConfigValidationError, DataError, PathError
 from megatron_bridge.utils.atomic import owned_temporary_sibling, remove_path, remove_stale_temporaries
 from megatron_bridge.utils.logging import get_logger
+from megatron_bridge.utils.paths import describe_path, output_path_problem
 
 
 logger = get_logger(__name__)
@@ -84,13 +85,41 @@ def _worker_encode(args: tuple[str, int, str, tuple[str, ...], bool]) -> dict[st
 
 
 def _read_lines(path: str) -> Iterator[tuple[int, str]]:
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")  # noqa: SIM115  (closed by the with below)
+    except OSError as exc:
+        raise DataError(f"input file {path!r} cannot be read: {_os_reason(exc)}") from None
+    with f:
         for lineno, raw in enumerate(f, start=1):
             try:
                 yield lineno, raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start} of the line: "
                                 f"{raw[max(0, e.start - 8):e.start + 8]!r}); convert the file to UTF-8") from None
+
+
+def _os_reason(exc: OSError) -> str:
+    where = f" ({exc.filename!r})" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
+
+
+def _check_input(input_path: str) -> None:
+    """DataError unless ``input_path`` is a readable regular file, naming what it is instead."""
+    if Path(input_path).is_file() and os.access(input_path, os.R_OK):
+        return
+    what = describe_path(input_path)
+    if what == "missing":
+        raise DataError(f"input file {input_path!r} does not exist")
+    raise DataError(f"input file {input_path!r} cannot be read: it is {what}; give a readable JSONL file")
+
+
+def _check_output_folder(output_prefix: str) -> None:
+    """PathError when the folder of ``output_prefix`` cannot be created or written (before any work)."""
+    folder = Path(output_prefix).parent
+    problem = output_path_problem(folder, folder=True)
+    if problem:
+        raise PathError(f"output prefix {output_prefix!r} cannot be written: its folder {str(folder)!r}: {problem}; "
+                        "choose another --output-prefix")
 
 
 def _check_outputs(prefixes: dict[str, str], overwrite: bool) -> None:
@@ -140,8 +169,7 @@ def preprocess_jsonl(
             valid UTF-8, not a JSON object with string values at json_keys, or text that cannot be encoded (file and
             line number named).
     """
-    if not Path(input_path).is_file():
-        raise DataError(f"input file {input_path!r} does not exist")
+    _check_input(input_path)
     if workers < 1:
         raise ConfigValidationError(f"workers={workers} must be >= 1")
     keys = tuple(json_keys)
@@ -151,6 +179,7 @@ def preprocess_jsonl(
     tokenizer = build_tokenizer(tokenizer_cfg)
     dtype = optimal_dtype(tokenizer.vocab_size)
     prefixes = {k: output_prefix_for(output_prefix, k) for k in keys}
+    _check_output_folder(output_prefix)
     _check_outputs(prefixes, overwrite)
     for p in prefixes.values():
         for stale in (*remove_stale_temporaries(bin_path_of(p)), *remove_stale_temporaries(idx_path_of(p))):
@@ -185,12 +214,15 @@ def preprocess_jsonl(
         for k in prefixes:
             builders[k].finalize(tmp[k][1])
         _publish(prefixes, tmp)
-    except BaseException:
+    except BaseException as exc:
         for b in builders.values():
             b.abort()
         for paths in tmp.values():  # also a .bin opened by a builder interrupted before it was recorded
             for path in paths:
                 remove_path(path)
+        if isinstance(exc, OSError) and not isinstance(exc, DataError):
+            raise DataError(f"preprocessing {input_path!r} into {output_prefix!r} failed: {_os_reason(exc)}; "
+                            "nothing written") from exc
         raise
     finally:
         if pool is not None:

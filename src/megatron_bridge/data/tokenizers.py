@@ -17,6 +17,7 @@ from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.config.rules_data import RESERVED_TOKENS, TOKENIZER_RULES
 from megatron_bridge.errors import ConfigValidationError, DataError
 from megatron_bridge.utils.logging import get_logger, warn_once
+from megatron_bridge.utils.paths import file_problem
 
 
 logger = get_logger(__name__)
@@ -140,9 +141,10 @@ class HuggingFaceTokenizer(Tokenizer):
         from tokenizers import Tokenizer as _HFTokenizer
 
         path = Path(tokenizer_file)
-        if not path.is_file():
+        problem = file_problem(path)
+        if problem:
             raise DataError(
-                f"tokenizer.tokenizer_file={tokenizer_file!r} does not exist; give the path of a Hugging Face "
+                f"tokenizer.tokenizer_file={tokenizer_file!r} {problem}; give the path of a Hugging Face "
                 "tokenizer.json."
             )
         try:

@@ -92,3 +92,47 @@ def check_forward_step_signature(forward_step_func: Callable[..., Any]) -> None:
 def call_forward_step(step: Callable[..., Any], state: Any, data_iterator: Iterator[Any], model: nn.Module) -> Any:
     """Call ``step`` in any form of the module docstring: with ``state`` first when it takes it."""
     return prepare_forward_step_func(step, state)(data_iterator, model)
+
+
+FORWARD_STEP_RETURNS = ("a forward step must return (output_tensor, loss_func), where loss_func(output_tensor) "
+                        "returns (loss_sum, num_tokens, report) — e.g. `return model(tokens, ...), "
+                        "partial(loss_func, loss_mask)` as megatron_bridge.training.gpt_step.forward_step does")
+"""What a forward step returns, for the errors about a step that returns something else."""
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"a {type(value).__name__} of shape {list(value.shape)}"
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)} item(s): {', '.join(type(v).__name__ for v in value[:4])}"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def forward_step_result(result: Any, step: Callable[..., Any]) -> tuple[Any, Callable[..., Any]]:
+    """``(output_tensor, loss_func)`` from what ``step`` returned.
+
+    Raises:
+        ForwardStepError: the step returned something else (None, a tensor, a number, a loss function that is not
+            callable), naming what it returned and what a forward step must return.
+    """
+    if isinstance(result, tuple | list) and len(result) == 2 and callable(result[1]):
+        return result[0], result[1]
+    func = getattr(step, "func", step)  # a partial binding the state
+    name = getattr(func, "__qualname__", type(func).__name__)
+    raise ForwardStepError(f"forward_step_func {name} returned {_describe(result)}; {FORWARD_STEP_RETURNS}")
+
+
+def loss_func_result(result: Any, loss_func: Callable[..., Any]) -> tuple[Any, Any, Any]:
+    """``(loss_sum, num_tokens, report)`` from what a forward step's ``loss_func`` returned.
+
+    Raises:
+        ForwardStepError: it returned something else, naming what and the form expected.
+    """
+    if isinstance(result, tuple | list) and len(result) == 3:
+        return result[0], result[1], result[2]
+    func = getattr(loss_func, "func", loss_func)
+    name = getattr(func, "__qualname__", type(func).__name__)
+    raise ForwardStepError(f"the loss_func {name} of the forward step returned {_describe(result)}; "
+                           f"{FORWARD_STEP_RETURNS}")

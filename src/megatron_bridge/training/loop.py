@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from megatron_bridge.errors import TrainingError
 from megatron_bridge.training.callbacks import fire
+from megatron_bridge.training.forward_step_forms import forward_step_result, loss_func_result
 from megatron_bridge.training.metrics import StepMetrics
 from megatron_bridge.training.tensorboard import peak_memory_bytes
 from megatron_bridge.training.timers import Timer
@@ -128,8 +129,8 @@ def _accumulate(ctx: Any, forward_step_func: Callable[..., Any], batches: list[d
     for i, batch in enumerate(batches):
         with backend.grad_sync_context(is_last_microbatch=i == n_micro - 1):
             with timers("forward-compute"), backend.forward_context():
-                output, loss_func = forward_step_func(iter([batch]), ctx.model)
-                micro_loss, micro_tokens, report = loss_func(output)
+                output, loss_func = forward_step_result(forward_step_func(iter([batch]), ctx.model), forward_step_func)
+                micro_loss, micro_tokens, report = loss_func_result(loss_func(output), loss_func)
             _add_report(report_sums, report)
             if global_tokens is not None:
                 scaled = micro_loss * (ctx.dp_size * ctx.cp_size / global_tokens)
@@ -208,8 +209,8 @@ def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dic
             token_sum += step_tokens
     for _ in range(0 if ctx.pipeline is not None else ctx.cfg.validation.eval_iters * n_micro):
         with ctx.backend.forward_context():
-            output, loss_func = forward_step_func(data, ctx.model)
-            micro_loss, micro_tokens, _ = loss_func(output)
+            output, loss_func = forward_step_result(forward_step_func(data, ctx.model), forward_step_func)
+            micro_loss, micro_tokens, _ = loss_func_result(loss_func(output), loss_func)
         loss_sum += float(micro_loss)
         token_sum += float(micro_tokens)
     for chunk in ctx.backend.chunks:

@@ -3,6 +3,7 @@ a kernel file system (``/proc``, ``/sys``, ``/dev``), or a file where a folder i
 with the reason, instead of failing deep inside a run with ``NotADirectoryError``. Pure ``os.path`` (no torch)."""
 
 import os
+import stat
 from pathlib import Path
 
 from megatron_bridge.errors import PathError
@@ -10,6 +11,40 @@ from megatron_bridge.errors import PathError
 
 KERNEL_FILE_SYSTEMS = ("/proc", "/sys", "/dev")
 """Folders whose files are the kernel's, not storage: never an output."""
+
+
+def describe_path(path: str | Path) -> str:
+    """What ``path`` is, in words: "missing", "a broken symbolic link", "a folder", "a FIFO (named pipe)", "a
+    socket", "a character device", "a block device", "a regular file" or "a regular file that is not readable"."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        return "a broken symbolic link" if p.is_symlink() else "missing"
+    except NotADirectoryError:
+        return "missing (a parent of it is a file, not a folder)"
+    except PermissionError:
+        return "not reachable (a parent folder is not readable)"
+    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return words
+    return "a regular file" if os.access(p, os.R_OK) else "a regular file that is not readable"
+
+
+def file_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be read as a file, as a predicate ("does not exist", "is a folder, not a file", "is a FIFO
+    (named pipe), not a regular file", "is a regular file that is not readable"), or None when it can."""
+    p = Path(path)
+    if p.is_file() and os.access(p, os.R_OK):
+        return None
+    what = describe_path(p)
+    if what.startswith("missing"):
+        return "does not exist" + what[len("missing"):]
+    if what.startswith("a regular file"):
+        return f"is {what}"
+    return f"is {what}, not a regular file" if what != "a folder" else "is a folder, not a file"
 
 
 def output_path_problem(path: str | Path, *, folder: bool) -> str | None:
@@ -53,12 +88,8 @@ def check_input_file(path: str | Path, what: str) -> Path:
     absolute = Path(os.path.abspath(str(p)))
     if any(absolute == Path(k) or Path(k) in absolute.parents for k in KERNEL_FILE_SYSTEMS):
         why = "it is in a kernel file system, not a file written by this library"
-    elif not p.exists():
-        why = "it does not exist"
-    elif not p.is_file():
-        why = "it is not a regular file"
-    elif not os.access(p, os.R_OK):
-        why = "it is not readable"
+    elif not p.is_file() or not os.access(p, os.R_OK):
+        why = f"it is {describe_path(p)}" if p.exists() or p.is_symlink() else "it does not exist"
     else:
         return p
     raise PathError(f"{what}={str(path)!r} cannot be read: {why}")

@@ -256,6 +256,10 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
     "fp8_local_compat": (lambda cfg: (_emulated_fp8(cfg), _set(quantization__quant_cfg="int8")(cfg)), 1,
                          "quantization.quant_cfg",
                          lambda cfg: (_emulated_fp8(cfg), _set(dist__use_torch_fsdp2=True)(cfg))),
+    "data_index_fits_memory": (_set(dataset__mock=False, dataset__data_path=["/tmp/corpus_text_document"],
+                                    train__train_iters=2**31 - 1, train__global_batch_size=2**20), 1,
+                               "train.train_iters",  # 2**51 samples: no machine holds their index
+                               _set(train__train_iters=2**31 - 1, train__global_batch_size=2**20)),  # mock: no index
     "output_paths": (_set(checkpoint__save="/proc/self/ckpt"), 1, "checkpoint.save",
                      _set(checkpoint__save="/tmp/megatron_bridge_rules_case/ckpt")),
     "nccl_needs_cuda": (_set(dist__distributed_backend="nccl"), 1, "dist.distributed_backend",

@@ -121,3 +121,26 @@ def test_split_parsing() -> None:
     for bad in ("", "a,b", "1,2,3,4", "-1,2", "0,0,0"):
         with pytest.raises(ConfigValidationError, match="dataset.split"):
             parse_split(bad)
+
+
+def test_indices_that_cannot_fit_the_memory_are_refused_before_allocation(
+        make_indexed: Callable[..., str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45, item 7: ``train.train_iters=2**31-1`` asked numpy for tens of GiB; now a DataError comes first."""
+    from megatron_bridge.data import gpt_dataset
+
+    prefix = make_indexed("huge", random_docs(20, seed=3, eod=EOD))
+    allocations: list[int] = []
+    build = gpt_dataset.build_document_index
+    monkeypatch.setattr(gpt_dataset, "build_document_index", lambda *a: (allocations.append(1), build(*a))[1])
+    monkeypatch.setattr(gpt_dataset, "available_memory_bytes", lambda: 64 * 2**30)  # a 64 GiB machine
+    with pytest.raises(DataError, match=r"train split of .*huge' is asked for 34359738352 samples .*building its "
+                       r"indices needs about \d+\.\d GiB, more than the 64.0 GiB of memory available. Fix: lower "
+                       r"train.train_iters"):
+        _dataset(prefix, (2**31 - 1) * 16)
+    assert allocations == []
+    monkeypatch.setattr(gpt_dataset, "available_memory_bytes", lambda: 10 * 2**20)  # 10 MiB left
+    with pytest.raises(DataError, match="more than the 0.0 GiB of memory available"):
+        _dataset(prefix, 200_000)
+    assert allocations == []
+    monkeypatch.setattr(gpt_dataset, "available_memory_bytes", lambda: None)  # no /proc/meminfo: not checked
+    assert len(_dataset(prefix, 200_000)) >= 200_000 and allocations  # built (recursively, in epochs)

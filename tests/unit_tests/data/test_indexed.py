@@ -8,6 +8,7 @@ GPTDataset indices/samples and blending indices identical to mcore's (see test_g
 Rerun it with scripts/data/check_megatron_core_compat.py. This file pins the layout by hand, so CI needs no mcore.
 """
 
+import os
 import pickle
 import struct
 from collections.abc import Callable
@@ -127,6 +128,39 @@ def test_missing_files(make_indexed: Callable[..., str]) -> None:
     prefix = make_indexed("gone", DOCS)
     Path(prefix + ".bin").unlink()
     with pytest.raises(DataError, match=r"gone\.bin.*does not exist"):
+        IndexedDataset(prefix)
+
+
+@pytest.mark.parametrize(("suffix", "make", "what"), [
+    (".bin", lambda p: p.mkdir(), "a folder"),
+    (".idx", lambda p: os.mkfifo(p), r"a FIFO \(named pipe\)"),
+])
+def test_a_file_that_is_not_regular_says_what_it_is(suffix: str, make, what: str,  # noqa: ANN001
+                                                    make_indexed: Callable[..., str]) -> None:
+    prefix = make_indexed(f"odd{suffix[1:]}", DOCS)
+    Path(prefix + suffix).unlink()
+    make(Path(prefix + suffix))
+    with pytest.raises(DataError, match=rf"{suffix}' cannot be read: it is {what}, not a regular file"):
+        IndexedDataset(prefix)
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".idx"])
+def test_an_unreadable_file_is_a_data_error(suffix: str, make_indexed: Callable[..., str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``chmod 000`` gives a non-root user (root reads every file, so ``open``/``mmap`` refuse here)."""
+    import builtins
+
+    prefix = make_indexed(f"locked{suffix[1:]}", DOCS)
+    locked = prefix + suffix
+    real_open, real_memmap = builtins.open, np.memmap
+
+    def refuse(path: object) -> None:
+        if str(path) == locked:
+            raise PermissionError(13, "Permission denied", locked)
+
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: (refuse(f), real_open(f, *a, **k))[1])
+    monkeypatch.setattr(np, "memmap", lambda f, *a, **k: (refuse(f), real_memmap(f, *a, **k))[1])
+    with pytest.raises(DataError, match=rf"{suffix}' cannot be read: Permission denied; check its permissions"):
         IndexedDataset(prefix)
 
 

@@ -74,7 +74,7 @@ def test_launch_output_dir(where: str, a_file: Path, capsys: pytest.CaptureFixtu
 
 @pytest.mark.parametrize(("make", "why"), [
     (lambda d: d / "missing.json", "cannot be read: it does not exist"),
-    (lambda d: d, "cannot be read: it is not a regular file"),
+    (lambda d: d, "cannot be read: it is a folder"),
     (lambda d: _write(d / "notes.txt", "plain text"), "is not a results file (not JSON"),
     (lambda d: _write(d / "other.json", json.dumps({"name": "x"})), "is not a results file: it has none of"),
 ])

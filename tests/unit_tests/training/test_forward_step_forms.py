@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from megatron_bridge.errors import ForwardStepError
 from megatron_bridge.training.forward_step_forms import (
     call_forward_step,
     check_forward_step_signature,
+    forward_step_result,
+    loss_func_result,
     needs_global_state_injection,
     prepare_forward_step_func,
 )
@@ -135,3 +138,43 @@ def test_pretrain_takes_megatron_bridge_keywords_and_refuses_unfit_step_before_b
     result = pretrain(config=cfg("ran"), forward_step_func=step, callbacks=[])
     assert result.final_step == 1 and seen
     assert all(isinstance(s, TrainingContext) and rsp is False for s, rsp in seen)
+
+
+@pytest.mark.parametrize(("returned", "described"), [
+    (None, "None"),
+    (torch.zeros(2, 3), r"a Tensor of shape \[2, 3\]"),
+    (1.5, "float 1.5"),
+    ((torch.zeros(()), "not callable"), "a tuple of 2 item"),
+], ids=["none", "tensor", "float", "loss_func_not_callable"])
+def test_a_step_that_returns_the_wrong_thing_is_named(returned: Any, described: str) -> None:
+    """Issue 45, item 7: the error names the step, what it returned and what a forward step must return."""
+    def my_step(data_iterator: Any, model: Any) -> Any:
+        return returned
+
+    with pytest.raises(ForwardStepError, match=rf"forward_step_func .*my_step returned {described}.*a forward step "
+                       r"must return \(output_tensor, loss_func\)"):
+        forward_step_result(my_step(DATA, MODEL), partial(my_step))
+
+
+def test_a_loss_func_that_returns_the_wrong_thing_is_named() -> None:
+    def my_loss(output: Any) -> Any:
+        return output.sum()
+
+    assert loss_func_result((1, 2, {}), my_loss) == (1, 2, {})
+    with pytest.raises(ForwardStepError, match=r"the loss_func .*my_loss of the forward step returned a Tensor of "
+                       r"shape \[\]; .*returns \(loss_sum, num_tokens, report\)"):
+        loss_func_result(my_loss(torch.ones(2)), my_loss)
+
+
+@pytest.mark.parametrize("returned", [None, "tensor", 1.5])
+def test_pretrain_names_a_step_that_returns_the_wrong_thing(returned: Any, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from megatron_bridge.recipes import tiny_llama_pretrain_config
+    from megatron_bridge.training.pretrain import pretrain
+
+    monkeypatch.chdir(tmp_path)
+    value = torch.zeros(()) if returned == "tensor" else returned
+    config = tiny_llama_pretrain_config(dir=str(tmp_path / "run"), train_iters=1)
+    config.checkpoint.save = None
+    with pytest.raises(ForwardStepError, match="returned .*; a forward step must return"):
+        pretrain(config=config, forward_step_func=lambda data_iterator, model: value)
