@@ -87,6 +87,7 @@ def compare_phases(tmp_path: Path) -> None:
     assert (tmp_path / "straight" / "latest_checkpointed_iteration.txt").read_text().strip() == str(2 * N)
 
 
+@pytest.mark.support_cells("llama:resume")
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
 def test_resume_is_bit_identical(phases, backend):
     if is_worker():

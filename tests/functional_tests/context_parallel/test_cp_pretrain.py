@@ -146,6 +146,7 @@ def _run_and_compare(cfg: ConfigContainer, label: str) -> None:
     assert_matches_reference(result, weights.weights, loss_rtol=LOSS_RTOL, weight_atol=WEIGHT_ATOL, label=label)
 
 
+@pytest.mark.support_cells("llama:cp")
 def test_cp2_ddp_pretrain_matches_reference(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_cp2_ddp_pretrain_matches_reference")  # type: ignore[union-attr]

@@ -204,6 +204,7 @@ def pretrain_reference(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     return run_reference(_pretrain_config(1), tmp_path_factory.mktemp("tp_reference"))
 
 
+@pytest.mark.support_cells("llama:tp")
 def test_tp_pretrain_matches_reference(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_tp_pretrain_matches_reference")  # type: ignore[union-attr]

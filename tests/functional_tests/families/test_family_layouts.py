@@ -91,6 +91,21 @@ def _check_resume(family: str, root: Path) -> None:
     assert resumed.steps == [3, 4] and resumed.losses == full.losses[2:], (full.losses, resumed.losses)
 
 
+@pytest.mark.support_cells("mistral:ddp",
+                            "mistral:fsdp2",
+                            "mistral:megatron_fsdp",
+                            "mistral:tp",
+                            "mistral:pp",
+                            "mistral:cp",
+                            "mistral:resume",
+                            "mixtral:ddp",
+                            "mixtral:fsdp2",
+                            "mixtral:tp",
+                            "mixtral:pp",
+                            "mixtral:cp",
+                            "mixtral:ep",
+                            "mixtral:resume",
+                            "mixtral:megatron_fsdp!moe_backend")
 def test_tiny_families_train_on_every_layout(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_tiny_families_train_on_every_layout")  # type: ignore[union-attr]

@@ -164,6 +164,7 @@ def test_two_ranks_match_one_process(layout: str, reference: Path | None, launch
         train_and_record(LAYOUTS[layout], str(Path(os.environ["MB_MCORE_DIR"]) / f"{layout}.json"))
 
 
+@pytest.mark.support_cells("llama:megatron_core")
 def test_native_engine_matches_megatron_core_from_the_same_weights(reference: Path | None) -> None:
     """Cross-engine parity (TP=1, fp32): the native engine started from the megatron-core model's initial weights
     (mapped names and fused layouts) gives the same per-step losses on the same data."""

@@ -174,6 +174,7 @@ class TestMegatronFSDP:
         print(f"[resume] backend=megatron_fsdp full={full} resumed={resumed}")
 
     @needs_no_cuda
+    @pytest.mark.support_cells("llama:megatron_fsdp")
     @pytest.mark.parametrize("strategy", STRATEGIES)
     def test_cpu_harness_parity_with_ddp(self, strategy: str, launches: LaunchGroups | None) -> None:
         """Every sharding strategy (meta-device init where it applies) trains like one DDP process."""

@@ -137,6 +137,7 @@ def run_and_compare(label: str, **overrides: Any) -> list[float]:
     return result.losses
 
 
+@pytest.mark.support_cells("llama:pp")
 def test_pp2_1f1b_ddp(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_pp2_1f1b_ddp")

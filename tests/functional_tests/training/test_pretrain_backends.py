@@ -103,6 +103,7 @@ def _assert_timer_and_memory_tags(folder: Path) -> None:
     assert [e.value for e in events.Scalars("world-size")] == [2.0] * 8
     assert all(e.value > 0 for e in events.Scalars("forward-backward-time"))
 
+@pytest.mark.support_cells("llama:ddp")
 def test_ddp_pretrain_basic(launches: tuple[LaunchGroups, LaunchGroups] | None) -> None:
     if not is_worker():
         launches[0].check("test_ddp_pretrain_basic")  # type: ignore[index]
@@ -110,6 +111,7 @@ def test_ddp_pretrain_basic(launches: tuple[LaunchGroups, LaunchGroups] | None) 
     _run_and_compare(use_fsdp2=False)
 
 
+@pytest.mark.support_cells("llama:fsdp2")
 def test_fsdp2_pretrain_basic(launches: tuple[LaunchGroups, LaunchGroups] | None) -> None:
     if not is_worker():
         launches[0].check("test_fsdp2_pretrain_basic")  # type: ignore[index]
