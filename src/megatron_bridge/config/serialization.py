@@ -7,7 +7,6 @@ of the wrong type is a :class:`~megatron_bridge.errors.ConfigOverrideError` nami
 """
 
 import dataclasses
-import difflib
 import types
 import typing
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
+from megatron_bridge.config.declared import unknown_key_message
 from megatron_bridge.errors import ConfigOverrideError
 
 
@@ -123,9 +123,7 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
             _check_target(value, cls, path)
             continue
         if key not in names:
-            hint = difflib.get_close_matches(str(key), names, n=1)
-            suggestion = f" (did you mean '{prefix}{hint[0]}'?)" if hint else ""
-            raise ConfigOverrideError(f"unknown config key '{path}'{suggestion}")
+            raise ConfigOverrideError(unknown_key_message(path, names))
         kwargs[key] = _coerce(value, hints[key], path)
     return cls(**kwargs)
 
