@@ -119,3 +119,21 @@ def test_internal_names_and_subclasses_keep_working() -> None:
     model = ModelConfig()
     model._cache = 1  # internal names (leading underscore) are not config fields and are not checked
     assert model._cache == 1 and "_cache" not in to_dict(model)
+
+
+def test_a_torch_dtype_is_stored_as_its_name() -> None:
+    """``provider.params_dtype = torch.bfloat16`` (Megatron-Bridge's examples): the config keeps the name."""
+    import torch
+
+    from megatron_bridge.bridge.provider import GPTModelProvider
+
+    provider = GPTModelProvider(pipeline_dtype=torch.float16)
+    provider.params_dtype = torch.bfloat16
+    assert (provider.params_dtype, provider.pipeline_dtype) == ("bfloat16", "float16")
+    cfg = ConfigContainer(model=provider)
+    cfg.fsdp2.mp_policy = FSDP2MixedPrecisionPolicy(param_dtype=torch.float32)
+    assert cfg.fsdp2.mp_policy.param_dtype == "float32"
+    assert "params_dtype: bfloat16" in cfg.to_yaml()
+    cfg.model.params_dtype = torch.int8
+    with pytest.raises(ConfigValidationError, match=r"model\.params_dtype='int8' is not one of"):
+        cfg.validate(world_size=1)
