@@ -19,6 +19,7 @@ hooks); ``export_ckpt`` also works on the class, reading the model config from t
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from megatron_bridge.bridge.families import (
     family_for_model_config,
     supported_architectures,
 )
+from megatron_bridge.bridge.hf_pretrained import PreTrainedCausalLM
 from megatron_bridge.bridge.hf_reader import CONFIG_FILENAME, HFWeightsReader, is_hf_folder, read_json
 from megatron_bridge.bridge.hf_writer import DEFAULT_MAX_SHARD_SIZE
 from megatron_bridge.bridge.model_files import (
@@ -218,6 +220,15 @@ class AutoBridge:
                                  allowed_mismatched_params=allowed)
         load_weights_into(chunks, weights, kept=weights.left_out)
         return model
+
+    @cached_property
+    def hf_pretrained(self) -> PreTrainedCausalLM:
+        """Megatron-Bridge's ``bridge.hf_pretrained``: the folder's ``state`` (weights by HF name), ``config``,
+        ``tokenizer`` and ``model``, read lazily (``src/megatron_bridge/bridge/hf_pretrained.py``)."""
+        if self.hf_path is None:
+            raise BridgeError("bridge.hf_pretrained needs a folder; this bridge was made from a config alone: use "
+                              "AutoBridge.from_hf_pretrained(<local folder>)")
+        return PreTrainedCausalLM(self.hf_path)
 
     @property
     def transformer_config(self) -> Any:

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ from megatron_bridge.bridge.hf_writer import SafetensorsShardWriter, TensorSpec
 from megatron_bridge.bridge.weights import hf_tensor_shapes, to_hf_tensors
 from megatron_bridge.checkpoint.files import fsync_dir, fsync_tree
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.config.model import DType, ModelConfig
 from megatron_bridge.errors import BridgeError, PathError
 from megatron_bridge.utils.paths import describe_path
 
@@ -39,17 +39,43 @@ def checkpoint_run_config(config: ModelConfig, tokenizer_folder: Path | None, as
 
 MP_OVERRIDE_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                       "expert_model_parallel_size", "expert_tensor_parallel_size",
-                      "virtual_pipeline_model_parallel_size", "sequence_parallel")
-"""The model-parallel fields ``load_megatron_model(mp_overrides=...)`` may set (Megatron-Bridge's
-``ModelParallelKwargs``)."""
+                      "virtual_pipeline_model_parallel_size", "sequence_parallel",
+                      "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "pipeline_dtype",
+                      "params_dtype")
+"""The model fields ``load_megatron_model(mp_overrides=...)`` may set: Megatron-Bridge's ``ModelParallelKwargs``
+that this library has, and ``params_dtype``, which its examples pass too. The dtypes take a ``torch.dtype`` or its
+name."""
+PRECISION_FLAGS = {"bf16": "bfloat16", "fp16": "float16"}
+"""``mp_overrides`` switches of Megatron-Bridge's examples (``"bf16": True``): the ``params_dtype`` they stand for."""
+
+
+def _dtype_name(value: Any) -> Any:
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+
+
+def _precision_flags(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with ``bf16``/``fp16`` replaced by the ``params_dtype`` they stand for (False: nothing)."""
+    out = {k: v for k, v in overrides.items() if k not in PRECISION_FLAGS}
+    for flag, dtype in PRECISION_FLAGS.items():
+        if overrides.get(flag):
+            given = _dtype_name(out.setdefault("params_dtype", dtype))
+            if given != dtype:
+                raise BridgeError(f"load_megatron_model(mp_overrides={{{flag!r}: True, 'params_dtype': {given!r}}}): "
+                                  f"{flag}=True means params_dtype {dtype!r}; give one of them")
+    return out
 
 
 def apply_mp_overrides(config: ModelConfig, mp_overrides: Mapping[str, Any] | None) -> None:
-    """Set ``mp_overrides``' model-parallel fields on ``config``; BridgeError for any other key."""
-    for key, value in (mp_overrides or {}).items():
+    """Set ``mp_overrides``' model-parallel fields and dtypes on ``config``; BridgeError for any other key or a dtype
+    the model cannot be stored in."""
+    for key, value in _precision_flags(dict(mp_overrides or {})).items():
         if key not in MP_OVERRIDE_FIELDS or not hasattr(config, key):
             raise BridgeError(f"load_megatron_model(mp_overrides={{{key!r}: ...}}): not a model-parallel field; use "
-                              f"one of {list(MP_OVERRIDE_FIELDS)}")
+                              f"one of {list(MP_OVERRIDE_FIELDS) + list(PRECISION_FLAGS)}")
+        allowed = (*get_args(DType), *((None,) if key == "pipeline_dtype" else ()))
+        if key.endswith("_dtype") and _dtype_name(value) not in allowed:
+            raise BridgeError(f"load_megatron_model(mp_overrides={{{key!r}: {value!r}}}): use one of "
+                              f"{list(allowed)} (or the torch dtype)")
         setattr(config, key, value)
 
 

@@ -3,12 +3,14 @@
 from dataclasses import dataclass
 from typing import Literal
 
+from megatron_bridge.config.declared import DeclaredFields
+
 
 CkptFormat = Literal["torch_dist", "fsdp_dtensor", "torch"]
 
 
 @dataclass(kw_only=True)
-class CheckpointConfig:
+class CheckpointConfig(DeclaredFields):
     """Checkpoint save/load (torch.distributed.checkpoint for the sharded formats)."""
 
     save: str | None = None

@@ -14,6 +14,7 @@ from typing import Any
 
 from megatron_bridge.config.checkpoint import CheckpointConfig
 from megatron_bridge.config.data import DatasetConfig, TokenizerConfig
+from megatron_bridge.config.declared import DeclaredFields, config_root
 from megatron_bridge.config.distributed import (
     DistributedDataParallelConfig,
     DistributedInitConfig,
@@ -28,8 +29,9 @@ from megatron_bridge.config.train import ProfilingConfig, RNGConfig, TrainingCon
 from megatron_bridge.utils.dist_env import get_world_size
 
 
+@config_root
 @dataclass(kw_only=True)
-class ConfigContainer:
+class ConfigContainer(DeclaredFields):
     """Every setting of a pretraining run, one typed sub-config per concern."""
 
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -3,9 +3,11 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
+from megatron_bridge.config.declared import DeclaredFields
+
 
 @dataclass(kw_only=True)
-class DatasetConfig:
+class DatasetConfig(DeclaredFields):
     """GPT pretraining data: a mock source of random tokens, or Megatron indexed ``.bin/.idx`` files with a blend."""
 
     mock: bool = True
@@ -33,7 +35,7 @@ class DatasetConfig:
 
 
 @dataclass(kw_only=True)
-class TokenizerConfig:
+class TokenizerConfig(DeclaredFields):
     """The tokenizer that turns text into ids (for data preparation and for the vocab size)."""
 
     tokenizer_type: Literal["byte", "huggingface", "null"] = "byte"

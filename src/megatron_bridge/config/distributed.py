@@ -7,6 +7,7 @@ The option → backend → effect table is in docs/training/distributed-backends
 from dataclasses import dataclass, field
 from typing import Literal
 
+from megatron_bridge.config.declared import DeclaredFields
 from megatron_bridge.config.model import DType
 
 
@@ -15,7 +16,7 @@ ActivationCheckpointing = bool | Literal["full", "selective"]
 
 
 @dataclass(kw_only=True)
-class DistributedInitConfig:
+class DistributedInitConfig(DeclaredFields):
     """How processes find each other and which data-parallel backend wraps the model."""
 
     distributed_backend: Literal["nccl", "gloo"] | None = None
@@ -33,7 +34,7 @@ class DistributedInitConfig:
 
 
 @dataclass(kw_only=True)
-class DistributedDataParallelConfig:
+class DistributedDataParallelConfig(DeclaredFields):
     """Options of the DDP backend and of Megatron FSDP (the ``ddp`` section, as in Megatron-Bridge)."""
 
     # Shared Megatron-style options.
@@ -103,7 +104,7 @@ class DistributedDataParallelConfig:
 
 
 @dataclass(kw_only=True)
-class FSDP2MixedPrecisionPolicy:
+class FSDP2MixedPrecisionPolicy(DeclaredFields):
     """torch.distributed.fsdp.MixedPrecisionPolicy as config (YAML may also use the seed's ``_target_`` form)."""
 
     param_dtype: DType | None = "bfloat16"
@@ -117,7 +118,7 @@ class FSDP2MixedPrecisionPolicy:
 
 
 @dataclass(kw_only=True)
-class FSDP2OffloadPolicy:
+class FSDP2OffloadPolicy(DeclaredFields):
     """torch.distributed.fsdp.CPUOffloadPolicy as config."""
 
     pin_memory: bool = False
@@ -125,7 +126,7 @@ class FSDP2OffloadPolicy:
 
 
 @dataclass(kw_only=True)
-class FSDP2Config:
+class FSDP2Config(DeclaredFields):
     """Options of the PyTorch FSDP2 (fully_shard) backend."""
 
     mp_policy: FSDP2MixedPrecisionPolicy | None = None

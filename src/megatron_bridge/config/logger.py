@@ -7,9 +7,11 @@ its defaults; docs/training/logging.md lists every tag each one writes.
 from dataclasses import dataclass
 from typing import Literal
 
+from megatron_bridge.config.declared import DeclaredFields
+
 
 @dataclass(kw_only=True)
-class LoggerConfig:
+class LoggerConfig(DeclaredFields):
     """Stdout and TensorBoard logging of the training loop."""
 
     log_interval: int = 10

@@ -11,6 +11,7 @@ right generation, transformer-engine and an engine that runs FP8 are present (ru
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from megatron_bridge.config.declared import DeclaredFields
 from megatron_bridge.config.model import DType
 
 
@@ -20,7 +21,7 @@ FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise")
 
 
 @dataclass(kw_only=True)
-class MixedPrecisionConfig:
+class MixedPrecisionConfig(DeclaredFields):
     """How the model computes and reduces: the master weights stay in params_dtype, matmuls run in compute_dtype."""
 
     bf16: bool = False

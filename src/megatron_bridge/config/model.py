@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from megatron_bridge.config.declared import DeclaredFields
+
 
 DType = Literal["float32", "bfloat16", "float16"]
 PipelineSchedule = Literal["1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
@@ -18,7 +20,7 @@ SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV
 
 
 @dataclass(kw_only=True)
-class ModelConfig:
+class ModelConfig(DeclaredFields):
     """Architecture, parallel layout and memory options of a Llama-family decoder-only model.
 
     The provider in :mod:`megatron_bridge.models.provider` turns this into model chunks.

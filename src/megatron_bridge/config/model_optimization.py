@@ -9,6 +9,7 @@ the distillation fields are those of its ``ModelOptDistillConfig`` (``model.kd_c
 from dataclasses import dataclass, field
 from typing import Literal
 
+from megatron_bridge.config.declared import DeclaredFields
 from megatron_bridge.config.model import ModelConfig
 
 
@@ -19,7 +20,7 @@ CPU_QUANT_FORMATS: tuple[str, ...] = ("int8", "int8_sq", "fp8", "int4_awq", "w4a
 
 
 @dataclass(kw_only=True)
-class QuantizationConfig:
+class QuantizationConfig(DeclaredFields):
     """Quantization-aware training: ``modelopt.torch.quantization`` fake-quant inserted after the model is built."""
 
     quant_cfg: QuantFormat | None = None
@@ -36,7 +37,7 @@ class QuantizationConfig:
 
 
 @dataclass(kw_only=True)
-class DistillationConfig:
+class DistillationConfig(DeclaredFields):
     """Knowledge distillation: a frozen teacher's logits (and optional intermediate outputs) teach the student.
 
     The teacher is loaded from ``teacher_checkpoint`` (one of this library's checkpoints; its architecture comes

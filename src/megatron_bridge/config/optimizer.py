@@ -3,9 +3,11 @@
 from dataclasses import dataclass
 from typing import Literal
 
+from megatron_bridge.config.declared import DeclaredFields
+
 
 @dataclass(kw_only=True)
-class OptimizerConfig:
+class OptimizerConfig(DeclaredFields):
     """AdamW or SGD from torch, with gradient clipping."""
 
     optimizer: Literal["adam", "sgd"] = "adam"
@@ -43,7 +45,7 @@ class OptimizerConfig:
 
 
 @dataclass(kw_only=True)
-class SchedulerConfig:
+class SchedulerConfig(DeclaredFields):
     """Learning-rate warmup and decay, and the weight-decay schedule (all in optimizer steps)."""
 
     lr_warmup_iters: int = 0

@@ -7,7 +7,6 @@ of the wrong type is a :class:`~megatron_bridge.errors.ConfigOverrideError` nami
 """
 
 import dataclasses
-import difflib
 import types
 import typing
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
+from megatron_bridge.config.declared import unknown_key_message
 from megatron_bridge.errors import ConfigOverrideError
 
 
@@ -162,26 +162,11 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
             _check_target(value, cls, path)
             continue
         if key not in names:
-            hint = difflib.get_close_matches(str(key), names, n=1)
-            suggestion = f" (did you mean '{prefix}{hint[0]}'?)" if hint else ""
-            raise ConfigOverrideError(f"unknown config key '{path}'{_odd_characters(str(key))}{suggestion}")
+            raise ConfigOverrideError(unknown_key_message(path, names))
         kwargs[key] = _coerce(value, hints[key], path)
     return cls(**kwargs)
 
 
-def _odd_characters(key: str) -> str:
-    """Names the characters of ``key`` that are not ASCII (a look-alike letter such as Cyrillic 'а' pasted into a
-    key reads like the right key), e.g. " (key 'trаin' contains U+0430 CYRILLIC SMALL LETTER A at character 3; ...)";
-    "" if none."""
-    import unicodedata
-
-    odd = [(i, ch) for i, ch in enumerate(key, start=1) if not ch.isascii()]
-    if not odd:
-        return ""
-    named = ", ".join(f"U+{ord(ch):04X} {unicodedata.name(ch, 'UNNAMED CHARACTER')} at character {i}"
-                      for i, ch in odd[:3])
-    more = f" and {len(odd) - 3} more" if len(odd) > 3 else ""
-    return f" (key {key!r} contains {named}{more}; config keys are ASCII: retype it)"
 
 
 def _check_target(value: Any, cls: type, path: str) -> None:

@@ -3,9 +3,11 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
+from megatron_bridge.config.declared import DeclaredFields
+
 
 @dataclass(kw_only=True)
-class TrainingConfig:
+class TrainingConfig(DeclaredFields):
     """Batch sizes, run length and exit conditions of the training loop."""
 
     micro_batch_size: int = 1
@@ -31,7 +33,7 @@ class TrainingConfig:
 
 
 @dataclass(kw_only=True)
-class ValidationConfig:
+class ValidationConfig(DeclaredFields):
     """Periodic evaluation on the validation split."""
 
     eval_interval: int | None = None
@@ -41,7 +43,7 @@ class ValidationConfig:
 
 
 @dataclass(kw_only=True)
-class RNGConfig:
+class RNGConfig(DeclaredFields):
     """Random seeds."""
 
     seed: int = 1234
@@ -49,7 +51,7 @@ class RNGConfig:
 
 
 @dataclass(kw_only=True)
-class ProfilingConfig:
+class ProfilingConfig(DeclaredFields):
     """The PyTorch profiler and memory snapshots."""
 
     use_pytorch_profiler: bool = False

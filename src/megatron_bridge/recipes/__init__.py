@@ -4,6 +4,10 @@
 world size), with the recipes of the model families in their own folders (``families/<name>/recipes.py``, through
 the registry); their functions are attributes of this package too. Importing this package loads no torch,
 megatron-fsdp, megatron-core or tensorboard.
+
+As Megatron-Bridge's ``megatron.bridge.recipes``, which star-imports every family and its ``h100`` module, this
+package also holds the per-GPU names (``llama3_8b_pretrain_2gpu_h100_bf16_config``, ...) of ``recipes.llama.h100``
+and ``recipes.qwen.h100``, and the names of ``recipes.qwen`` (its GB200 Qwen3-MoE name).
 """
 
 from megatron_bridge.config.families import family_recipes
@@ -25,6 +29,10 @@ from megatron_bridge.recipes.llama import (
     llama32_1b_pretrain_config,
     llama32_3b_pretrain_config,
 )
+from megatron_bridge.recipes.llama.h100 import *  # noqa: F403
+from megatron_bridge.recipes.llama.h100 import __all__ as _LLAMA_H100
+from megatron_bridge.recipes.qwen import *  # noqa: F403
+from megatron_bridge.recipes.qwen import __all__ as _QWEN
 from megatron_bridge.recipes.qwen import (
     qwen3_1p7b_pretrain_config,
     qwen3_4b_pretrain_config,
@@ -35,6 +43,8 @@ from megatron_bridge.recipes.qwen import (
     qwen3_235b_a22b_pretrain_config,
     qwen3_600m_pretrain_config,
 )
+from megatron_bridge.recipes.qwen.h100 import *  # noqa: F403
+from megatron_bridge.recipes.qwen.h100 import __all__ as _QWEN_H100
 from megatron_bridge.recipes.tiny import tiny_llama_pretrain_config, tiny_moe_pretrain_config
 
 
@@ -120,3 +130,4 @@ __all__ = [
     "tiny_llama_pretrain_config",
     "tiny_moe_pretrain_config",
 ]
+__all__ += sorted({*_LLAMA_H100, *_QWEN, *_QWEN_H100} - set(__all__))

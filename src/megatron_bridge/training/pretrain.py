@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from megatron_bridge.checkpoint.train_state import TrainState
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.engines.base import Engine, PipelineRunner
 from megatron_bridge.engines.factory import get_engine
@@ -29,7 +30,7 @@ from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
 from megatron_bridge.training.metrics import TrainingLogger
 from megatron_bridge.training.moe_stats import MoETracker
 from megatron_bridge.training.profiling import StepProfiler
-from megatron_bridge.training.state import TrainState
+from megatron_bridge.training.timers import PhaseTimers
 from megatron_bridge.utils.logging import get_logger, log_rank_0, setup_logging
 
 
@@ -77,6 +78,12 @@ class TrainingContext:
     def device(self) -> torch.device:
         """The device this rank computes on."""
         return self.env.device
+
+    @property
+    def timers(self) -> PhaseTimers:
+        """The phase timers (Megatron-Bridge's ``state.timers``): ``with state.timers("batch-generator"): ...`` or
+        ``state.timers("batch-generator", log_level=2).start()`` ... ``.stop()``."""
+        return self.metrics.timers
 
     @property
     def model(self) -> nn.Module | list[nn.Module]:

@@ -8,8 +8,6 @@ never reset each other's window.
 """
 
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -52,34 +50,71 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class PhaseTimer:
+    """One phase timer: the body of ``with timers(name):``, or Megatron-Bridge's ``timers(name).start()`` ...
+    ``timers(name).stop()``; each start-stop pair adds its seconds to the phase's total."""
+
+    def __init__(self, totals: dict[str, float], name: str, device: torch.device) -> None:
+        self._totals, self.name, self._device = totals, name, device
+        self._started: float | None = None
+
+    def start(self, barrier: bool = False) -> None:
+        """Start timing (``barrier`` is accepted for Megatron-Bridge's signature; timers here never barrier)."""
+        _sync(self._device)
+        self._started = time.perf_counter()
+
+    def stop(self, barrier: bool = False) -> None:
+        """Stop timing and add the seconds since :meth:`start` (nothing when it was not started)."""
+        if self._started is None:
+            return
+        _sync(self._device)
+        self._totals[self.name] += time.perf_counter() - self._started
+        self._started = None
+
+    def __enter__(self) -> None:
+        self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _NullTimer(PhaseTimer):
+    """A timer above ``logger.timing_log_level``: measures nothing."""
+
+    def __init__(self) -> None:
+        super().__init__({}, "", torch.device("cpu"))
+
+    def start(self, barrier: bool = False) -> None:
+        """Nothing to time."""
+
+    def stop(self, barrier: bool = False) -> None:
+        """Nothing to time."""
+
+
+_NULL_TIMER = _NullTimer()
+
+
 class PhaseTimers:
-    """The phase timers of one rank: ``with timers("optimizer"): ...`` accumulates seconds when the level allows."""
+    """The phase timers of one rank: ``with timers("optimizer"): ...`` accumulates seconds when the level allows;
+    Megatron-Bridge's ``state.timers("batch-generator", log_level=2).start()`` / ``.stop()`` works too."""
 
     def __init__(self, level: int, device: torch.device) -> None:
         self.device = device
         self.names = [name for name, lvl in TIMER_LEVELS.items() if lvl <= level]
         """The timers measured at this level, in :data:`TIMER_LEVELS` order (none at levels 0 and -1)."""
         self._totals = dict.fromkeys(self.names, 0.0)
+        self._timers = {name: PhaseTimer(self._totals, name, device) for name in self.names}
         self._steps = 0
         self._read: dict[str, tuple[dict[str, float], int]] = {}
 
-    def __call__(self, name: str) -> AbstractContextManager[None]:
-        """Time the ``with`` body under ``name`` (a key of :data:`TIMER_LEVELS`), or do nothing at a lower level."""
-        if name not in self._totals:
+    def __call__(self, name: str, log_level: int | None = None) -> PhaseTimer:
+        """The timer ``name`` (a key of :data:`TIMER_LEVELS`), or one that measures nothing at a lower level.
+        ``log_level`` is accepted for Megatron-Bridge's signature; each phase keeps its own level."""
+        if name not in self._timers:
             if name not in TIMER_LEVELS:
                 raise KeyError(f"unknown timer {name!r}; known: {sorted(TIMER_LEVELS)}")
-            return nullcontext()
-        return self._timed(name)
-
-    @contextmanager
-    def _timed(self, name: str) -> Iterator[None]:
-        _sync(self.device)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            _sync(self.device)
-            self._totals[name] += time.perf_counter() - start
+            return _NULL_TIMER
+        return self._timers[name]
 
     def end_step(self) -> None:
         """Count a finished step (the readers' normalizer)."""

@@ -214,6 +214,38 @@ def test_save_and_load_megatron_model_round_trip(hf_folder: Path, tmp_path: Path
         bridge.load_megatron_model(tmp_path / "ckpt", mp_overrides={"hidden_size": 64})
 
 
+def test_load_megatron_model_takes_dtypes_in_mp_overrides(hf_folder: Path, tmp_path: Path) -> None:
+    """Megatron-Bridge's examples pass torch dtypes (and ``bf16``) in ``mp_overrides``."""
+    bridge = AutoBridge.from_hf_pretrained(hf_folder)
+    model = bridge.to_megatron_model(wrap_with_ddp=False)
+    bridge.save_megatron_model(model, tmp_path / "ckpt")
+    loaded = bridge.load_megatron_model(tmp_path / "ckpt", mp_overrides={
+        "tensor_model_parallel_size": 1, "params_dtype": torch.bfloat16, "pipeline_dtype": torch.bfloat16,
+        "bf16": True, "fp16": False})
+    norm = loaded[0].state_dict()["norm.weight"]
+    assert norm.dtype == torch.bfloat16
+    assert torch.equal(norm, model[0].state_dict()["norm.weight"].to(torch.bfloat16))
+    with pytest.raises(BridgeError, match="bf16=True means params_dtype 'bfloat16'"):
+        bridge.load_megatron_model(tmp_path / "ckpt", mp_overrides={"bf16": True, "params_dtype": torch.float32})
+    with pytest.raises(BridgeError, match=r"use one of \['float32', 'bfloat16', 'float16'\]"):
+        bridge.load_megatron_model(tmp_path / "ckpt", mp_overrides={"params_dtype": torch.int8})
+
+
+def test_hf_pretrained_reads_the_folder(hf_folder: Path) -> None:
+    """``bridge.hf_pretrained.state[name]`` and ``.tokenizer``, as Megatron-Bridge's conversion examples use them."""
+    bridge = AutoBridge.from_hf_pretrained(hf_folder)
+    pretrained = bridge.hf_pretrained
+    source = _hf_tensors(hf_folder)
+    assert set(pretrained.state) == set(source) and len(pretrained.state) == len(source)
+    assert torch.equal(pretrained.state["model.norm.weight"], source["model.norm.weight"])
+    assert "nonexistent" not in pretrained.state
+    assert pretrained.config.num_hidden_layers == bridge.hf_config["num_hidden_layers"]
+    assert pretrained.tokenizer("hello")["input_ids"]
+    assert pretrained.model_name_or_path == str(hf_folder) and bridge.hf_pretrained is pretrained
+    with pytest.raises(BridgeError, match="from_hf_pretrained"):
+        _ = AutoBridge.from_hf_config(bridge.hf_config).hf_pretrained
+
+
 def test_save_hf_weights_writes_weights_only(hf_folder: Path, tmp_path: Path) -> None:
     bridge = AutoBridge.from_hf_pretrained(hf_folder)
     bridge.save_hf_weights(bridge.to_megatron_model(wrap_with_ddp=False), tmp_path / "w")

@@ -302,3 +302,16 @@ def test_perf_differences_are_documented() -> None:
     for rule in PERF_REFUSED:
         assert f"`{rule}`" in text, rule
     assert "flat perf recipe" in text and "pipeline_model_parallel_layout" in text
+
+
+def test_per_gpu_names_import_from_the_recipes_package() -> None:
+    """``from megatron.bridge.recipes import llama3_8b_pretrain_2gpu_h100_bf16_config`` works there (it star-imports
+    every family's ``h100`` module, and ``recipes.qwen`` holds the GB200 name); the same line works here."""
+    import megatron_bridge.recipes as recipes
+
+    for module, names in PER_GPU.items():
+        family = importlib.import_module(f"megatron_bridge.recipes.{module}")
+        for name in names:
+            assert getattr(recipes, name) is getattr(family, name), name
+            assert name in recipes.__all__, name
+    assert len(recipes.__all__) == len(set(recipes.__all__))
