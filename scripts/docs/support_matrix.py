@@ -150,4 +150,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(REPO / "src"))
+    from megatron_bridge.utils.cli import run_cli
+
+    sys.exit(run_cli(main))

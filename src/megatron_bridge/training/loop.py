@@ -21,9 +21,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megatron_bridge.engines.forward_step_forms import forward_step_result, loss_func_result
 from megatron_bridge.errors import TrainingError
 from megatron_bridge.training.callbacks import fire
-from megatron_bridge.training.forward_step_forms import forward_step_result, loss_func_result
 from megatron_bridge.training.metrics import StepMetrics
 from megatron_bridge.training.tensorboard import peak_memory_bytes
 from megatron_bridge.training.timers import Timer
@@ -238,7 +238,7 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
     """Train until an exit condition fires; save checkpoints on schedule and at exit.
 
     ``forward_step_func`` is called as ``forward_step_func(data_iterator, model)``: a step that takes the state comes
-    bound to it (:func:`megatron_bridge.training.forward_step_forms.prepare_forward_step_func`, as ``pretrain`` does).
+    bound to it (:func:`megatron_bridge.engines.forward_step_forms.prepare_forward_step_func`, as ``pretrain`` does).
     """
     cfg, state = ctx.cfg, ctx.train_state
     result = ctx.result

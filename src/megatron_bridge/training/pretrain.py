@@ -20,10 +20,10 @@ from megatron_bridge.checkpoint.train_state import TrainState
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.engines.base import Engine, PipelineRunner
 from megatron_bridge.engines.factory import get_engine
+from megatron_bridge.engines.forward_step_forms import check_forward_step_signature, prepare_forward_step_func
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.exits import ExitConditions
-from megatron_bridge.training.forward_step_forms import check_forward_step_signature, prepare_forward_step_func
 from megatron_bridge.training.gpt_step import forward_step as default_forward_step
 from megatron_bridge.training.loop import TrainResult, run_training
 from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
@@ -40,7 +40,7 @@ logger = get_logger(__name__)
 @dataclass
 class TrainingContext:
     """Everything the loop needs; also the ``state`` argument of forward steps that take it
-    (:mod:`megatron_bridge.training.forward_step_forms`)."""
+    (:mod:`megatron_bridge.engines.forward_step_forms`)."""
 
     cfg: ConfigContainer
     env: Any
@@ -243,7 +243,7 @@ def pretrain(
     ``forward_step_func`` defaults to the engine's GPT step and may take any of Megatron-Bridge's forms
     (``(data_iterator, model)``, ``(data_iterator, model, return_schedule_plan=False)``, ``(state, data_iterator,
     model)``, ``(state, data_iterator, model, return_schedule_plan=False)``), called as Megatron-Bridge calls them
-    (:mod:`megatron_bridge.training.forward_step_forms`); a step no form fits is refused before anything is built.
+    (:mod:`megatron_bridge.engines.forward_step_forms`); a step no form fits is refused before anything is built.
 
     Works in a plain process (a 1-rank group is created) and under ``torchrun`` (gloo on CPU, nccl on CUDA unless
     ``dist.distributed_backend`` says otherwise). Process groups this call created are destroyed on return; a script

@@ -168,9 +168,16 @@ def _validate(fn, world_size: int, gpu: str, low_precision: tuple | None,  # noq
     fn().validate(world_size=world_size)
 
 
+OWN_FAMILIES = ("mistral", "mixtral")
+"""Families Megatron-Bridge converts but ships no pretraining recipe for (docs/megatron-bridge-differences.md): their
+recipes here have no Megatron-Bridge values to equal."""
+
+
 def test_every_shipped_recipe_is_in_the_table() -> None:
-    """All but this library's own tiny CPU recipes."""
-    assert sorted(n for n in RECIPES if not n.startswith("tiny_")) == sorted(MB_VALUES)
+    """All but this library's own tiny CPU recipes and those of :data:`OWN_FAMILIES`."""
+    ours = [name for name, info in RECIPES.items()
+            if not name.startswith("tiny_") and info.fn().model.family not in OWN_FAMILIES]
+    assert sorted(ours) == sorted(MB_VALUES)
 
 
 @pytest.mark.parametrize("name", sorted(MB_VALUES))

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from megatron_bridge.errors import ForwardStepError
-from megatron_bridge.training.forward_step_forms import (
+from megatron_bridge.engines.forward_step_forms import (
     call_forward_step,
     check_forward_step_signature,
     forward_step_result,
@@ -19,6 +18,7 @@ from megatron_bridge.training.forward_step_forms import (
     needs_global_state_injection,
     prepare_forward_step_func,
 )
+from megatron_bridge.errors import ForwardStepError
 
 
 STATE, DATA, MODEL = object(), object(), object()

@@ -81,14 +81,14 @@ class MegatronCorePipelineRunner:
                    m.batch_p2p_comm, m.overlap_p2p_comm)
 
     def _step(self, data_iterator: Iterator[Batch], model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
-        from megatron_bridge.training.forward_step_forms import forward_step_result
+        from megatron_bridge.engines.forward_step_forms import forward_step_result
 
         output, loss_func = forward_step_result(self.forward_step(data_iterator, model), self.forward_step)
         return output, partial(self._loss, loss_func)
 
     def _loss(self, loss_func: Callable[..., Any], output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """The last stage's loss of one micro-batch, in the form megatron-core back-propagates (module docstring)."""
-        from megatron_bridge.training.forward_step_forms import loss_func_result
+        from megatron_bridge.engines.forward_step_forms import loss_func_result
 
         loss_sum, tokens, report = loss_func_result(loss_func(output), loss_func)
         self._loss_sums.append(loss_sum.detach().clone())  # megatron-core divides the returned loss in place
