@@ -3,8 +3,9 @@
 megatron-core (0.19) hard-codes CUDA where this library's engine would take a device (the list was found one call at a
 time; /work/shared/reference/engine-feasibility.md):
 
-* tensor factories with ``device="cuda"`` or ``device=torch.cuda.current_device()`` (causal mask, grad-norm
-  buffers, gradient buckets, TP all-gather outputs), ``Tensor.cuda()`` and ``.to("cuda")``;
+* tensor factories with ``device="cuda"`` or ``device=torch.cuda.current_device()`` (causal and sliding-window
+  masks: ``get_default_causal_mask``, ``get_sliding_window_causal_mask``; grad-norm buffers, gradient buckets, TP
+  all-gather outputs), ``Tensor.cuda()`` and ``.to("cuda")``;
 * ``torch.cuda.current_device()`` used as a device (custom autograd Functions allocate with it in backward);
 * the model-parallel RNG tracker: ``torch.cuda.manual_seed`` / ``get_rng_state`` and megatron-core's
   ``_get_cuda_rng_state`` / ``_set_cuda_rng_state``;
