@@ -200,6 +200,7 @@ def test_native_engine_matches_megatron_core_from_the_same_weights(reference: Pa
     print(f"[parity] native vs megatron-core TP=1: {ref['native_losses']} vs {ref['losses']}")
 
 
+@pytest.mark.support_cells("mistral:megatron_core")
 @pytest.mark.parametrize("window", sorted(WINDOWS))
 def test_native_engine_matches_megatron_core_with_a_sliding_window(window: str, reference: Path | None) -> None:
     """Cross-engine parity with a 32-token sliding window on 64-token sequences (TP=1, fp32; tiny_mistral's window,
