@@ -70,6 +70,11 @@ class ForwardStepError(MegatronBridgeError):
     ``(state, data_iterator, model, return_schedule_plan)``)."""
 
 
+class CallbackError(MegatronBridgeError):
+    """A callback given to ``pretrain()`` names no event Megatron-Bridge fires (a misspelled ``on_...`` method or
+    ``CallbackManager.register`` event), or is not a callback at all."""
+
+
 class TrainingError(RuntimeError):
     """Training cannot go on, e.g. the loss became NaN or Inf."""
 
