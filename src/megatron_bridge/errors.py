@@ -25,6 +25,11 @@ class ConfigOverrideError(MegatronBridgeError):
     """A YAML file or a ``key=value`` override names an unknown key or has a value of the wrong type."""
 
 
+class OverridesError(ConfigOverrideError):
+    """A Hydra-style override cannot be applied (Megatron-Bridge's ``omegaconf_utils.OverridesError``): an unknown
+    key, a value that does not parse, or the ``+``/``~`` forms this library does not take."""
+
+
 class MissingDependencyError(MegatronBridgeError, ImportError):
     """A config asks for an optional package (transformer-engine, nvidia-modelopt, megatron-core) that is missing."""
 
