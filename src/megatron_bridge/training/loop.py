@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_bridge.errors import TrainingError
-from megatron_bridge.training.callbacks import fire_event
+from megatron_bridge.training.callbacks import fire_event, should_fire
 from megatron_bridge.training.metrics import StepMetrics
 from megatron_bridge.training.tensorboard import peak_memory_bytes
 from megatron_bridge.training.timers import Timer
@@ -225,7 +225,8 @@ def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dic
         fire_event(ctx, "on_eval_step_end")
     total_loss, total_tokens = _global_sum([loss_sum, token_sum], ctx.device)
     loss = total_loss / max(total_tokens, 1.0)
-    fire_event(ctx, "on_eval_end", total_loss_dict={"lm loss": torch.tensor(loss)})
+    if should_fire(ctx.callbacks, "on_eval_end"):
+        fire_event(ctx, "on_eval_end", total_loss_dict={"lm loss": torch.tensor(loss)})
     for chunk in ctx.backend.chunks:
         chunk.train()
     return loss
@@ -286,9 +287,10 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
         ctx.metrics.log_step(metrics)
         if ctx.moe is not None:
             ctx.metrics.log_moe(state.step, ctx.moe.last)
-        fire_event(ctx, "on_train_step_end", optimizer=ctx.optimizer, scheduler=ctx.scheduler,
-                   loss_dict=_loss_dict(loss, reported), grad_norm=grad_norm,
-                   skipped_iter=not math.isfinite(grad_norm), step_metrics=metrics)
+        if should_fire(ctx.callbacks, "on_train_step_end"):  # no tensors built for nobody
+            fire_event(ctx, "on_train_step_end", optimizer=ctx.optimizer, scheduler=ctx.scheduler,
+                       loss_dict=_loss_dict(loss, reported), grad_norm=grad_norm,
+                       skipped_iter=not math.isfinite(grad_norm), step_metrics=metrics)
         ctx.profiler.step_end(state.step)
         reason = ctx.exits.check(state.step)
         if _eval_due(ctx, state.step, reason is not None):

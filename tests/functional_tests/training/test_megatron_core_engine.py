@@ -85,6 +85,17 @@ class InitialWeights(Callback):
         self.weights = {k: v.detach().clone() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
 
 
+class StepEnds(Callback):
+    """Megatron-Bridge's ``on_train_step_end`` on this engine: the step's loss, once per step."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_step_end(self, context: Any) -> None:
+        assert context.state.cfg.model.engine == "megatron_core" and context.optimizer is not None
+        self.losses.append(float(context.loss_dict["lm loss"]))
+
+
 def train_and_record(overrides: dict[str, Any], out: str) -> None:
     """Worker: install the harness, train, write rank 0's losses to ``out``. The one-process ``reference`` also
     trains the native engine from the megatron-core model's initial weights (mapped by
@@ -98,16 +109,17 @@ def train_and_record(overrides: dict[str, Any], out: str) -> None:
     from tests.functional_tests.mcore_cpu_harness import install
 
     install()
-    initial = InitialWeights()
+    initial, step_ends = InitialWeights(), StepEnds()
     cfg = mcore_config(**overrides)
     if overrides and not dist.is_initialized():
         dist.init_process_group("gloo")  # kept for the launch's next test
     try:
-        result = pretrain(cfg, callbacks=[initial])
+        result = pretrain(cfg, callbacks=[initial, step_ends])
     finally:
         if overrides:
             parallel_state.destroy()
     assert result.backend == "mcore_ddp" and result.final_step == 8
+    assert step_ends.losses == pytest.approx(result.losses, rel=1e-6)  # the callbacks fire here too, once per step
     record: dict[str, Any] = {"losses": result.losses}
     if not overrides:  # the one-process reference: the native engine from the same weights
         native = mcore_config()
