@@ -132,8 +132,7 @@ def _nearest_event(name: str) -> str | None:
 
 def _unknown_event_error(owner: str, name: str) -> CallbackError:
     near = _nearest_event(name)
-    near = [near] if near else []
-    hint = f"did you mean {near[0]}?" if near else f"the events are {', '.join(sorted(VALID_EVENTS))}"
+    hint = f"did you mean {near}?" if near else f"the events are {', '.join(sorted(VALID_EVENTS))}"
     return CallbackError(f"{owner}: {name!r} is not a callback event, so it would never be called; {hint}")
 
 
