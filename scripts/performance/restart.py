@@ -65,10 +65,10 @@ def _callback(args: argparse.Namespace):  # noqa: ANN202
             if rank == 0 and attempt > 0:
                 _note(args.events, "resumed", step=ctx.train_state.step)
 
-        def on_step_end(self, ctx, metrics) -> None:  # noqa: ANN001
+        def on_train_step_end(self, ctx) -> None:  # noqa: ANN001
             step = ctx.train_state.step
             if rank == 0:
-                _note(args.events, "step", step=step, seconds=metrics.step_time, attempt=attempt)
+                _note(args.events, "step", step=step, seconds=ctx.step_metrics.step_time, attempt=attempt)
             if rank == 0 and attempt > 0 and self.first:
                 _note(args.events, "first_step_after_restart", step=step)
             self.first = False

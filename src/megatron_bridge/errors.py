@@ -25,6 +25,11 @@ class ConfigOverrideError(MegatronBridgeError):
     """A YAML file or a ``key=value`` override names an unknown key or has a value of the wrong type."""
 
 
+class OverridesError(ConfigOverrideError):
+    """A Hydra-style override cannot be applied (Megatron-Bridge's ``omegaconf_utils.OverridesError``): an unknown
+    key, a value that does not parse, or the ``+``/``~`` forms this library does not take."""
+
+
 class MissingDependencyError(MegatronBridgeError, ImportError):
     """A config asks for an optional package (transformer-engine, nvidia-modelopt, megatron-core) that is missing."""
 
@@ -68,6 +73,11 @@ class ForwardStepError(MegatronBridgeError):
     """A ``forward_step_func`` given to ``pretrain()`` cannot be called in any of Megatron-Bridge's forward-step forms
     (``(data_iterator, model)``, ``(data_iterator, model, return_schedule_plan)``, ``(state, data_iterator, model)``,
     ``(state, data_iterator, model, return_schedule_plan)``)."""
+
+
+class CallbackError(MegatronBridgeError):
+    """A callback given to ``pretrain()`` names no event Megatron-Bridge fires (a misspelled ``on_...`` method or
+    ``CallbackManager.register`` event), or is not a callback at all."""
 
 
 class TrainingError(RuntimeError):

@@ -28,8 +28,10 @@ _NOT_LOGGED = "no such logger field here (docs/training/logging.md lists the swi
 
 RETIRED_NAMES: dict[str, str] = {
     "dist.use_tp_pp_dp_mapping": "the device mesh has one fixed rank order (pp, dp, cp, tp); delete the setting",
-    "train.eval_iters": "deprecated in Megatron-Bridge too; set validation.eval_iters",
-    "train.eval_interval": "deprecated in Megatron-Bridge too; set validation.eval_interval",
+    "train.eval_iters": "deprecated in Megatron-Bridge too; set validation.eval_iters (YAML and overrides move "
+                        "it there, logged: config/deprecated.py)",
+    "train.eval_interval": "deprecated in Megatron-Bridge too; set validation.eval_interval (YAML and overrides "
+                           "move it there, logged: config/deprecated.py)",
     "train.skip_train": "deprecated in Megatron-Bridge too; evaluation-only runs are not supported here",
     **{f"logger.{name}": _NOT_LOGGED for name in (
         "log_energy", "log_num_zeros_in_grad", "log_l2_norm_grad_to_tensorboard", "log_memory_interval",
@@ -37,7 +39,9 @@ RETIRED_NAMES: dict[str, str] = {
     **{f"logger.wandb_{name}": _NO_WANDB for name in ("project", "exp_name", "save_dir", "entity")},
 }
 """Megatron-Bridge config keys (``section.name``) that this library does not take, and what to do instead. Setting
-one, from Python, YAML or an override, is an error with this text (docs/megatron-bridge-differences.md)."""
+one, from Python, YAML or an override, is an error with this text (docs/megatron-bridge-differences.md); the two
+deprecated ``train.eval_*`` keys are moved to ``validation`` when read from YAML or overrides, as Megatron-Bridge
+does (:mod:`megatron_bridge.config.deprecated`)."""
 
 
 def unknown_key_message(path: str, names: Sequence[str]) -> str:

@@ -63,8 +63,11 @@ def config_digest(obj: Any) -> str:
 
 
 def from_yaml(cls: type[T], path: str | Path) -> T:
-    """Build ``cls`` from a YAML file (safe loader)."""
-    return from_dict(cls, _load_yaml_mapping(path))
+    """Build ``cls`` from a YAML file (safe loader; Megatron-Bridge's moved keys are moved:
+    :mod:`megatron_bridge.config.deprecated`)."""
+    from megatron_bridge.config.deprecated import move_deprecated_keys
+
+    return from_dict(cls, move_deprecated_keys(_load_yaml_mapping(path)))
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -304,10 +307,12 @@ def apply_overrides(cfg: T, yaml_path: str | Path | None, overrides: list[str]) 
     A ``key=value`` override of a field the ``mixed_precision`` preset sets (``optimizer.bf16``, ...) to another
     value than the preset's is a ConfigOverrideError: ``finalize()`` would silently replace it.
     """
+    from megatron_bridge.config.deprecated import move_deprecated_keys
+
     data = to_dict(cfg)
     if yaml_path is not None:
-        data = merge(data, _load_yaml_mapping(yaml_path))
-    cli = parse_overrides(overrides) if overrides else {}
+        data = merge(data, move_deprecated_keys(_load_yaml_mapping(yaml_path)))
+    cli = move_deprecated_keys(parse_overrides(overrides)) if overrides else {}
     data = merge(data, cli)
     out = from_dict(type(cfg), data)
     if cli and hasattr(out, "mixed_precision"):

@@ -72,7 +72,7 @@ class AllocationRecorder(Callback):
         with record_function(TRAIN_START):
             pass
 
-    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+    def on_train_step_end(self, ctx: Any) -> None:
         """Let in-flight collectives finish (a barrier, a garbage collection, a short pause), account the state's
         storages, then mark the end of the step."""
         import gc

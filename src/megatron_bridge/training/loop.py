@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from megatron_bridge.engines.forward_step_forms import forward_step_result, loss_func_result
 from megatron_bridge.errors import TrainingError
-from megatron_bridge.training.callbacks import fire
+from megatron_bridge.training.callbacks import fire_event, should_fire
 from megatron_bridge.training.metrics import StepMetrics
 from megatron_bridge.training.tensorboard import peak_memory_bytes
 from megatron_bridge.training.timers import Timer
@@ -195,28 +195,42 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
     return loss, grad_norm, reported_losses
 
 
-@torch.no_grad()
-def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dict[str, torch.Tensor]]) -> float:
-    """Token-weighted loss over ``validation.eval_iters`` global batches."""
-    for chunk in ctx.backend.chunks:
-        chunk.eval()
-    loss_sum, token_sum = 0.0, 0.0
-    n_micro = ctx.cfg.num_microbatches(ctx.env.world_size)
+def _eval_batch(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dict[str, torch.Tensor]],
+                n_micro: int) -> tuple[float, float]:
+    """This rank's (loss sum, token count) over one global validation batch."""
     if ctx.pipeline is not None:
-        for _ in range(ctx.cfg.validation.eval_iters):
-            step_loss, step_tokens = ctx.pipeline.run([next(data) for _ in range(n_micro)], scale=None, train=False)
-            loss_sum += step_loss
-            token_sum += step_tokens
-    for _ in range(0 if ctx.pipeline is not None else ctx.cfg.validation.eval_iters * n_micro):
+        return ctx.pipeline.run([next(data) for _ in range(n_micro)], scale=None, train=False)
+    loss_sum, token_sum = 0.0, 0.0
+    for _ in range(n_micro):
         with ctx.backend.forward_context():
             output, loss_func = forward_step_result(forward_step_func(data, ctx.model), forward_step_func)
             micro_loss, micro_tokens, _ = loss_func_result(loss_func(output), loss_func)
         loss_sum += float(micro_loss)
         token_sum += float(micro_tokens)
+    return loss_sum, token_sum
+
+
+@torch.no_grad()
+def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dict[str, torch.Tensor]]) -> float:
+    """Token-weighted loss over ``validation.eval_iters`` global batches (firing the ``on_eval_*`` events)."""
+    for chunk in ctx.backend.chunks:
+        chunk.eval()
+    fire_event(ctx, "on_eval_start")
+    loss_sum, token_sum = 0.0, 0.0
+    n_micro = ctx.cfg.num_microbatches(ctx.env.world_size)
+    for _ in range(ctx.cfg.validation.eval_iters):
+        fire_event(ctx, "on_eval_step_start")
+        step_loss, step_tokens = _eval_batch(ctx, forward_step_func, data, n_micro)
+        loss_sum += step_loss
+        token_sum += step_tokens
+        fire_event(ctx, "on_eval_step_end")
+    total_loss, total_tokens = _global_sum([loss_sum, token_sum], ctx.device)
+    loss = total_loss / max(total_tokens, 1.0)
+    if should_fire(ctx.callbacks, "on_eval_end"):
+        fire_event(ctx, "on_eval_end", total_loss_dict={"lm loss": torch.tensor(loss)})
     for chunk in ctx.backend.chunks:
         chunk.train()
-    total_loss, total_tokens = _global_sum([loss_sum, token_sum], ctx.device)
-    return total_loss / max(total_tokens, 1.0)
+    return loss
 
 
 def params_norm(backend: Any) -> float:
@@ -251,9 +265,10 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
     if reason is not None:
         log_rank_0(logger, "nothing to train: the run is at step %d and train.train_iters=%d; raise train.train_iters "
                    "to train further", state.step, cfg.train_iters)
-    fire(ctx.callbacks, "on_train_start", ctx)
+    fire_event(ctx, "on_train_start", optimizer=ctx.optimizer, scheduler=ctx.scheduler)
     while reason is None:
         ctx.profiler.step_begin(state.step)
+        fire_event(ctx, "on_train_step_start", optimizer=ctx.optimizer, scheduler=ctx.scheduler)
         timer.reset()
         lr = ctx.optimizer.param_groups[0]["lr"]
         loss, grad_norm, reported = train_step(ctx, forward_step_func)
@@ -273,7 +288,10 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
         ctx.metrics.log_step(metrics)
         if ctx.moe is not None:
             ctx.metrics.log_moe(state.step, ctx.moe.last)
-        fire(ctx.callbacks, "on_step_end", ctx, metrics)
+        if should_fire(ctx.callbacks, "on_train_step_end"):  # no tensors built for nobody
+            fire_event(ctx, "on_train_step_end", optimizer=ctx.optimizer, scheduler=ctx.scheduler,
+                       loss_dict=_loss_dict(loss, reported), grad_norm=grad_norm,
+                       skipped_iter=not math.isfinite(grad_norm), step_metrics=metrics)
         ctx.profiler.step_end(state.step)
         reason = ctx.exits.check(state.step)
         if _eval_due(ctx, state.step, reason is not None):
@@ -284,6 +302,7 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
             if ctx.checkpoint.should_save(state.step) or (reason is not None and last_saved != state.step):
                 ctx.checkpoint.save()
                 last_saved = state.step
+                fire_event(ctx, "on_checkpoint_save", optimizer=ctx.optimizer)
         if cfg.train.manual_gc and cfg.train.manual_gc_interval and state.step % cfg.train.manual_gc_interval == 0:
             gc.collect()
     if cfg.train.manual_gc:
@@ -291,9 +310,14 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
     result.exit_reason = reason
     result.final_step = state.step
     result.peak_memory_bytes = peak_memory_bytes(ctx.device)
-    fire(ctx.callbacks, "on_train_end", ctx)
+    fire_event(ctx, "on_train_end", optimizer=ctx.optimizer, scheduler=ctx.scheduler)
     log_rank_0(logger, "training stopped at step %d (%s)", state.step, reason)
     return result
+
+
+def _loss_dict(loss: float, reported: dict[str, float]) -> dict[str, torch.Tensor]:
+    """Megatron-Bridge's ``loss_dict``: the objective as "lm loss" and every other reported loss, as tensors."""
+    return {"lm loss": torch.tensor(loss), **{name: torch.tensor(v) for name, v in reported.items()}}
 
 
 def _record(result: TrainResult, step: int, loss: float, grad_norm: float, lr: float, step_time: float) -> None:

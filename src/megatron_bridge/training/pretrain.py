@@ -22,7 +22,7 @@ from megatron_bridge.engines.base import Engine, PipelineRunner
 from megatron_bridge.engines.factory import get_engine
 from megatron_bridge.engines.forward_step_forms import check_forward_step_signature, prepare_forward_step_func
 from megatron_bridge.errors import ConfigValidationError
-from megatron_bridge.training.callbacks import Callback
+from megatron_bridge.training.callbacks import Callback, CallbackManager, fire_event, normalize_callbacks
 from megatron_bridge.training.exits import ExitConditions
 from megatron_bridge.training.gpt_step import forward_step as default_forward_step
 from megatron_bridge.training.loop import TrainResult, run_training
@@ -50,9 +50,6 @@ class TrainingContext:
     train_state: TrainState
     checkpoint: Any
     loaded_checkpoint: bool
-    loaders: Any
-    train_iter: Iterator[dict[str, torch.Tensor]]
-    valid_iter: Iterator[dict[str, torch.Tensor]] | None
     metrics: TrainingLogger
     exits: ExitConditions
     grad_scaler: Any
@@ -60,9 +57,13 @@ class TrainingContext:
     otherwise."""
     result: TrainResult
     dp_size: int
-    callbacks: list[Callback]
+    callbacks: CallbackManager | None
     static_tokens_per_step: int | None
     profiler: StepProfiler
+    loaders: Any = None
+    """The data loaders (built after ``on_data_init_start``)."""
+    train_iter: Iterator[dict[str, torch.Tensor]] | None = None
+    valid_iter: Iterator[dict[str, torch.Tensor]] | None = None
     cp_size: int = 1
     """Context-parallel size: each sample's tokens are spread over this many ranks."""
     pipeline: PipelineRunner | None = None
@@ -156,13 +157,13 @@ def _quantize(cfg: ConfigContainer, chunks: list[nn.Module], tokenizer: Any, dev
     return [prepare_quantized_model(cfg, chunk, tokenizer, device) for chunk in chunks]
 
 
-def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = None,
+def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | CallbackManager | None = None,
           forward_step_func: Callable[..., Any] | None = None) -> TrainingContext:
     """Build model, backend, optimizer, schedule, checkpoint manager and data for a validated config.
 
     ``forward_step_func`` is the step the engine's pipeline schedule runs under PP > 1 (megatron-core's schedules run
     it; the native one computes the default loss itself); default: the engine's :meth:`Engine.default_forward_step`.
-    The loop calls it itself without PP."""
+    The loop calls it itself without PP. Fires ``on_data_init_start`` before the data loaders are built."""
     from megatron_bridge.distributed.context_parallel import context_parallel_rank
     from megatron_bridge.distributed.init import data_parallel_rank, pipeline_parallel_rank
     from megatron_bridge.engines.ddp_wrap import ddp_wrap
@@ -193,20 +194,16 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
     dp_size = cfg.data_parallel_size(env.world_size)
     dp_rank = data_parallel_rank(cfg, env.rank, env.world_size)  # TP and CP ranks of one group read the same samples
     cp_rank = context_parallel_rank(cfg, env.rank)  # ... and CP ranks keep their zig-zag slice
-    loaders = _build_data(cfg, tokenizer, state, dp_rank, dp_size, cp_rank)
     seq = cfg.model.seq_length
     result = TrainResult(tokens_per_step=cfg.train.global_batch_size * seq, world_size=env.world_size,
                          backend=backend.name,
                          flops_per_step=num_floating_point_operations(cfg.model, cfg.train.global_batch_size, seq))
-    from megatron_bridge.data.loaders import cyclic_iter
-
     ctx = TrainingContext(
         cfg=cfg, env=env, backend=backend, optimizer=optimizer, scheduler=scheduler, train_state=state,
-        checkpoint=checkpoint, loaded_checkpoint=loaded, loaders=loaders, train_iter=iter(loaders.train),
-        valid_iter=cyclic_iter(loaders.valid) if loaders.valid is not None else None,
-        metrics=TrainingLogger(cfg, env.device, env.world_size), exits=ExitConditions(cfg, env.device),
+        checkpoint=checkpoint, loaded_checkpoint=loaded, metrics=TrainingLogger(cfg, env.device, env.world_size),
+        exits=ExitConditions(cfg, env.device),
         grad_scaler=engine.grad_scaler(cfg, env.device, optimizer), result=result, dp_size=dp_size,
-        callbacks=list(callbacks or []),
+        callbacks=normalize_callbacks(callbacks),
         static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
         profiler=StepProfiler(cfg, env.rank, env.device), cp_size=cfg.model.context_parallel_size,
         moe=MoETracker.for_chunks([backend.unwrap(c) for c in backend.chunks], env.device,
@@ -214,7 +211,16 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | None = Non
         distiller=distiller, fp8=fp8,
     )
     ctx.pipeline = _pipeline_runner(engine, ctx, forward_step_func)
+    fire_event(ctx, "on_data_init_start", optimizer=optimizer, scheduler=scheduler)
+    _attach_data(ctx, _build_data(cfg, tokenizer, state, dp_rank, dp_size, cp_rank))
     return ctx
+
+
+def _attach_data(ctx: TrainingContext, loaders: Any) -> None:
+    from megatron_bridge.data.loaders import cyclic_iter
+
+    ctx.loaders, ctx.train_iter = loaders, iter(loaders.train)
+    ctx.valid_iter = cyclic_iter(loaders.valid) if loaders.valid is not None else None
 
 
 def _pipeline_runner(engine: Engine, ctx: TrainingContext,
@@ -235,11 +241,12 @@ def _distiller(cfg: ConfigContainer, backend: Any, device: torch.device) -> Any:
 def pretrain(
     config: ConfigContainer,
     forward_step_func: Callable[..., Any] = default_forward_step,
-    callbacks: list[Callback] | None = None,
+    callbacks: list[Callback] | CallbackManager | None = None,
 ) -> TrainResult:
     """Validate ``config`` and train; returns a :class:`TrainResult` on every rank.
 
-    Megatron-Bridge's signature and keyword names (``pretrain(config=..., forward_step_func=..., callbacks=...)``);
+    Megatron-Bridge's signature and keyword names (``pretrain(config=..., forward_step_func=..., callbacks=...)``;
+    ``callbacks`` a list of :class:`Callback` or a :class:`CallbackManager`, docs/training/callbacks.md);
     ``forward_step_func`` defaults to the engine's GPT step and may take any of Megatron-Bridge's forms
     (``(data_iterator, model)``, ``(data_iterator, model, return_schedule_plan=False)``, ``(state, data_iterator,
     model)``, ``(state, data_iterator, model, return_schedule_plan=False)``), called as Megatron-Bridge calls them
@@ -258,6 +265,8 @@ def pretrain(
     Raises:
         ConfigValidationError: ``config`` fails ``validate()``, or the engine refuses the forward step with it.
         ForwardStepError: ``forward_step_func`` fits none of the forms above.
+        CallbackError: ``callbacks`` holds something that is no callback, or a method named ``on_...`` that is no
+            event (docs/training/callbacks.md).
     """
     from megatron_bridge.distributed.failure import abort_distributed, annotate_failure
     from megatron_bridge.distributed.init import destroy_distributed, hold_groups, initialize_distributed
@@ -269,6 +278,7 @@ def pretrain(
     setup_logging(cfg.logger.logging_level)
     cfg.validate()
     check_forward_step_signature(forward_step_func)
+    callbacks = normalize_callbacks(callbacks)  # a misspelled event is refused before anything is built
     engine = get_engine(cfg)
     engine.check_forward_step(cfg, forward_step_func)
     if forward_step_func is default_forward_step:

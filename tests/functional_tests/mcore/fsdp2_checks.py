@@ -77,7 +77,7 @@ class AsyncSaveInFlight(Callback):
     def __init__(self, root: Path, step: int) -> None:
         self.root, self.step, self.checked = root, step, False
 
-    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+    def on_train_step_end(self, ctx: Any) -> None:
         if ctx.train_state.step != self.step + 1:
             return
         names = {p.name for p in self.root.iterdir()}

@@ -85,7 +85,7 @@ class MegatronBridgeWriter(Callback):
     def __init__(self, root: Path, step: int) -> None:
         self.root, self.step = root, step
 
-    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+    def on_train_step_end(self, ctx: Any) -> None:
         from tests.functional_tests.mcore.megatron_bridge_writer import write_megatron_bridge_fsdp_dtensor_checkpoint
 
         if ctx.train_state.step == self.step:

@@ -23,7 +23,7 @@ class StateRecorder(Callback):
     def on_train_start(self, ctx: Any) -> None:
         self.start, self.start_step = self.snapshot(ctx), ctx.train_state.step
 
-    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+    def on_train_step_end(self, ctx: Any) -> None:
         if ctx.train_state.step == self.step:
             self.at_step = self.snapshot(ctx)
 

@@ -120,7 +120,7 @@ class _AtStep(Callback):
         if self.step == 0:
             self.fn(ctx)
 
-    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+    def on_train_step_end(self, ctx: Any) -> None:
         if ctx.train_state.step == self.step:
             self.fn(ctx)
 
@@ -183,7 +183,7 @@ class _Snapshots(Callback):
         if self.step == 0:
             self.at_step = snapshot(ctx)
 
-    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+    def on_train_step_end(self, ctx: Any) -> None:
         if ctx.train_state.step == self.step:
             self.at_step = snapshot(ctx)
 

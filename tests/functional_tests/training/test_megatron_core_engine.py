@@ -98,6 +98,17 @@ class InitialWeights(Callback):
         self.weights = {k: v.detach().clone() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
 
 
+class StepEnds(Callback):
+    """Megatron-Bridge's ``on_train_step_end`` on this engine: the step's loss, once per step."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_step_end(self, context: Any) -> None:
+        assert context.state.cfg.model.engine == "megatron_core" and context.optimizer is not None
+        self.losses.append(float(context.loss_dict["lm loss"]))
+
+
 def megatron_core_and_native(overrides: dict[str, Any]) -> dict[str, list[float]]:
     """One process: megatron-core trained with ``overrides``, then the native engine with the same overrides from the
     megatron-core model's initial weights (mapped by :mod:`megatron_bridge.engines.megatron_core.weights`); both
@@ -105,9 +116,10 @@ def megatron_core_and_native(overrides: dict[str, Any]) -> dict[str, list[float]
     from megatron_bridge.engines.megatron_core.weights import megatron_core_to_native
     from megatron_bridge.training.pretrain import pretrain
 
-    initial = InitialWeights()
-    result = pretrain(mcore_config(**overrides), callbacks=[initial])
+    initial, step_ends = InitialWeights(), StepEnds()
+    result = pretrain(mcore_config(**overrides), callbacks=[initial, step_ends])
     assert result.backend == "mcore_ddp" and result.final_step == 8
+    assert step_ends.losses == pytest.approx(result.losses, rel=1e-6)  # the callbacks fire here too, once per step
     native = mcore_config(**overrides)
     native.model.engine = "native"
     mapped = megatron_core_to_native(initial.weights, native.model)

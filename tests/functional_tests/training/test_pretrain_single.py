@@ -136,8 +136,8 @@ def test_params_norm_is_logged_and_correct() -> None:
             super().__init__()
             self.logged: list[float] = []
 
-        def on_step_end(self, ctx, metrics) -> None:  # noqa: ANN001
-            self.logged.append(metrics.params_norm)
+        def on_train_step_end(self, ctx) -> None:  # noqa: ANN001
+            self.logged.append(ctx.step_metrics.params_norm)
 
     cfg = small_config(train_iters=3)
     cfg.logger.log_params_norm = True

@@ -50,7 +50,12 @@ def _dataclass_of(tp: object) -> type | None:
 
 
 def config_key_exists(key: str) -> bool:
-    """True if ``key`` (``section.field[.field]``) is a field path of ConfigContainer."""
+    """True if ``key`` (``section.field[.field]``) is a field path of ConfigContainer, or a Megatron-Bridge key the
+    loader moves to one (``train.eval_iters``: megatron_bridge.config.deprecated)."""
+    from megatron_bridge.config.deprecated import MOVED_KEYS
+
+    if key in MOVED_KEYS:
+        return config_key_exists(MOVED_KEYS[key])
     cls: type | None = ConfigContainer
     for part in key.split("."):
         if cls is None:

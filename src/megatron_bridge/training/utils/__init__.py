@@ -1,0 +1,1 @@
+"""Training utilities at Megatron-Bridge's import paths (``megatron.bridge.training.utils``)."""
