@@ -24,11 +24,47 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     ``kv_heads < heads``), optionally within a sliding ``window`` of tokens.
 
     Without a window, or with one at least as long as the sequence, this is SDPA's own causal path; with a shorter
-    window, SDPA with the band mask (no more work than full causal attention: the same kernel, a different mask).
+    window, SDPA with the band mask, in query blocks once the sequence is :data:`BLOCKED_MIN_RATIO` windows long or
+    more (so a window never costs more than full attention: scripts/performance/window_attention.py measures it).
     """
     gqa = k.shape[1] != q.shape[1]
     s = q.shape[2]
     if window is None or window >= s:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    pos = torch.arange(s, device=q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=band_mask(pos, pos, window), enable_gqa=gqa)
+    if s < BLOCKED_MIN_RATIO * window:
+        pos = torch.arange(s, device=q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=band_mask(pos, pos, window), enable_gqa=gqa)
+    return _blocked_window_attention(q, k, v, window, gqa)
+
+
+BLOCKED_MIN_RATIO = 2
+"""Sequences at least this many windows long run window attention in query blocks (:func:`_blocked_window_attention`);
+shorter ones in one SDPA call with the band mask."""
+
+
+def _blocked_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                              gqa: bool) -> torch.Tensor:
+    """Window attention in blocks of ``window`` queries, each over the ``2 * window`` keys that end with its own block
+    (the keys before the sequence are padding, masked out): one SDPA call over ``[b * blocks, heads, W, 2W]``, about
+    ``2 * W`` keys per query instead of the whole sequence."""
+    b, h, s, d = q.shape
+    blocks = -(-s // window)
+    pad = blocks * window - s
+    q_blocks = F.pad(q, (0, 0, 0, pad)).view(b, h, blocks, window, d).transpose(1, 2).reshape(b * blocks, h, window, d)
+    k_blocks, v_blocks = (_key_blocks(t, window, blocks, pad) for t in (k, v))
+    local = torch.arange(window, device=q.device)
+    mask = band_mask(local + window, torch.arange(2 * window, device=q.device), window)
+    mask = mask.expand(b, blocks, 1, window, 2 * window).clone()
+    mask[:, 0, :, :, :window] = False  # block 0's first half is padding before the sequence
+    out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=mask.view(b * blocks, 1, window, -1),
+                                         enable_gqa=gqa)
+    return out.view(b, blocks, h, window, d).transpose(1, 2).reshape(b, h, blocks * window, d)[:, :, :s]
+
+
+def _key_blocks(t: torch.Tensor, window: int, blocks: int, pad: int) -> torch.Tensor:
+    """``[b * blocks, heads, 2W, d]``: for query block ``n``, the keys (or values) at positions ``(n-1)W .. (n+1)W - 1``
+    (zeros before the sequence and after its end)."""
+    b, heads, _, d = t.shape
+    padded = F.pad(t, (0, 0, window, pad))  # [b, heads, (blocks + 1) W, d]
+    blocked = padded.unfold(2, 2 * window, window).permute(0, 2, 1, 4, 3)  # [b, blocks, heads, 2W, d]
+    return blocked.reshape(b * blocks, heads, 2 * window, d)

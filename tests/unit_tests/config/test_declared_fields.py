@@ -71,7 +71,7 @@ def test_the_issue_example_is_refused_before_validate() -> None:
         cfg.train.micro_batch_sise = 4  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("path", ["dist.use_tp_pp_dp_mapping", "train.eval_iters", "logger.wandb_project"])
+@pytest.mark.parametrize("path", ["dist.use_tp_pp_dp_mapping", "train.skip_train", "logger.wandb_project"])
 def test_a_retired_megatron_bridge_name_is_refused_with_its_replacement(path: str) -> None:
     section, name = path.split(".")
     cfg = ConfigContainer()
@@ -81,7 +81,15 @@ def test_a_retired_megatron_bridge_name_is_refused_with_its_replacement(path: st
         cfg.apply_overrides(overrides=[f"{path}=true"])
     for err in (from_python.value, from_override.value):
         assert path in str(err) and RETIRED_NAMES[path] in str(err)
-    assert "validation.eval_iters" in RETIRED_NAMES["train.eval_iters"]
+
+
+def test_deprecated_eval_iters_is_refused_from_python_and_moved_from_overrides() -> None:
+    """Megatron-Bridge's deprecated train.eval_iters: set from Python it names validation.eval_iters; from YAML or an
+    override it is moved there (config/deprecated.py), as Megatron-Bridge does."""
+    cfg = ConfigContainer()
+    with pytest.raises(ConfigValidationError, match=r"train\.eval_iters.*set validation\.eval_iters"):
+        cfg.train.eval_iters = 5  # type: ignore[attr-defined]
+    assert cfg.apply_overrides(overrides=["train.eval_iters=5"]).validation.eval_iters == 5
 
 
 def test_a_yaml_typo_gets_the_same_suggestion(tmp_path) -> None:

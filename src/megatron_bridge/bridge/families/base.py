@@ -265,5 +265,15 @@ def family_for_hf_config(hf: dict[str, Any]) -> ModelFamily:
 
 def family_for_model_config(config: ModelConfig) -> ModelFamily:
     """The family ``config`` declares (``model.family``; for a config written before that field, the family its
-    shape had: :func:`megatron_bridge.config.families.resolved_family`)."""
-    return family_by_name(registry.resolved_family(config))
+    shape had: :func:`megatron_bridge.config.families.resolved_family`).
+
+    Raises:
+        BridgeError: the model is not one its family's Hugging Face mapping can express (names the family).
+    """
+    family = family_by_name(registry.resolved_family(config))
+    if not family.matches(config):
+        raise BridgeError(f"the model (model.family={family.name!r}, normalization={config.normalization!r}, "
+                          f"activation={config.activation!r}, qk_layernorm={config.qk_layernorm}, "
+                          f"num_moe_experts={config.num_moe_experts}) is not a {family.name} model its Hugging Face "
+                          f"mapping ({family.architectures[0]}) can express; families: {family_names()}")
+    return family
