@@ -35,6 +35,7 @@ RUNTIME_TYPES: dict[str, str] = {
     "SlurmError": "Slurm flags, sbatch and the job's state",
     "TrainingError": "what happened during training (NaN loss, a failed rank)",
     "ForwardStepError": "what the caller's forward_step returned",
+    "CallbackError": "the callbacks the caller registers (their event names), not config fields",
     "MissingDependencyError": "an optional package is not installed",
     "MegatronCoreNeedsCudaError": "megatron-core without CUDA (the machine)",
     "BackendNotAvailableError": "a backend this build cannot run",
@@ -47,8 +48,8 @@ RUNTIME_TYPES: dict[str, str] = {
 """Exception types whose every raise outside config/ reports a runtime fact, by the type's own meaning. Any other
 type (``ConfigValidationError``, ``ValueError``, ``MegatronBridgeError``, ``TypeError``, a re-raised object, a type
 new to the library) is read site by site against :data:`ALLOWED`."""
-CONFIG_TYPES = frozenset({"ConfigValidationError", "PipelineLayoutError", "ConfigOverrideError", "ValueError",
-                          "MegatronBridgeError"})
+CONFIG_TYPES = frozenset({"ConfigValidationError", "PipelineLayoutError", "ConfigOverrideError", "OverridesError",
+                          "ValueError", "MegatronBridgeError"})
 """Types a config check raises: never in :data:`RUNTIME_TYPES`."""
 
 GUARD = "an argument guard of a direct call; in a run, validate() refuses the config value first (rule {})"
@@ -122,7 +123,16 @@ ALLOWED: dict[str, str] = {
     "training/losses.py::masked_next_token_loss": "the function's keyword check_for_spiky_loss (Megatron-Bridge's "
                                                   "signature), not a config field",
     "bridge/families/base.py::family_by_name": "the class a family's registration names (library code)",
+    # the override layer (YAML, Hydra-style overrides) that config/serialization.py also holds
+    "training/utils/omegaconf_utils.py::create_omegaconf_dict_config": "Megatron-Bridge's override utilities: the "
+                                                                       "argument is not a config dataclass",
+    "training/utils/omegaconf_utils.py::_check_keys_exist": "Megatron-Bridge's override utilities: an override's "
+                                                            "unknown key (the override layer, not a rule)",
+    "training/utils/omegaconf_utils.py::_checked_overrides": "Megatron-Bridge's override utilities: an override "
+                                                             "string's form (+/~) or value",
     # re-raised exception objects, built where the fact is known
+    "training/callbacks.py::_check_event": "raises the CallbackError _unknown_event_error builds",
+    "training/callbacks.py::_overridden_events": "raises the CallbackError _unknown_event_error builds",
     "bridge/checkpoints.py::write_streaming_checkpoint": "re-raises the writer thread's error",
     "bridge/cross_engine.py::convert_for_engine": "re-raises a CheckpointError built for the source",
     "checkpoint/comm.py::run_on_rank0": "re-raises rank 0's error on every rank, as its CheckpointError class",
