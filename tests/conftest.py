@@ -46,7 +46,7 @@ FUNCTIONAL_S: dict[str, float] = {
     "multinode/test_restart.py": 234,  # waits on restarts and daemons: wall time well above its CPU time
     "multinode/test_two_nodes.py": 177,  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25
     "optimization/test_qat_export.py": 48,
-    "perf/test_launch.py": 19,
+    "perf/test_launch.py": 28,
     "perf/test_mcore_memory_estimate.py": 24,
     "robustness/test_fail_fast.py": 70,
     "robustness/test_no_orphans.py": 73,

@@ -4,6 +4,7 @@
     python scripts/performance/launch.py -m llama -mr llama3_8b -g h100 -ng 8 -c bf16   # Megatron-Bridge's command
     python scripts/performance/launch.py -mr llama3_8b -ng 8 --use_megatron_fsdp true
     python scripts/performance/launch.py --recipe tiny_llama -ng 2 -ms 20          # on a CPU, gloo
+    python scripts/performance/launch.py --use_megatron_fsdp true                   # llama3_8b, -ng 2 (CP=2), on GPUs
     python scripts/performance/launch.py --use_megatron_fsdp true --dryrun          # the final YAML + memory estimate
     python scripts/performance/launch.py --compare runA/results.json runB/results.json
     python scripts/performance/launch.py -mr tiny_llama -ng 2 -gn 1 -a ACCOUNT -p PARTITION --detach false  # Slurm
@@ -21,7 +22,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse, build the config, dry-run / compare / launch / train."""
-    from megatron_bridge.perf.args import build_config, build_parser, environment
+    from megatron_bridge.perf.args import build_config, build_parser, environment, recipe_name
     from megatron_bridge.perf.results import compare
 
     argv = sys.argv[1:] if argv is None else argv
@@ -43,10 +44,18 @@ def main(argv: list[str] | None = None) -> int:
         return slurm_run(args, argv)
     slurm.refuse_slurm_flags(args, parser)
     from megatron_bridge.launcher.nodes import node_layout, processes_per_node
+    from megatron_bridge.perf.world import check_machine, check_world_size, resolve_defaults, this_machine
 
     layout = node_layout(args)  # a job over nodes started by hand (or another scheduler): this node's share
+    machine = None if args.dryrun else this_machine()
+    said = resolve_defaults(args, machine)  # no -ng (no -mr without GPUs): what this machine runs
+    if said:
+        print(("# " if args.dryrun else "") + said, flush=True)  # a dry run prints YAML: a comment there
     nproc = processes_per_node(args.num_gpus, args.gpus_per_node, layout.nnodes)
     cfg = build_config(args)
+    check_world_size(cfg, args.num_gpus)
+    if machine is not None:
+        check_machine(cfg, machine)
     env = environment(args, cfg)
     for key, value in env.items():  # the perf config's process environment (Megatron-Bridge's env_vars)
         os.environ.setdefault(key, value)
@@ -63,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
     output_dir = args.output_dir or default_output_dir(args)
     if layout.needs_launcher(nproc) and not running_under_torchrun():
-        return relaunch_with_torchrun(nproc, [os.path.abspath(__file__), *argv, "--output_dir", output_dir],
+        chosen = ["-mr", recipe_name(args), "-ng", str(args.num_gpus)]  # the workers run what was chosen here
+        return relaunch_with_torchrun(nproc, [os.path.abspath(__file__), *argv, *chosen, "--output_dir", output_dir],
                                       layout=layout)
     return run(cfg, output_dir)
 
@@ -72,9 +82,14 @@ def slurm_run(args, argv: list[str]) -> int:  # noqa: ANN001
     """-a/-p: write the sbatch script into the run folder and submit it (a node of the job: train); -d prints it."""
     from megatron_bridge.launcher import slurm
     from megatron_bridge.perf.args import build_config, environment
+    from megatron_bridge.perf.world import check_world_size, resolve_defaults
     from megatron_bridge.utils.launch import running_under_torchrun
 
+    said = resolve_defaults(args, None)  # no -ng: the layout's smallest world size (the job's nodes are not here)
+    if said and not running_under_torchrun():
+        print(said, file=sys.stderr, flush=True)  # stdout may be the sbatch script (-d)
     cfg = build_config(args)
+    check_world_size(cfg, args.num_gpus)
     env = environment(args, cfg)
     run_dir = Path(args.output_dir or default_output_dir(args)).resolve()
     options = slurm.options_from_args(args, env)

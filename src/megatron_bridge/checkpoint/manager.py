@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from megatron_bridge.checkpoint.train_state import TrainState
     from megatron_bridge.config.container import ConfigContainer
     from megatron_bridge.distributed.base import DataParallelBackend
+    from megatron_bridge.engines.base import Engine
 
 logger = get_logger(__name__)
 
@@ -65,6 +66,7 @@ class CheckpointManager:
             of a quantized model (read back before the model is wrapped, see megatron_bridge.optimization).
         converter: reads the sources this package has no reader for (a Hugging Face folder as
             ``pretrained_checkpoint``); ``pretrain()`` passes the Bridge's (see :mod:`.converter`).
+        engine: the run's engine; its ``checkpoint`` side picks the format (default: ``get_engine(cfg)``).
     """
 
     def __init__(
@@ -76,7 +78,10 @@ class CheckpointManager:
         train_state: "TrainState",
         extra_files: Callable[[], dict[str, bytes]] | None = None,
         converter: "Converter | None" = None,
+        engine: "Engine | None" = None,
     ) -> None:
+        from megatron_bridge.engines.factory import get_engine
+
         self.cfg = cfg
         self.extra_files = extra_files
         self.converter = converter
@@ -101,8 +106,9 @@ class CheckpointManager:
         """This process (rank 0) holds the lock of ``checkpoint.save`` (see run_folder.py)."""
         self._overwrite_checked = False
         """The save folder was checked for checkpoints this run did not resume from."""
-        self.mcore = getattr(backend, "checkpoint_engine", None) == mcore_reader.MCORE_ENGINE
-        """The megatron-core engine: megatron-core torch_dist folders (megatron_bridge.checkpoint.mcore_checkpoint)."""
+        self.engine = engine if engine is not None else get_engine(cfg)
+        self.mcore = self.engine.checkpoint.megatron_core_format
+        """megatron-core dist_checkpointing folders (megatron_bridge.checkpoint.mcore_checkpoint), else DCP ones."""
         self._mcore_saves: mcore_checkpoint.AsyncMcoreSaves | None = None
         """The megatron-core engine's async saves (megatron-core's AsyncCallsQueue), created at the first one."""
 
@@ -124,7 +130,8 @@ class CheckpointManager:
         start = time.perf_counter()
         original, converted_in = source, None
         if foreign.is_foreign(source, self.mcore):  # the other engine's checkpoint: load an exact converted copy
-            source, converted_in = foreign.converted_source(source, self.cfg, self.converter, self.group)
+            source, converted_in = foreign.converted_source(source, self.cfg, self.engine, self.converter,
+                                                            self.group)
         load_optim = self.ckpt.load_optim and not source.weights_only and source.has_optimizer
         if self.ckpt.load_optim and not source.weights_only and not source.has_optimizer:
             log_rank_0(logger, "checkpoint %s holds no optimizer state: optimizer starts fresh", source.path)

@@ -233,3 +233,22 @@ def _mfsdp_meta(cfg: "ConfigContainer", world_size: int) -> None:
              "megatron-fsdp initializes meta models only when it shards parameters. Fix: use a sharding strategy "
              "(e.g. 'optim_grads_params') or set model.init_model_with_meta_device=False",
              "model.init_model_with_meta_device", "ddp.data_parallel_sharding_strategy")
+
+
+@rule("megatron_fsdp_unit_modules", ("ddp.megatron_fsdp_unit_modules",),
+      "With Megatron FSDP, ddp.megatron_fsdp_unit_modules is None (the model's own units) or a non-empty list of full "
+      "class paths (package.module.Class).")
+def _mfsdp_units(cfg: "ConfigContainer", world_size: int) -> None:
+    units = cfg.ddp.megatron_fsdp_unit_modules
+    if units is None or not (cfg.dist.use_megatron_fsdp or cfg.ddp.use_megatron_fsdp):
+        return
+    if not units:
+        fail("ddp.megatron_fsdp_unit_modules=[] names no FSDP unit (megatron-fsdp would divide by zero units). Fix: "
+             "set None (the model's own units: the native decoder's _no_split_modules, megatron-core's "
+             "TransformerLayer) or list block class paths, e.g. ['megatron_bridge.models.llama.LlamaDecoderLayer']",
+             "ddp.megatron_fsdp_unit_modules")
+    short = [p for p in units if not isinstance(p, str) or not p.rpartition(".")[0]]
+    if short:
+        fail(f"ddp.megatron_fsdp_unit_modules: {', '.join(map(repr, short))} is not a full class path "
+             "(package.module.Class). Fix: e.g. 'megatron_bridge.models.llama.LlamaDecoderLayer', or set None",
+             "ddp.megatron_fsdp_unit_modules")

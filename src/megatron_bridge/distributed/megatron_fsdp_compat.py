@@ -236,7 +236,8 @@ def resolve_unit_modules(class_paths: list[str] | None, model: nn.Module) -> lis
     class name its ``_no_split_modules`` lists.
 
     Raises:
-        MegatronBridgeError: the list is empty, a path does not import, or no submodule matches.
+        MegatronBridgeError: a path does not import, or no submodule matches (an empty list or a path without a
+            module is rule megatron_fsdp_unit_modules, which :func:`megatron_fsdp_kwargs` enforces before).
     """
     if class_paths is None:
         names = no_split_module_names(model)
@@ -249,20 +250,12 @@ def resolve_unit_modules(class_paths: list[str] | None, model: nn.Module) -> lis
                 "['megatron_bridge.models.llama.LlamaDecoderLayer']."
             )
         return classes
-    if not class_paths:
-        raise MegatronBridgeError(
-            "ddp.megatron_fsdp_unit_modules=[] names no FSDP unit (megatron-fsdp would divide by zero units). Fix: "
-            "set None to derive the units from the model's _no_split_modules, or list block class paths."
-        )
-    classes = []
+    classes = []  # an empty list or a short path: rule megatron_fsdp_unit_modules (megatron_fsdp_kwargs enforces it)
     for path in class_paths:
         module_path, _, class_name = path.rpartition(".")
-        if not module_path:
-            raise MegatronBridgeError(f"ddp.megatron_fsdp_unit_modules: {path!r} is not a full class path "
-                                      "(package.module.Class), e.g. 'megatron_bridge.models.llama.LlamaDecoderLayer'.")
         try:
             cls = getattr(importlib.import_module(module_path), class_name)
-        except (ImportError, AttributeError) as exc:
+        except (ImportError, AttributeError, ValueError) as exc:
             raise MegatronBridgeError(
                 f"ddp.megatron_fsdp_unit_modules: cannot import {path!r} ({exc}). Fix: use a full class path, e.g. "
                 "'megatron_bridge.models.llama.LlamaDecoderLayer'."
@@ -287,7 +280,7 @@ def megatron_fsdp_kwargs(cfg: "ConfigContainer", model: nn.Module,
     mfsdp = import_megatron_fsdp()
     names = frozenset(params) if params is not None else accepted_parameters(mfsdp.fully_shard_model)
     d = cfg.ddp
-    enforce(cfg, "field_types", "megatron_fsdp_meta_init", "positive_sizes")
+    enforce(cfg, "field_types", "megatron_fsdp_meta_init", "positive_sizes", "megatron_fsdp_unit_modules")
     strategy = d.data_parallel_sharding_strategy
     meta = cfg.model.init_model_with_meta_device
     kwargs: dict[str, Any] = {
@@ -326,12 +319,11 @@ def apply_communication_unit_size(wrapped: nn.Module, size: int | None) -> None:
     it as all-gather prefetch), which its ``fully_shard_model`` does not take as an argument.
 
     Raises:
-        MegatronBridgeError: ``size <= 0``, or the installed megatron-fsdp has no such attributes.
+        MegatronBridgeError: the installed megatron-fsdp has no such attributes (``size <= 0`` is rule
+            positive_sizes, which :func:`megatron_fsdp_kwargs` enforces before).
     """
     if size is None:
         return
-    if size <= 0:  # the positive_sizes rule of validate() refuses it first
-        raise MegatronBridgeError(f"ddp.bucket_size={size} must be a positive number of elements, or None.")
     names = ("suggested_RS_queue_capacity", "suggested_AG_prefetch_size")
     if not all(hasattr(wrapped, n) for n in names):
         raise MegatronBridgeError(f"ddp.bucket_size={size}: megatron-fsdp {installed_version()} has no "

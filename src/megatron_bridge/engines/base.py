@@ -1,6 +1,7 @@
 """What an engine builds for a run, and the pipeline runner both engines' schedules implement."""
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -25,12 +26,35 @@ class PipelineRunner(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class CheckpointSide:
+    """The checkpoint side of an engine: which folders its runs write and read as they are, and what a checkpoint of
+    the other engine is converted from. The checkpoint package (:mod:`megatron_bridge.checkpoint.manager`,
+    :mod:`megatron_bridge.checkpoint.foreign`) picks its writer and readers from it, never from the engine's name."""
+
+    megatron_core_format: bool
+    """True: megatron-core ``dist_checkpointing`` folders (torch_dist, or fsdp_dtensor under Megatron FSDP) with
+    Megatron-Bridge's ``train_state.pt``; False: this library's DCP folders."""
+    other_engine: str
+    """``model.engine`` of the other engine, whose checkpoints this one loads through a converted copy."""
+    convert_target: str
+    """``scripts/checkpoint/convert.py --to`` value that writes this engine's checkpoints."""
+
+
+NATIVE_CHECKPOINTS = CheckpointSide(megatron_core_format=False, other_engine="megatron_core",
+                                    convert_target="megatron")
+MEGATRON_CORE_CHECKPOINTS = CheckpointSide(megatron_core_format=True, other_engine="native",
+                                           convert_target="megatron_core")
+
+
 class Engine(Protocol):
     """The engine-specific parts of a run (``model.engine``); :func:`megatron_bridge.engines.factory.get_engine`
     picks one from the config."""
 
     name: str
     """``model.engine``'s value."""
+    checkpoint: CheckpointSide
+    """What its runs' checkpoints are (:class:`CheckpointSide`)."""
 
     def build_model_chunks(self, cfg: "ConfigContainer", device: torch.device, pp_rank: int) -> list[nn.Module]:
         """This rank's model chunks (one per virtual pipeline stage)."""

@@ -60,13 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("-m", "--model_family_name", type=str.lower, choices=MODEL_FAMILIES, default=None,
                       help=f"model family ({', '.join(MODEL_FAMILIES)}); checked against the recipe")
     what.add_argument("-mr", "--model_recipe_name", type=str.lower, default=None,
-                      help=f"recipe, one of {sorted(RECIPES)} (default llama3_8b)")
+                      help=f"recipe, one of {sorted(RECIPES)} (default llama3_8b; tiny_llama on a machine "
+                      "without GPUs)")
     what.add_argument("--recipe", default=None, help="same as -mr (this library's spelling)")
     what.add_argument("-g", "--gpu", type=str.lower, choices=GPUS, default=None,
                       help="GPU type: selects the per-GPU perf config when one is registered, and the dry-run "
                       "memory estimate's device")
-    what.add_argument("-ng", "--num_gpus", type=positive_int, default=1,
-                      help="processes of the whole job (GPUs, or CPU ranks)")
+    what.add_argument("-ng", "--num_gpus", type=positive_int, default=None,
+                      help="processes of the whole job (GPUs, or CPU ranks); default: the smallest world size the "
+                      "recipe's layout allows (TP x PP x lcm(CP, EP)) if this machine has that many")
     what.add_argument("-gn", "--gpus_per_node", type=positive_int, default=None,
                       help="processes per node (Megatron-Bridge's flag); -ng must be a multiple of it, the job spans "
                       "-ng / -gn nodes (default: all -ng on one node)")
@@ -228,7 +230,7 @@ def build_config(args: argparse.Namespace) -> ConfigContainer:
     common_perf_overrides(cfg, train_iters=args.max_steps or DEFAULT_STEPS, warmup_iters=args.warmup_iters)
     cfg = cfg.apply_overrides(overrides=args.overrides)
     apply_flags(cfg, args, perf is not None)
-    if args.global_batch_size is None:
+    if args.global_batch_size is None and args.num_gpus is not None:
         weak_scale_global_batch(cfg, base_gbs, base_dp, args.num_gpus)
     return cfg
 

@@ -127,7 +127,8 @@ def _build_data(cfg: ConfigContainer, tokenizer: Any, state: TrainState, dp_rank
     )
 
 
-def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, scheduler: Any, state: TrainState) -> Any:
+def _checkpoint_manager(cfg: ConfigContainer, engine: Engine, backend: Any, optimizer: Any, scheduler: Any,
+                        state: TrainState) -> Any:
     c = cfg.checkpoint
     if not (c.save or c.load or c.pretrained_checkpoint):
         return None
@@ -142,7 +143,7 @@ def _checkpoint_manager(cfg: ConfigContainer, backend: Any, optimizer: Any, sche
             return {MODELOPT_STATE_FILENAME: modelopt_state_bytes(backend.unwrap(backend.chunks[0]))}
 
     return CheckpointManager(cfg, backend, optimizer, scheduler, state, extra_files=extra_files,
-                             converter=PretrainedConverter())
+                             converter=PretrainedConverter(), engine=engine)
 
 
 def _quantize(cfg: ConfigContainer, chunks: list[nn.Module], tokenizer: Any, device: torch.device) -> list[nn.Module]:
@@ -183,7 +184,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | CallbackMa
     optimizer = backend.prepare_optimizer(engine.build_optimizer(cfg, backend.chunks, env.device))
     scheduler = OptimizerParamScheduler(optimizer, cfg)
     state = TrainState()
-    checkpoint = _checkpoint_manager(cfg, backend, optimizer, scheduler, state)
+    checkpoint = _checkpoint_manager(cfg, engine, backend, optimizer, scheduler, state)
     loaded = checkpoint.load() if checkpoint is not None else False
     if loaded and state.step > cfg.train_iters:
         raise ConfigValidationError(

@@ -126,15 +126,21 @@ def test_what_does_not_convert_is_refused_with_the_fix() -> None:
     from megatron_bridge.bridge.converter import PretrainedConverter
     from megatron_bridge.checkpoint.foreign import _refusal
     from megatron_bridge.checkpoint.load import LoadSource
+    from megatron_bridge.engines.factory import get_engine
 
     converter, native = PretrainedConverter(), tiny_cfg()
-    assert _refusal(LoadSource("/ckpt", "mcore_dist", 0, True), native, converter) is None
-    assert _refusal(LoadSource("/ckpt", "mcore_fsdp_dtensor", 0, True), native, converter) is None
+    engine = get_engine(native)
+    assert _refusal(LoadSource("/ckpt", "mcore_dist", 0, True), native, engine, converter) is None
+    assert _refusal(LoadSource("/ckpt", "mcore_fsdp_dtensor", 0, True), native, engine, converter) is None
+    no_converter = _refusal(LoadSource("/ckpt", "mcore_dist", 0, True), native, engine, None)
+    assert no_converter is not None and "model.engine='megatron_core' format" in str(no_converter)
+    assert "convert.py --to megatron" in str(no_converter)
     mcore = tiny_cfg()
     mcore.model.engine = "megatron_core"
-    assert _refusal(LoadSource("/ckpt", "dcp", 0, True), mcore, converter) is None
+    engine = get_engine(mcore)
+    assert _refusal(LoadSource("/ckpt", "dcp", 0, True), mcore, engine, converter) is None
     mcore.dist.use_megatron_fsdp = True
-    error = _refusal(LoadSource("/ckpt", "dcp", 0, True), mcore, converter)
+    error = _refusal(LoadSource("/ckpt", "dcp", 0, True), mcore, engine, converter)
     assert error is not None and "dist.use_megatron_fsdp=False" in str(error)
 
 

@@ -31,7 +31,7 @@ from megatron_bridge.distributed.megatron_fsdp_compat import (
     resolve_unit_modules,
 )
 from megatron_bridge.engines.ddp_wrap import select_backend_class
-from megatron_bridge.errors import MegatronBridgeError
+from megatron_bridge.errors import ConfigValidationError, MegatronBridgeError
 from megatron_bridge.models.llama import LlamaDecoderLayer, LlamaModel
 from megatron_bridge.utils import logging as mb_logging
 from tests.unit_tests.distributed.helpers import build, tiny_cfg
@@ -197,6 +197,15 @@ def test_bad_unit_modules_are_named(model: nn.Module, paths: list[str], match: s
     assert "ddp.megatron_fsdp_unit_modules" in str(info.value)
 
 
+@pytest.mark.parametrize("paths", [[], ["LlamaDecoderLayer"]])
+def test_unit_modules_the_config_alone_refuses_are_one_rule(paths: list[str]) -> None:
+    """``[]`` and a path without its module are refused by validate() (rule megatron_fsdp_unit_modules), the same
+    rule both engines' Megatron FSDP wrappers enforce."""
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_fsdp_unit_modules\]") as info:
+        mfsdp_cfg(megatron_fsdp_unit_modules=paths).validate(world_size=1)
+    assert "ddp.megatron_fsdp_unit_modules" in info.value.paths
+
+
 def test_model_without_no_split_modules() -> None:
     with pytest.raises(MegatronBridgeError, match="_no_split_modules"):
         resolve_unit_modules(None, nn.Sequential(nn.Linear(2, 2)))
@@ -258,8 +267,8 @@ def test_bucket_size_sets_the_communication_unit() -> None:
     apply_communication_unit_size(wrapped, 40_000_000)
     assert (wrapped.suggested_RS_queue_capacity, wrapped.suggested_AG_prefetch_size) == (40_000_000, 20_000_000)
     assert wrapped.ddp_config.suggested_communication_unit_size == 40_000_000
-    with pytest.raises(MegatronBridgeError, match="ddp.bucket_size=0"):
-        apply_communication_unit_size(wrapped, 0)
+    with pytest.raises(ConfigValidationError, match=r"ddp.bucket_size.*\[rule positive_sizes\]"):
+        megatron_fsdp_kwargs(mfsdp_cfg(bucket_size=0), nn.Linear(2, 2))  # before the size reaches the wrapper
     with pytest.raises(MegatronBridgeError, match="ddp.bucket_size=8"):
         apply_communication_unit_size(object(), 8)
 

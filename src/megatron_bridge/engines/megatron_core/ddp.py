@@ -49,8 +49,6 @@ class MegatronCoreDDPBackend(DataParallelBackend):
     """megatron-core ``DistributedDataParallel`` around each ``GPTModel`` chunk."""
 
     name = "mcore_ddp"
-    checkpoint_engine = "megatron_core"
-    """Checkpoints are megatron-core torch_dist folders (megatron_bridge.checkpoint.mcore_checkpoint)."""
 
     def __init__(self, cfg: Any, device: torch.device) -> None:
         super().__init__(cfg, device)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from megatron_bridge.engines.base import ForwardStep, PipelineRunner
+from megatron_bridge.engines.base import MEGATRON_CORE_CHECKPOINTS, ForwardStep, PipelineRunner
 
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ class MegatronCoreEngine:
     """The megatron-core engine (:class:`~megatron_bridge.engines.base.Engine`)."""
 
     name = "megatron_core"
+    checkpoint = MEGATRON_CORE_CHECKPOINTS
 
     def build_model_chunks(self, cfg: "ConfigContainer", device: torch.device, pp_rank: int) -> list[nn.Module]:
         """megatron-core's parallel state and this rank's ``GPTModel`` chunks (:func:`.provider.build_gpt_chunks`;

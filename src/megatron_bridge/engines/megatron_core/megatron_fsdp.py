@@ -98,16 +98,12 @@ def unit_module_classes(class_paths: list[str] | None, model: nn.Module) -> list
     """``ddp.megatron_fsdp_unit_modules`` as classes (None keeps the adapter's default units).
 
     Raises:
-        MegatronBridgeError: an empty list, a path that does not import or is not a module class, or a class no
-            submodule of ``model`` has.
+        MegatronBridgeError: a path that does not import or is not a module class, or a class no submodule of
+            ``model`` has (an empty list is rule megatron_fsdp_unit_modules, which ``wrap()`` enforces).
     """
     if class_paths is None:
         return None
-    if not class_paths:
-        raise MegatronBridgeError(
-            "ddp.megatron_fsdp_unit_modules=[] names no FSDP unit: set None (megatron-core's TransformerLayer units) "
-            "or list class paths, e.g. ['megatron.core.transformer.transformer_layer.TransformerLayer']")
-    classes = []
+    classes = []  # an empty list or a short path: rule megatron_fsdp_unit_modules (wrap() enforces it)
     for path in class_paths:
         module_path, _, name = path.rpartition(".")
         try:
@@ -141,7 +137,7 @@ class MegatronCoreFSDPBackend(MegatronCoreDDPBackend):
         for adjustment in ("megatron_fsdp_flags", "megatron_fsdp_distributed_optimizer",
                            "megatron_fsdp_average_in_collective"):
             apply_adjustment(self.cfg, adjustment)  # as validate() does (logged once), also without validate()
-        enforce(self.cfg, "megatron_core_fsdp")
+        enforce(self.cfg, "megatron_core_fsdp", "megatron_fsdp_unit_modules")
         d = self.cfg.ddp
         config = megatron_fsdp_ddp_config(self.cfg)
         self.chunks = [

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from megatron_bridge.engines.base import ForwardStep, PipelineRunner
+from megatron_bridge.engines.base import NATIVE_CHECKPOINTS, ForwardStep, PipelineRunner
 from megatron_bridge.errors import ConfigValidationError, MegatronBridgeError
 from megatron_bridge.models.loss import forward_step
 
@@ -43,6 +43,7 @@ class NativeEngine:
     """The native engine's parts of a run (:class:`~megatron_bridge.engines.base.Engine`)."""
 
     name = "native"
+    checkpoint = NATIVE_CHECKPOINTS
 
     def build_model_chunks(self, cfg: "ConfigContainer", device: torch.device, pp_rank: int) -> list[nn.Module]:
         """This rank's ``LlamaModel`` chunks: its pipeline stages (the whole model without PP)."""
