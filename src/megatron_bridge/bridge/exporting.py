@@ -24,10 +24,10 @@ from megatron_bridge.bridge.assets import (
 from megatron_bridge.bridge.config_out import exported_hf_config, valid_token_ids
 from megatron_bridge.bridge.families.base import ModelFamily
 from megatron_bridge.bridge.hf_reader import CONFIG_FILENAME, is_hf_folder, read_json
-from megatron_bridge.bridge.hf_writer import DEFAULT_MAX_SHARD_SIZE, SafetensorsShardWriter, TensorSpec
+from megatron_bridge.bridge.hf_writer import DEFAULT_MAX_SHARD_SIZE
 from megatron_bridge.bridge.output import staged_output_dir
 from megatron_bridge.bridge.rope import RopeFormat
-from megatron_bridge.bridge.weights import hf_tensor_shapes, to_hf_tensors
+from megatron_bridge.bridge.weights import write_hf_weights
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import MegatronBridgeError
@@ -63,14 +63,7 @@ def write_hf_pretrained(path: str | Path, family: ModelFamily, config: ModelConf
     dtype = weight_dtype or params_dtype_of(config)
     path = Path(path)
     with staged_output_dir(path, overwrite=overwrite) as tmp:
-        specs = [TensorSpec(name, shape, dtype) for name, shape in hf_tensor_shapes(family, config).items()]
-        writer = SafetensorsShardWriter(tmp, specs, max_shard_size)
-        try:
-            for name, tensor in to_hf_tensors(pairs, family, config):
-                writer.add(name, tensor)
-            files = writer.finish()
-        finally:
-            writer.close()
+        files = write_hf_weights(tmp, pairs, family, config, dtype, max_shard_size)
         hf = exported_hf_config(family, config, dtype=DTYPE_NAMES[dtype], rope_format=rope_format, source=base,
                                 token_ids=ids)
         write_json(tmp / CONFIG_FILENAME, hf)

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from megatron_bridge.bridge.families import ModelFamily
-from megatron_bridge.bridge.hf_writer import SafetensorsShardWriter, TensorSpec
-from megatron_bridge.bridge.weights import hf_tensor_shapes, to_hf_tensors
+from megatron_bridge.bridge.weights import write_hf_weights
 from megatron_bridge.checkpoint.files import fsync_dir, fsync_tree
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import DType, ModelConfig
@@ -96,14 +95,7 @@ def save_hf_safetensors(path: Path, family: ModelFamily, config: ModelConfig,
     stage = path / f".weights.tmp-{uuid.uuid4().hex[:12]}"
     stage.mkdir()
     try:
-        specs = [TensorSpec(name, shape, dtype) for name, shape in hf_tensor_shapes(family, config).items()]
-        writer = SafetensorsShardWriter(stage, specs, max_shard_size)
-        try:
-            for name, tensor in to_hf_tensors(pairs, family, config):
-                writer.add(name, tensor)
-            written = writer.finish()
-        finally:
-            writer.close()
+        written = write_hf_weights(stage, pairs, family, config, dtype, max_shard_size)
         fsync_tree(stage)
         for name in old:
             if name not in written:

@@ -10,11 +10,13 @@ vocabulary rows cut back to ``vocab_size``. A family's stacked tensors (MoE expe
 
 import fnmatch
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 import torch
 
 from megatron_bridge.bridge.families.base import ModelFamily, StackedWeight
 from megatron_bridge.bridge.hf_reader import HFWeightsReader
+from megatron_bridge.bridge.hf_writer import SafetensorsShardWriter, TensorSpec
 from megatron_bridge.bridge.memory import track
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import BridgeError
@@ -194,3 +196,17 @@ def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily
     if missing and not partial:
         raise BridgeError(f"the model has no {len(missing)} parameter(s) the {family.name} mapping needs: "
                           f"{missing[:_MAX_NAMED]}")
+
+
+def write_hf_weights(folder: Path, pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily,
+                     config: ModelConfig, dtype: torch.dtype, max_shard_size: int | str) -> list[str]:
+    """Write ``pairs`` (our names) into ``folder`` as the family's HF safetensors shards in ``dtype``, one tensor at a
+    time; returns the names of the files written (shards and index)."""
+    specs = [TensorSpec(name, shape, dtype) for name, shape in hf_tensor_shapes(family, config).items()]
+    writer = SafetensorsShardWriter(folder, specs, max_shard_size)
+    try:
+        for name, tensor in to_hf_tensors(pairs, family, config):
+            writer.add(name, tensor)
+        return writer.finish()
+    finally:
+        writer.close()
