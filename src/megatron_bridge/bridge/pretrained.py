@@ -41,6 +41,7 @@ ARCHITECTURE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("moe_ffn_hidden_size", "expert_ffn_hidden_size", "moe_intermediate_size"),
     ("moe_router_topk", "moe_router_topk", "num_experts_per_tok"),
     ("moe_router_pre_softmax", "moe_router_pre_softmax", "norm_topk_prob"),
+    ("window_size", "window_size", "sliding_window"),
 )
 """(ModelConfig field, attribute compared, HF key) for every setting that changes the weights' meaning."""
 _ROPE_SCALING_FIELDS = {"rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
@@ -48,6 +49,8 @@ _ROPE_SCALING_FIELDS = {"rope_scaling_factor", "rope_low_freq_factor", "rope_hig
 
 
 def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):  # window_size: a tuple, or a list from Python
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) or isinstance(b, float):
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
     return a == b

@@ -69,3 +69,17 @@ def test_wrap_with_ddp_returns_wrapped_chunks(tmp_path) -> None:  # noqa: ANN001
     chunks = AutoBridge.from_hf_pretrained(tmp_path).to_megatron_model(wrap_with_ddp=True)
     tokens = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
     assert (our_logits(chunks[0], tokens) - hf_logits(hf_model("llama3"), tokens)).abs().max() <= 1e-5
+
+
+def test_a_pretrained_folder_with_another_window_is_named() -> None:
+    """checkpoint.pretrained_checkpoint: the sliding window counts among the fields that must agree (a list from
+    Python equals the tuple read from config.json)."""
+    from megatron_bridge.bridge.pretrained import first_mismatch
+    from megatron_bridge.recipes import tiny_mistral_pretrain_config
+
+    hf_side = tiny_mistral_pretrain_config().model
+    ours = tiny_mistral_pretrain_config().model
+    ours.window_size = [31, 0]  # type: ignore[assignment]
+    assert first_mismatch(ours, hf_side) is None
+    ours.window_size = None
+    assert first_mismatch(ours, hf_side) == ("window_size", None, (31, 0), "sliding_window")
