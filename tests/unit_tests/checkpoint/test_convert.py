@@ -122,3 +122,24 @@ def test_cli(tmp_path):
     back = torch.load(from_hf, weights_only=True)["model"]
     assert torch.equal(back["embed_tokens.weight"], weights["embed_tokens.weight"][:VOCAB])
     assert run_cli(cli.main, [str(tmp_path / "nothing"), str(from_hf), "--to", "torch"]) == EXIT_USER_ERROR
+
+
+@pytest.mark.parametrize(("variant", "architecture"), [("mistral-window8", "MistralForCausalLM"),
+                                                       ("mixtral", "MixtralForCausalLM"),
+                                                       ("qwen3", "Qwen3ForCausalLM")])
+def test_cli_exports_each_family_as_its_own_architecture(variant: str, architecture: str, tmp_path: Path) -> None:
+    """convert.py with no --family: the checkpoint's declared model.family picks the HF architecture (never the
+    first family whose shape fits), and the weights come back as transformers wrote them."""
+    from megatron_bridge.bridge import AutoBridge
+    from tests.unit_tests.bridge.hf_models import hf_model
+
+    hf_model(variant).save_pretrained(tmp_path / "src")
+    root = AutoBridge.import_ckpt(tmp_path / "src", tmp_path / "ckpt")
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import convert as cli  # the script's main(), in-process
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert cli.main([str(root), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [architecture]
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (tmp_path / "src" / "model.safetensors").read_bytes()
