@@ -42,10 +42,21 @@ ARCHITECTURE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("moe_router_topk", "moe_router_topk", "num_experts_per_tok"),
     ("moe_router_pre_softmax", "moe_router_pre_softmax", "norm_topk_prob"),
     ("window_size", "window_size", "sliding_window"),
+    ("position_embedding_type", "position_embedding_type", "rope_type"),
+    ("yarn_rotary_scaling_factor", "yarn_rotary_scaling_factor", "factor"),
+    ("yarn_original_max_position_embeddings", "yarn_original_max_position_embeddings",
+     "original_max_position_embeddings"),
+    ("yarn_beta_fast", "yarn_beta_fast", "beta_fast"),
+    ("yarn_beta_slow", "yarn_beta_slow", "beta_slow"),
+    ("yarn_mscale", "yarn_mscale", "mscale"),
+    ("yarn_mscale_all_dim", "yarn_mscale_all_dim", "mscale_all_dim"),
+    ("yarn_correction_range_round_to_int", "yarn_correction_range_round_to_int", "truncate"),
 )
 """(ModelConfig field, attribute compared, HF key) for every setting that changes the weights' meaning."""
 _ROPE_SCALING_FIELDS = {"rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
                         "rope_original_max_position_embeddings"}
+_YARN_FIELDS = {"yarn_rotary_scaling_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast",
+                "yarn_beta_slow", "yarn_mscale", "yarn_mscale_all_dim", "yarn_correction_range_round_to_int"}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -60,6 +71,8 @@ def first_mismatch(model: ModelConfig, hf_model: ModelConfig) -> tuple[str, Any,
     """(field, model value, HF value, HF key) of the first architecture field that differs, else None."""
     for field, attr, hf_key in ARCHITECTURE_FIELDS:
         if field in _ROPE_SCALING_FIELDS and not (model.rope_scaling and hf_model.rope_scaling):
+            continue
+        if field in _YARN_FIELDS and not model.position_embedding_type == hf_model.position_embedding_type == "yarn":
             continue
         mine, theirs = getattr(model, attr), getattr(hf_model, attr)
         if not _same(mine, theirs):

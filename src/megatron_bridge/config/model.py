@@ -61,6 +61,27 @@ class ModelConfig(DeclaredFields):
     """Llama 3.1 RoPE high-frequency factor; used only when rope_scaling is True."""
     rope_original_max_position_embeddings: int = 8192
     """Context length the RoPE scaling was derived for; used only when rope_scaling is True."""
+    position_embedding_type: Literal["rope", "yarn"] = "rope"
+    """Rotary position embedding (Megatron-Bridge's field): "rope" (plain RoPE, or Llama 3.1 scaling with
+    rope_scaling) or "yarn" (YaRN frequency interpolation with the yarn_* fields below, as Hugging Face's
+    ``rope_type: yarn``)."""
+    yarn_rotary_scaling_factor: float = 1.0
+    """YaRN: the context extension factor (Hugging Face's ``factor``)."""
+    yarn_original_max_position_embeddings: int = 4096
+    """YaRN: the context length the RoPE frequencies were trained for (``original_max_position_embeddings``)."""
+    yarn_beta_fast: float = 32.0
+    """YaRN: rotations above which dimensions keep their frequency (extrapolation; ``beta_fast``)."""
+    yarn_beta_slow: float = 1.0
+    """YaRN: rotations below which dimensions are interpolated by the factor (``beta_slow``)."""
+    yarn_mscale: float = 1.0
+    """YaRN: with yarn_mscale_all_dim > 0, the attention factor is mscale(factor, yarn_mscale) /
+    mscale(factor, yarn_mscale_all_dim), where mscale(s, m) = 0.1 · m · ln(s) + 1 (1 for s <= 1); it multiplies the
+    cos/sin tables (Hugging Face's ``mscale``)."""
+    yarn_mscale_all_dim: float = 0.0
+    """YaRN: see yarn_mscale; 0 gives the attention factor 0.1 · ln(factor) + 1 (Hugging Face without ``mscale``)."""
+    yarn_correction_range_round_to_int: bool = True
+    """YaRN: round the interpolation ramp's bounds to whole dimensions (Hugging Face's ``truncate``, default True;
+    GPT-OSS sets False)."""
     max_position_embeddings: int | None = None
     """Longest sequence the positional encoding is meant for (Hugging Face's max_position_embeddings, e.g. 131072
     for Llama 3.1); None means seq_length. Only recorded and exported; training uses seq_length."""

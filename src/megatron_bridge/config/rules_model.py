@@ -69,6 +69,25 @@ def _window(cfg: "ConfigContainer", world_size: int) -> None:
              "(full attention)", "model.window_attn_skip_freq")
 
 
+@rule("yarn_rope", ("model.position_embedding_type", "model.rope_scaling", "model.yarn_rotary_scaling_factor",
+                    "model.yarn_original_max_position_embeddings", "model.yarn_beta_fast", "model.yarn_beta_slow"),
+      "With model.position_embedding_type='yarn': no Llama 3.1 rope_scaling, yarn_rotary_scaling_factor > 0, "
+      "yarn_original_max_position_embeddings > 0 and yarn_beta_fast, yarn_beta_slow > 0.")
+def _yarn(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.position_embedding_type != "yarn":
+        return
+    if m.rope_scaling:
+        fail("model.position_embedding_type='yarn' with model.rope_scaling=True: the two RoPE scalings exclude each "
+             "other; set model.rope_scaling=False (YaRN's factor is model.yarn_rotary_scaling_factor)",
+             "model.rope_scaling")
+    for name in ("yarn_rotary_scaling_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast",
+                 "yarn_beta_slow"):
+        if not getattr(m, name) > 0:
+            fail(f"model.{name}={getattr(m, name)!r} must be > 0 with model.position_embedding_type='yarn'",
+                 f"model.{name}")
+
+
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),
       "Without model.kv_channels, hidden_size is divisible by num_attention_heads; the head width is even (RoPE).")
 def _head_dim(cfg: "ConfigContainer", world_size: int) -> None:

@@ -94,6 +94,8 @@ def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None)
     dim = config.head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
     inv_freq = 1.0 / (config.rotary_base**exponents)
+    if config.position_embedding_type == "yarn":
+        return _yarn_inv_freq(config, inv_freq).to(torch.float32)
     if config.rope_scaling:
         factor = config.rope_scaling_factor
         low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
@@ -107,6 +109,45 @@ def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None)
         is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
         inv_freq = torch.where(is_medium, smoothed, scaled)
     return inv_freq.to(torch.float32)
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention-scale term ``0.1 * mscale * ln(scale) + 1`` (1 for ``scale <= 1``)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_attention_factor(config: ModelConfig) -> float:
+    """The factor YaRN multiplies the cos/sin tables by (1 for plain RoPE): ``yarn_mscale(factor, yarn_mscale) /
+    yarn_mscale(factor, yarn_mscale_all_dim)`` when yarn_mscale_all_dim is set, else ``yarn_mscale(factor)``."""
+    if config.position_embedding_type != "yarn":
+        return 1.0
+    factor = config.yarn_rotary_scaling_factor
+    if config.yarn_mscale and config.yarn_mscale_all_dim:
+        return yarn_mscale(factor, config.yarn_mscale) / yarn_mscale(factor, config.yarn_mscale_all_dim)
+    return yarn_mscale(factor)
+
+
+def _yarn_inv_freq(config: ModelConfig, inv_freq: torch.Tensor) -> torch.Tensor:
+    """YaRN (arXiv 2309.00071): dimensions that rotate fewer than ``yarn_beta_slow`` times over the original context
+    are interpolated (divided by the factor), those rotating more than ``yarn_beta_fast`` times keep their frequency,
+    with a linear ramp between (bounds rounded outward with yarn_correction_range_round_to_int), as transformers'
+    ``_compute_yarn_parameters``; the ramp is computed in float32 like it."""
+    dim, base = config.head_dim, config.rotary_base
+    original = config.yarn_original_max_position_embeddings
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(config.yarn_beta_fast), correction_dim(config.yarn_beta_slow)
+    if config.yarn_correction_range_round_to_int:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=inv_freq.device) - low) / (high - low)).clamp(0, 1)
+    extrapolation = (1 - ramp).to(inv_freq.dtype)
+    interpolated = inv_freq / config.yarn_rotary_scaling_factor
+    return interpolated * (1 - extrapolation) + inv_freq * extrapolation
 
 
 class RotaryEmbedding(nn.Module):
@@ -138,7 +179,10 @@ class RotaryEmbedding(nn.Module):
             inv_freq = rope_inv_freq(self.config, device=inv_freq.device)
         freqs = position_ids.to(torch.float32)[..., None] * inv_freq.to(position_ids.device)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :, :]
-        return emb.cos(), emb.sin()
+        factor = rope_attention_factor(self.config)
+        if factor == 1.0:
+            return emb.cos(), emb.sin()
+        return emb.cos() * factor, emb.sin() * factor
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

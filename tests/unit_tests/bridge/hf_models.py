@@ -21,6 +21,12 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                            "max_position_embeddings": 512}),
     "llama3.2-tied": ("llama", {"rope_parameters": {**_LLAMA31_ROPE, "factor": 32.0, "rope_theta": 500000.0},
                                 "max_position_embeddings": 512, "tie_word_embeddings": True}),
+    "llama3-yarn": ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                  "original_max_position_embeddings": 16},
+                              "max_position_embeddings": 64}),
+    "qwen3-yarn-mscale": ("qwen3", {"head_dim": 16, "max_position_embeddings": 64, "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 8.0, "original_max_position_embeddings": 8,
+        "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 0.707, "mscale_all_dim": 0.5, "truncate": False}}),
     "llama3-biases": ("llama", {"attention_bias": True, "mlp_bias": False, "rms_norm_eps": 1e-5}),
     "qwen3-tied": ("qwen3", {"head_dim": 16, "tie_word_embeddings": True,
                              "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),

@@ -69,9 +69,11 @@ def _missing_shard(folder: Path) -> None:
 BREAKERS = {
     "unknown architecture": (lambda f: _edit_config(f, architectures=["GPT2LMHeadModel"]),
                              r"architecture \['GPT2LMHeadModel'\] is not supported"),
-    "unknown rope_type": (lambda f: _edit_config(f, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4,
+    "unknown rope_type": (lambda f: _edit_config(f, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
                                                                      "factor": 4.0}),
-                          "rope_type='yarn' is not supported"),
+                          "rope_type='longrope' is not supported"),
+    "yarn without its original length": (lambda f: _edit_config(f, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), r"rope_type 'yarn': missing \['original_max"),
     "unknown config key": (lambda f: _edit_config(f, sliding_window=128), r"does not know: \['sliding_window'\]"),
     "unsupported activation": (lambda f: _edit_config(f, hidden_act="gelu"), "hidden_act='gelu' is not supported"),
     "missing shard": (_missing_shard, "listed in .* is missing"),

@@ -162,6 +162,8 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                                                           model__qk_layernorm=True)),
     "attention_window": (_set(model__window_size=(31, 4)), 1, "model.window_size",
                          _set(model__window_size=(31, 0), model__window_attn_skip_freq=[1, 0, 1, 0])),
+    "yarn_rope": (_set(model__position_embedding_type="yarn", model__rope_scaling=True), 1, "model.rope_scaling",
+                  _set(model__position_embedding_type="yarn", model__yarn_rotary_scaling_factor=4.0)),
     "model_head_dim": (_set(model__hidden_size=130), 1, "model.num_attention_heads",
                        _set(model__hidden_size=130, model__kv_channels=32)),
     "rope_scaling": (_set(model__rope_scaling=True, model__rope_low_freq_factor=5.0), 1, "model.rope_high_freq_factor",

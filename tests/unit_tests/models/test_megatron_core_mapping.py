@@ -261,6 +261,9 @@ REFUSED_WITH = {
     "recompute_method": "recompute_granularity", "recompute_num_layers": "recompute_granularity",
     "cpu_offloading_num_layers": "cpu_offloading", "cpu_offloading_activations": "cpu_offloading",
     "cpu_offloading_weights": "cpu_offloading", "expert_tensor_parallel_size": "num_moe_experts",
+    **{f"yarn_{name}": "position_embedding_type" for name in (
+        "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+        "mscale_all_dim", "correction_range_round_to_int")},
 }
 """Fields that act only together with another field megatron-core refuses (every moe_* field: num_moe_experts)."""
 
