@@ -59,9 +59,8 @@ def _layer_rules(gated: bool) -> list[WeightRule]:
                        "concat" if gated else None),
             WeightRule((f"{mlp}{n.DOWN}.{kind}",), f"{mc}mlp.linear_fc2.{kind}"),
         ]
-    q_norm, k_norm = n.HEAD_NORMS
-    rules += [WeightRule((f"{attn}{q_norm}.weight",), f"{mc}self_attention.q_layernorm.weight"),
-              WeightRule((f"{attn}{k_norm}.weight",), f"{mc}self_attention.k_layernorm.weight")]
+    rules += [WeightRule((f"{attn}{head_norm}.weight",), f"{mc}self_attention.{theirs}.weight")
+              for head_norm, theirs in zip(n.HEAD_NORMS, ("q_layernorm", "k_layernorm"), strict=True)]
     return [WeightRule(tuple(f"{n.layer('*')}.{p}" for p in r.native), r.mcore, r.fusion) for r in rules]
 
 
