@@ -42,6 +42,7 @@ from megatron_bridge.checkpoint import files, mcore_reader, mcore_state
 from megatron_bridge.checkpoint.load import resolve_checkpoint_folder
 from megatron_bridge.checkpoint.reader import DCP_ERRORS, dcp_error_message
 from megatron_bridge.checkpoint.saved_run import read_model_config
+from megatron_bridge.config.decoder_names import VOCAB_PARAMETERS
 from megatron_bridge.distributed.init import groups_destroyed_after
 from megatron_bridge.errors import BridgeError, CheckpointError
 
@@ -208,7 +209,7 @@ def write_mcore_checkpoint(weights: Mapping[str, torch.Tensor], cfg: "ConfigCont
 
     out_cfg = megatron_core_checkpoint_config(cfg)
     with _one_process_mcore(), staged_output_dir(root, overwrite=overwrite) as tmp:
-        gpt = _tp1_model(cfg.model, int(weights["embed_tokens.weight"].shape[0]))
+        gpt = _tp1_model(cfg.model, int(weights[VOCAB_PARAMETERS[0]].shape[0]))
         dtypes = {t.dtype for t in weights.values()}
         if len(dtypes) == 1:  # written in the weights' own dtype (fp32 unless they are all bf16/fp16)
             gpt.to(dtypes.pop())

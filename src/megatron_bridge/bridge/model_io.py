@@ -5,6 +5,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
+from megatron_bridge.config.decoder_names import ROTARY
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import BridgeError
 
@@ -26,7 +27,7 @@ def build_model(config: ModelConfig, device: torch.device | str, *, init: bool) 
     if init:
         model.init_weights()
     else:
-        model.rotary_emb.reset_parameters()
+        getattr(model, ROTARY).reset_parameters()
     return model
 
 

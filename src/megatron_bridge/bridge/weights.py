@@ -18,6 +18,7 @@ from megatron_bridge.bridge.families.base import ModelFamily, StackedWeight
 from megatron_bridge.bridge.hf_reader import HFWeightsReader
 from megatron_bridge.bridge.hf_writer import SafetensorsShardWriter, TensorSpec
 from megatron_bridge.bridge.memory import track
+from megatron_bridge.config.decoder_names import VOCAB_PARAMETERS
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import BridgeError
 from megatron_bridge.utils.logging import get_logger
@@ -25,7 +26,7 @@ from megatron_bridge.utils.logging import get_logger
 
 logger = get_logger(__name__)
 
-VOCAB_PARAMS = ("embed_tokens.weight", "lm_head.weight")
+VOCAB_PARAMS = VOCAB_PARAMETERS
 """Our parameters whose rows are the (padded) vocabulary."""
 _MAX_NAMED = 6
 
@@ -97,9 +98,10 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         if unknown:
             raise BridgeError(f"{where!r} holds {len(unknown)} tensor(s) the {self.family.name} mapping does not "
                               f"know: {unknown[:_MAX_NAMED]}")
-        if "lm_head.weight" in found and self.config.share_embeddings_and_output_weights:
-            logger.info("%s: ignoring lm_head.weight (tie_word_embeddings=true: the embedding is the output layer, "
-                        "as in transformers)", where)
+        output = VOCAB_PARAMETERS[1]
+        if output in found and self.config.share_embeddings_and_output_weights:
+            logger.info("%s: ignoring %s (tie_word_embeddings=true: the embedding is the output layer, "
+                        "as in transformers)", where, output)
         for ours, hf in self.names.items():
             want = hf_shape(ours, self.shapes[ours], self.config)
             if tuple(found[hf]) != want:

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from megatron_bridge.checkpoint import files
 from megatron_bridge.checkpoint.files import DCP_METADATA_FILENAME
+from megatron_bridge.config.decoder_names import VOCAB_PARAMETERS
 from megatron_bridge.errors import CheckpointError
 from megatron_bridge.utils.logging import get_logger
 from megatron_bridge.utils.paths import file_problem
@@ -209,7 +210,7 @@ def latest_step(root: str | Path) -> int | None:
 
 
 # -------------------------------------------------------------------------------------------- whole models
-VOCAB_KEYS = ("embed_tokens.weight", "lm_head.weight")
+VOCAB_KEYS = VOCAB_PARAMETERS
 """Our parameters whose rows are the (padded) vocabulary."""
 
 

@@ -104,8 +104,8 @@ class ModelConfig(DeclaredFields):
     add_bias_linear: bool = False
     """Add biases to the attention output and MLP linear layers."""
     attention_output_bias: bool | None = None
-    """Bias on the attention output projection (o_proj); None follows add_bias_linear. Hugging Face's
-    attention_bias sets the q/k/v and o_proj biases together, independently of the MLP (mlp_bias)."""
+    """Bias on the attention output projection; None follows add_bias_linear. Hugging Face's attention_bias sets
+    the query/key/value and output projections' biases together, independently of the MLP (mlp_bias)."""
     add_qkv_bias: bool = False
     """Add biases to the query/key/value projections (Qwen2)."""
     share_embeddings_and_output_weights: bool = False
@@ -259,7 +259,7 @@ class ModelConfig(DeclaredFields):
 
     @property
     def has_attention_output_bias(self) -> bool:
-        """Whether o_proj has a bias (attention_output_bias, else add_bias_linear)."""
+        """Whether the attention output projection has a bias (attention_output_bias, else add_bias_linear)."""
         return self.add_bias_linear if self.attention_output_bias is None else self.attention_output_bias
 
     @property

@@ -195,7 +195,7 @@ def _tp_plan(cfg: "ConfigContainer", world_size: int) -> None:
 
 @rule("tp_plan_matches_model", ("fsdp2.tp_plan", "model.tensor_model_parallel_size"),
       "A custom fsdp2.tp_plan (native engine, TP > 1, PP = 1) matches modules of the model and shards each attention "
-      "whole (q/k/v colwise, o_proj rowwise).")
+      "whole (query/key/value projections colwise, output projection rowwise).")
 def _tp_plan_model(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if not (isinstance(cfg.fsdp2.tp_plan, dict) and cfg.dist.use_torch_fsdp2 and m.tensor_model_parallel_size > 1

@@ -101,7 +101,7 @@ def _fail_unsupported(bad: list[tuple[str, object, str]], where: str, alternativ
 def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of every setting the megatron-core engine does not build in this version. megatron-core's
     Llama 3.1 RoPE scaling takes only the factor (low/high frequency factors 1 and 4, original context 8192 fixed);
-    its add_bias_linear sets the o_proj and MLP biases together."""
+    its add_bias_linear sets the attention output projection and MLP biases together."""
     m, c = cfg.model, cfg.checkpoint
     ckpt_io = bool(c.save or c.load or c.pretrained_checkpoint)
     checks: list[tuple[bool, str, object, str]] = [

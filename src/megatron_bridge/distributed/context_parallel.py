@@ -36,7 +36,9 @@ def context_parallel_rank(cfg: "ConfigContainer", rank: int) -> int:
 
 
 def _attention_modules(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if all(hasattr(m, a) for a in ("q_proj", "k_proj", "v_proj", "num_kv_heads"))]
+    from megatron_bridge.models.llama import LlamaAttention
+
+    return [m for m in model.modules() if isinstance(m, LlamaAttention)]
 
 
 def _routers(model: nn.Module) -> list[nn.Module]:
@@ -70,8 +72,8 @@ def apply_context_parallel(model: nn.Module, cp_mesh: "DeviceMesh", cfg: "Config
     modules = _attention_modules(model)
     if not modules:
         raise ConfigValidationError(
-            f"model.context_parallel_size={cp}: {type(model).__name__} has no attention modules (q_proj/k_proj/"
-            "v_proj) to run under context parallelism; set model.context_parallel_size=1.",
+            f"model.context_parallel_size={cp}: {type(model).__name__} has no attention modules (the shared "
+            "decoder's LlamaAttention) to run under context parallelism; set model.context_parallel_size=1.",
             ("model.context_parallel_size",),
         )
     attention = ContextParallelAttention(cp_mesh, comm)

@@ -42,6 +42,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
+from megatron_bridge.config.decoder_names import EXPERT_WEIGHTS
 from megatron_bridge.distributed.common import has_meta_params
 from megatron_bridge.models.moe import GroupedExperts, MoELayer
 from megatron_bridge.models.provider import materialize_meta_model
@@ -54,8 +55,6 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
-"""Parameter names of :class:`GroupedExperts` (each ``[num_local_experts, ...]``)."""
 
 
 def build_expert_mesh(cfg: "ConfigContainer", env: "DistEnv") -> DeviceMesh:

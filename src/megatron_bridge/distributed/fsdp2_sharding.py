@@ -7,7 +7,7 @@ whose class name is in the model's ``_no_split_modules`` — gets its own ``full
 ``reshard_after_forward``: None is the heuristic "every block except the last reshards" (the last block's
 parameters are needed again at once by backward); True/False force it for every block.
 
-Fully frozen modules outside the blocks (e.g. a frozen ``embed_tokens``), per ``fsdp2.frozen_module_policy``:
+Fully frozen modules outside the blocks (e.g. a frozen embedding), per ``fsdp2.frozen_module_policy``:
 ``"root"`` leaves their parameters in the root unit, ``"per_layer"`` gives each its own unit (every rank must run it
 identically), ``"replicate"`` passes their parameters as ``ignored_params`` to the root, so each rank keeps a full,
 unsharded copy outside FSDP.

@@ -3,34 +3,37 @@
 :func:`apply_tensor_parallel` runs before activation checkpointing, compile and FSDP2 (torchtitan's order), so FSDP2
 then shards the TP DTensors over the ``"dp"`` dimension of the same 2-D ``("dp", "tp")`` mesh.
 
-Auto-selected plan (``fsdp2.tp_plan=None``, :func:`llama_tp_plan`): ``q/k/v_proj`` and ``gate/up_proj`` column-wise,
-``o_proj``/``down_proj`` row-wise, ``embed_tokens`` row-wise over the vocabulary (input replicated), ``lm_head``
-column-wise with a replicated output (the model computes the loss from full logits); the norms are replicated over the
-TP group, per-head ``q_norm``/``k_norm`` see their rank's heads. With ``model.sequence_parallel`` the residual stream is
-sharded over the sequence (``Shard(1)``): the norms are ``SequenceParallel``, the attention and MLP inputs are gathered
-by ``PrepareModuleInput`` and the row-wise layers reduce-scatter (as torchtitan).
+Auto-selected plan (``fsdp2.tp_plan=None``, :func:`llama_tp_plan`, keyed by the shared decoder's names from
+:mod:`megatron_bridge.config.decoder_names`): the attention's query/key/value and the MLP's gate/up projections
+column-wise, the attention's and the MLP's output projections row-wise, the embedding row-wise over the vocabulary
+(input replicated), the output layer column-wise with a replicated output (the model computes the loss from full
+logits); the norms are replicated over the TP group, the per-head query/key norms see their rank's heads. With
+``model.sequence_parallel`` the residual stream is sharded over the sequence (``Shard(1)``): the norms are
+``SequenceParallel``, the attention and MLP inputs are gathered by ``PrepareModuleInput`` and the row-wise layers
+reduce-scatter (as torchtitan).
 
-Tied embeddings (``model.share_embeddings_and_output_weights``, ``lm_head is None``): the vocabulary-parallel
+Tied embeddings (``model.share_embeddings_and_output_weights``, no output layer): the vocabulary-parallel
 embedding's weight is ``Shard(0)`` of ``[vocab, hidden]``, which is exactly the layout a column-wise output layer
 needs, so the one DTensor parameter serves both. :func:`apply_tensor_parallel` installs a parameter-free
-:class:`TiedOutput` as ``lm_head`` that computes the logits from ``embed_tokens.weight`` (looked up at every call, so
-FSDP2's unsharded parameter is used) with a replicated input (``Shard(1)`` gathered with sequence parallelism) and
-returns replicated local logits. It registers nothing: the state dict keeps the tied model's keys (no ``lm_head.*``),
+:class:`TiedOutput` as the output layer that computes the logits from the embedding's weight (looked up at every call,
+so FSDP2's unsharded parameter is used) with a replicated input (``Shard(1)`` gathered with sequence parallelism) and
+returns replicated local logits. It registers nothing: the state dict keeps the tied model's keys (no output layer's),
 and both uses accumulate into the embedding's gradient.
 
 Custom plan (``fsdp2.tp_plan``, :func:`plan_from_patterns`): module-name pattern (``fnmatch`` on the fully qualified
-name, e.g. ``"layers.*.self_attn.q_proj"``; the first matching pattern wins) → ``"colwise"`` | ``"rowwise"`` |
-``"sequence_parallel"`` | ``"replicate"``. Embeddings and the output layer always produce replicated outputs, and with
-``model.sequence_parallel`` column-wise layers gather ``Shard(1)`` inputs and row-wise layers reduce-scatter to
-``Shard(1)``. Modules the plan leaves out that own parameters are replicated over the TP group (logged), so every
-parameter lives on the TP mesh: FSDP2, the optimizer and gradient clipping then see one 2-D mesh.
+name such as ``"layers.*.<attention>.<query projection>"`` in ``decoder_names``; the first matching pattern wins) →
+``"colwise"`` | ``"rowwise"`` | ``"sequence_parallel"`` | ``"replicate"``. Embeddings and the output layer always
+produce replicated outputs, and with ``model.sequence_parallel`` column-wise layers gather ``Shard(1)`` inputs and
+row-wise layers reduce-scatter to ``Shard(1)``. Modules the plan leaves out that own parameters are replicated over the
+TP group (logged), so every parameter lives on the TP mesh: FSDP2, the optimizer and gradient clipping then see one 2-D
+mesh.
 
 MoE layers (:func:`moe_tp_plan`, ``expert_tensor_parallel_size=1``): router and routed experts replicated over the TP
 group, the shared expert column/row-wise; with sequence parallelism the layer gathers the sequence on entry and
 keeps its rank's part on exit.
 
-Attention modules whose ``q_proj`` is column-wise get their head counts (``num_heads``, ``num_kv_heads``) divided by
-TP, so the model's reshapes use the local heads.
+Attention modules whose query projection is column-wise get their head counts (``num_heads``, ``num_kv_heads``)
+divided by TP, so the model's reshapes use the local heads.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -50,6 +53,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn import functional as F
 
+from megatron_bridge.config import decoder_names as n
 from megatron_bridge.config.rule_set import enforce
 from megatron_bridge.config.tp_plan import check_attention_split, match_patterns
 from megatron_bridge.errors import ConfigValidationError
@@ -86,14 +90,14 @@ def _local_outputs(module: nn.Module, outputs: Any, mesh: DeviceMesh) -> Any:
 
 
 class TiedOutput(nn.Module):
-    """``lm_head`` of a tied model under TP: logits ``x @ embed_tokens.weight.T`` from the embedding's weight (a
+    """The output layer of a tied model under TP: logits ``x @ weight.T`` from the embedding's weight (a
     DTensor on the TP mesh, ``Shard(0)`` over the vocabulary with the auto plan), returned as replicated local
     tensors. Holds no parameter and no submodule (the embedding is referenced, not registered), so the state dict and
     the parameter list are those of the tied model; the weight is read at every call (FSDP2 swaps in its unsharded
     parameter during forward).
 
     Args:
-        embedding: the model's ``embed_tokens``.
+        embedding: the model's embedding.
         input_layout: layout of a local (non-DTensor) input over the TP mesh: ``Replicate()``, or ``Shard(1)`` with
             sequence parallelism. DTensor inputs keep their own layout.
     """
@@ -120,40 +124,40 @@ class TiedOutput(nn.Module):
         return logits.redistribute(mesh, (Replicate(),)).to_local()
 
     def extra_repr(self) -> str:
-        return f"tied to embed_tokens, input_layout={self.input_layout}"
+        return f"tied to {n.EMBEDDING}, input_layout={self.input_layout}"
 
 
 def install_tied_output(model: nn.Module, *, sequence_parallel: bool) -> bool:
-    """Set ``model.lm_head`` to a :class:`TiedOutput` when the model ties its output layer to ``embed_tokens``
-    (``lm_head is None``) and that weight is a DTensor; returns True when installed."""
-    embedding = getattr(model, "embed_tokens", None)
-    if getattr(model, "lm_head", False) is not None or not isinstance(embedding, nn.Embedding):
+    """Set the model's output layer to a :class:`TiedOutput` when the model ties it to the embedding (the output
+    layer is None) and that weight is a DTensor; returns True when installed."""
+    embedding = getattr(model, n.EMBEDDING, None)
+    if getattr(model, n.OUTPUT, False) is not None or not isinstance(embedding, nn.Embedding):
         return False
     if not getattr(model, "has_output_layer", True):  # a pipeline stage that ends before the output layer
         return False
     if not isinstance(embedding.weight, DTensor):
         return False
-    model.lm_head = TiedOutput(embedding, Shard(1) if sequence_parallel else Replicate())
+    setattr(model, n.OUTPUT, TiedOutput(embedding, Shard(1) if sequence_parallel else Replicate()))
     return True
 
 
 def head_sharded_norm() -> ParallelStyle:
-    """A per-head norm (``q_norm``/``k_norm`` on ``[b, heads, s, d]``) seeing only its rank's heads: the input is
-    the local part of dim 1, the weight is replicated and its gradient summed over the TP group."""
+    """A per-head norm (``decoder_names.HEAD_NORMS`` on ``[b, heads, s, d]``) seeing only its rank's heads: the input
+    is the local part of dim 1, the weight is replicated and its gradient summed over the TP group."""
     return SequenceParallel(sequence_dim=1, use_local_output=True)
 
 
 # ------------------------------------------------------------------------------------------------------ plans
 def llama_tp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """The auto-selected plan of a local Llama model (module docstring), keyed by fully qualified module name.
+    """The auto-selected plan of the shared decoder (module docstring), keyed by fully qualified module name.
 
-    A tied model (``lm_head is None``) gets no ``lm_head`` entry: :func:`apply_tensor_parallel` installs a
+    A tied model (no output layer) gets no output-layer entry: :func:`apply_tensor_parallel` installs a
     :class:`TiedOutput` over the vocabulary-parallel embedding weight.
 
     Raises:
-        ConfigValidationError: the model lacks the Llama modules (``embed_tokens``, ``norm``, ``lm_head``).
+        ConfigValidationError: the model lacks the shared decoder's embedding, final norm or output layer.
     """
-    missing = [name for name in ("embed_tokens", "norm", "lm_head") if not hasattr(model, name)]
+    missing = [name for name in (n.EMBEDDING, n.FINAL_NORM, n.OUTPUT) if not hasattr(model, name)]
     if missing:
         raise ConfigValidationError(
             f"the auto-selected TP plan is for Llama-style models, and {type(model).__name__} has no {missing}: set "
@@ -162,41 +166,46 @@ def llama_tp_plan(model: nn.Module, *, sequence_parallel: bool) -> dict[str, Par
         )
     sp = sequence_parallel
     stream = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
-
-    def norm() -> ParallelStyle:
-        return SequenceParallel() if sp else ReplicateParallel()
-
     plan: dict[str, ParallelStyle] = {}
     # A pipeline stage holds the embedding only on the first stage and the norm/output layer only on the last.
-    if model.embed_tokens is not None:
-        plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
-    if model.norm is not None:
-        plan["norm"] = norm()
-    if model.lm_head is not None:
-        plan["lm_head"] = ColwiseParallel(input_layouts=stream, output_layouts=Replicate())
+    if getattr(model, n.EMBEDDING) is not None:
+        plan[n.EMBEDDING] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+    if getattr(model, n.FINAL_NORM) is not None:
+        plan[n.FINAL_NORM] = _norm_style(sp)
+    if getattr(model, n.OUTPUT) is not None:
+        plan[n.OUTPUT] = ColwiseParallel(input_layouts=stream, output_layouts=Replicate())
     for name, module in model.named_modules():
-        if not (hasattr(module, "self_attn") and hasattr(module, "mlp")):
-            continue
-        attn, mlp = module.self_attn, module.mlp
-        plan[f"{name}.input_layernorm"] = norm()
-        plan[f"{name}.post_attention_layernorm"] = norm()
-        if sp:
-            plan[f"{name}.self_attn"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                           desired_input_layouts=(Replicate(), None, None))
-            plan[f"{name}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            plan[f"{name}.self_attn.{proj}"] = ColwiseParallel()
-        plan[f"{name}.self_attn.o_proj"] = RowwiseParallel(output_layouts=stream)
-        for head_norm in ("q_norm", "k_norm"):
-            if getattr(attn, head_norm, None) is not None:
-                plan[f"{name}.self_attn.{head_norm}"] = head_sharded_norm()
-        if isinstance(mlp, MoELayer):
-            plan.update(moe_tp_plan(f"{name}.mlp", mlp, sequence_parallel=sp))
-            continue
-        for proj in ("gate_proj", "up_proj"):
-            if getattr(mlp, proj, None) is not None:
-                plan[f"{name}.mlp.{proj}"] = ColwiseParallel()
-        plan[f"{name}.mlp.down_proj"] = RowwiseParallel(output_layouts=stream)
+        if hasattr(module, n.ATTENTION) and hasattr(module, n.MLP):
+            plan.update(_layer_plan(name, module, sp))
+    return plan
+
+
+def _norm_style(sp: bool) -> ParallelStyle:
+    return SequenceParallel() if sp else ReplicateParallel()
+
+
+def _layer_plan(name: str, layer: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
+    """The auto plan of one decoder layer ``name``: its norms, attention and MLP (dense or MoE)."""
+    stream = Shard(1) if sp else Replicate()
+    attn, mlp = f"{name}.{n.ATTENTION}", f"{name}.{n.MLP}"
+    plan: dict[str, ParallelStyle] = {f"{name}.{norm}": _norm_style(sp) for norm in (n.ATTENTION_NORM, n.MLP_NORM)}
+    if sp:
+        plan[attn] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                        desired_input_layouts=(Replicate(), None, None))
+        plan[mlp] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    plan.update({f"{attn}.{proj}": ColwiseParallel() for proj in n.QKV})
+    plan[f"{attn}.{n.O_PROJ}"] = RowwiseParallel(output_layouts=stream)
+    for head_norm in n.HEAD_NORMS:
+        if getattr(getattr(layer, n.ATTENTION), head_norm, None) is not None:
+            plan[f"{attn}.{head_norm}"] = head_sharded_norm()
+    module = getattr(layer, n.MLP)
+    if isinstance(module, MoELayer):
+        plan.update(moe_tp_plan(mlp, module, sequence_parallel=sp))
+        return plan
+    for proj in (n.GATE, n.UP):
+        if getattr(module, proj, None) is not None:
+            plan[f"{mlp}.{proj}"] = ColwiseParallel()
+    plan[f"{mlp}.{n.DOWN}"] = RowwiseParallel(output_layouts=stream)
     return plan
 
 
@@ -220,16 +229,18 @@ def moe_tp_plan(prefix: str, moe: nn.Module, *, sequence_parallel: bool) -> dict
     experts over data-parallel ranks instead), the shared expert is split like a dense MLP. With sequence
     parallelism the layer gathers the sequence on entry and keeps its rank's part on exit (its gradients then arrive
     whole on every TP rank, so the replicated weights get identical gradients)."""
-    plan: dict[str, ParallelStyle] = {f"{prefix}.router": ReplicateParams(), f"{prefix}.experts": ReplicateParams()}
+    plan: dict[str, ParallelStyle] = {f"{prefix}.{n.ROUTER}": ReplicateParams(),
+                                      f"{prefix}.{n.EXPERTS}": ReplicateParams()}
     if sequence_parallel:
         plan[prefix] = PrepareModuleInputOutput(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
             output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True,
         )
-    if getattr(moe, "shared_experts", None) is not None:
-        plan[f"{prefix}.shared_experts.gate_proj"] = ColwiseParallel()
-        plan[f"{prefix}.shared_experts.up_proj"] = ColwiseParallel()
-        plan[f"{prefix}.shared_experts.down_proj"] = RowwiseParallel(output_layouts=Replicate())
+    if getattr(moe, n.SHARED_EXPERTS, None) is not None:
+        shared = f"{prefix}.{n.SHARED_EXPERTS}"
+        plan[f"{shared}.{n.GATE}"] = ColwiseParallel()
+        plan[f"{shared}.{n.UP}"] = ColwiseParallel()
+        plan[f"{shared}.{n.DOWN}"] = RowwiseParallel(output_layouts=Replicate())
     return plan
 
 
@@ -250,7 +261,7 @@ def validate_tp_plan(patterns: dict[str, str], *, sequence_parallel: bool) -> No
 
 def _style_for(module: nn.Module, style: str, model: nn.Module, sp: bool) -> ParallelStyle:
     stream = Shard(1) if sp else Replicate()
-    is_output = module is getattr(model, "lm_head", None)
+    is_output = module is getattr(model, n.OUTPUT, None)
     if style == "colwise":
         if isinstance(module, nn.Embedding):
             return ColwiseParallel(input_layouts=Replicate(), output_layouts=stream)
@@ -285,7 +296,7 @@ def plan_from_patterns(model: nn.Module, patterns: dict[str, str], *, sequence_p
     covered = tuple(f"{n}." for n in names)
     for name, module in modules.items():
         parent, _, leaf = name.rpartition(".")
-        if leaf in ("q_norm", "k_norm") and names.get(f"{parent}.q_proj") == "colwise":
+        if leaf in n.HEAD_NORMS and names.get(f"{parent}.{n.Q_PROJ}") == "colwise":
             plan[name] = head_sharded_norm()  # per-head norms follow their attention's head split
         elif name not in names and not name.startswith(covered) and any(True for _ in module.parameters(False)):
             plan[name] = ReplicateParallel()
@@ -303,17 +314,18 @@ def _style_name(style: object) -> str | None:
 
 
 def divide_attention_heads(model: nn.Module, plan: dict[str, Any], tp: int) -> int:
-    """Divide ``num_heads``/``num_kv_heads`` by ``tp`` on attention modules whose ``q_proj`` is column-wise;
+    """Divide ``num_heads``/``num_kv_heads`` by ``tp`` on attention modules whose query projection is column-wise;
     returns how many modules changed.
 
     Raises:
-        ConfigValidationError: q/k/v are not all column-wise with o_proj row-wise, or heads do not divide by TP.
+        ConfigValidationError: the query/key/value projections are not all column-wise with the output projection
+            row-wise, or heads do not divide by TP.
     """
     changed = 0
     for name, module in model.named_modules():
         if not (hasattr(module, "num_heads") and hasattr(module, "num_kv_heads")):
             continue
-        styles = {p: _style_name(plan.get(f"{name}.{p}")) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        styles = {p: _style_name(plan.get(f"{name}.{p}")) for p in n.PROJECTIONS}
         heads = {attr: getattr(module, attr) for attr in ("num_heads", "num_kv_heads")}
         if not check_attention_split(name, styles, heads, tp):
             continue
@@ -348,7 +360,7 @@ def enable_async_tp(tp_mesh: DeviceMesh) -> bool:
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg: "ConfigContainer") -> dict[str, Any]:
     """Parallelize ``model`` in place over ``tp_mesh`` with ``fsdp2.tp_plan`` or the auto Llama plan; divide the
-    attention head counts; for tied embeddings install :class:`TiedOutput` as ``lm_head``; enable async TP when
+    attention head counts; for tied embeddings install :class:`TiedOutput` as the output layer; enable async TP when
     asked. Returns the resolved plan (name → style).
 
     Raises:

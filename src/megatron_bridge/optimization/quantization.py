@@ -80,7 +80,7 @@ def calibrate_and_quantize(model: nn.Module, qcfg: QuantizationConfig, batches: 
 def disable_quantizers(model: nn.Module) -> None:
     """Disable every quantizer of ``model``: it computes as unquantized (up to the scales SmoothQuant and AWQ fold
     into the weights). Not reversible by ``mtq.enable_quantizer("*")``, which would also enable the quantizers the
-    format leaves off (lm_head, outputs)."""
+    format leaves off (the output layer, outputs)."""
     import modelopt.torch.quantization as mtq
 
     mtq.disable_quantizer(model, "*")

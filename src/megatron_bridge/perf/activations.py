@@ -7,7 +7,7 @@ Counted per token of one block of the local engine (``a`` = compute-dtype bytes,
   parallelism, whose norms see a sequence shard);
 * attention: the q/k/v input ``h``, q, k, v as saved by ``scaled_dot_product_attention`` (``(nq + 2 nkv) d``;
   with all-gather CP (``cp_comm_type``) the gathered keys and values cover the whole sequence, ``× cp``), its
-  output and the o_proj input copy (``2 nq d``), times ``a`` — head dimensions divide by TP;
+  output and the output projection's input copy (``2 nq d``), times ``a`` — head dimensions divide by TP;
 * MLP: its input ``h`` and, for SwiGLU, gate, silu(gate), up and their product (``4 f``; GELU ``2 f``), times ``a``;
   MoE layers route each token to ``moe_router_topk`` experts of width ``moe_ffn_hidden_size``: the token copies
   and the expert intermediates, the expert outputs in fp32 (the weighted sum), the router's fp32 scores and the int64
@@ -17,7 +17,7 @@ Recompute (``model.recompute_granularity``, else the backend's ``activation_chec
 block's input (residual dtype) plus one block recomputed during backward; ``recompute_method="block"`` does that for
 the first ``recompute_num_layers`` blocks; "selective" (torchtitan's policy: attention output and every other matmul
 saved) keeps input, q, v, attention output, gate and MLP output; MLP-only checkpointing keeps the MLP input only.
-The output head adds the final norm, the lm_head input and the fp32 log-softmax of the logits (``4 V``) plus two
+The output head adds the final norm, the output layer's input and the fp32 log-softmax of the logits (``4 V``) plus two
 ``4 V`` gradients at the start of backward (logits are full-vocabulary on every TP rank).
 
 Under PP each rank is estimated on its own (its layers as the engine splits them, the embedding and the head where

@@ -2,10 +2,12 @@
 layouts,
 and exact round trips. Pure tensor code: runs without megatron-core."""
 
+from fnmatch import fnmatchcase
+
 import pytest
 import torch
 
-from megatron_bridge.engines.megatron_core.weights import megatron_core_to_native, native_to_megatron_core
+from megatron_bridge.engines.megatron_core.weights import megatron_core_to_native, native_to_megatron_core, weight_rules
 from megatron_bridge.models.llama import LlamaModel
 from megatron_bridge.recipes import tiny_llama_pretrain_config
 
@@ -53,3 +55,20 @@ def test_fused_layouts() -> None:
     assert qkv == [0.0, 10.0, 1.0, 2.0, 20.0, 30.0, 11.0, 12.0]
     fc1 = out["decoder.layers.0.mlp.linear_fc1.weight"]
     assert fc1.shape == (12, 8) and fc1[:6].eq(0).all() and fc1[6:].eq(1).all()
+
+
+@pytest.mark.parametrize("fields", [
+    {"qk_layernorm": True, "add_bias_linear": True, "add_qkv_bias": True},
+    {"activation": "gelu", "normalization": "LayerNorm", "add_bias_linear": True},
+], ids=["swiglu", "gelu"])
+def test_table_names_every_parameter_once(fields: dict) -> None:
+    """The declarative table (wildcard patterns) covers every parameter of the native model and of its megatron-core
+    image exactly once."""
+    m = _model_config(**fields)
+    rules = weight_rules(m)
+    native = LlamaModel(m, device="meta").state_dict()
+    for name in native:
+        assert sum(fnmatchcase(name, p) for r in rules for p in r.native) == 1, name
+    for name in native_to_megatron_core(native, m):
+        assert sum(fnmatchcase(name, r.mcore) for r in rules) == 1, name
+

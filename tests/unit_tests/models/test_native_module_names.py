@@ -1,10 +1,10 @@
-"""``config/tp_plan.native_module_names`` (torch-free, for rule ``tp_plan_matches_model``) lists exactly the modules of
-the native ``LlamaModel`` built from the same config, in the same order."""
+"""``config/decoder_names.native_module_names`` (torch-free, for rule ``tp_plan_matches_model``) lists exactly the
+modules of the native ``LlamaModel`` built from the same config, in the same order."""
 
 import pytest
 from tests.unit_tests.models.configs import tiny
 
-from megatron_bridge.config.tp_plan import native_module_names
+from megatron_bridge.config.decoder_names import native_module_names
 from megatron_bridge.models.llama import LlamaModel
 from megatron_bridge.recipes import get_recipe
 

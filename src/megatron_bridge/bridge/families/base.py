@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from megatron_bridge.bridge.rope import RopeFormat, rope_fields_from_hf, rope_to_hf
+from megatron_bridge.config import decoder_names as n
 from megatron_bridge.config import families as registry
 from megatron_bridge.config.families import FamilySpec
 from megatron_bridge.config.model import ModelConfig
@@ -34,6 +35,9 @@ GENERIC_FIXED_VALUES: dict[str, tuple[Any, ...]] = {
     "pruned_heads": ({}, None),
 }
 """Generic PretrainedConfig keys a decoder-only model must leave at their defaults."""
+HF_DECODER = "model"
+"""The HF module holding the decoder: our names (the shared decoder's, HF Llama's) sit under it, the output layer
+beside it."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +154,9 @@ class ModelFamily:
                               f"qk_layernorm={config.qk_layernorm}) is not a {self.name} model")
         if config.add_qkv_bias != config.has_attention_output_bias:
             raise BridgeError(
-                f"{self.name} export: HF attention_bias sets q/k/v and o_proj biases together, but the model has "
-                f"add_qkv_bias={config.add_qkv_bias} and an o_proj bias={config.has_attention_output_bias}")
+                f"{self.name} export: HF attention_bias sets the query/key/value and output projections' biases "
+                f"together, but the model has add_qkv_bias={config.add_qkv_bias} and an output projection bias="
+                f"{config.has_attention_output_bias}")
         max_pos = config.max_position_embeddings or config.seq_length
         return {
             "architectures": [self.architectures[0]],
@@ -182,13 +187,14 @@ class ModelFamily:
 
     # --------------------------------------------------------------------------------------------- weights
     def weight_names(self, config: ModelConfig) -> dict[str, str]:
-        """Our parameter name → HF name, for every parameter the model built from ``config`` has."""
-        names = {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+        """Our parameter name → HF name, for every parameter the model built from ``config`` has: the shared
+        decoder's names (:mod:`megatron_bridge.config.decoder_names`) under HF's ``model.``, but the output layer."""
+        names = {name: f"{HF_DECODER}.{name}" for name in (f"{n.EMBEDDING}.weight", f"{n.FINAL_NORM}.weight")}
         if not config.share_embeddings_and_output_weights:
-            names["lm_head.weight"] = "lm_head.weight"
+            names[f"{n.OUTPUT}.weight"] = f"{n.OUTPUT}.weight"
         for i in range(config.num_layers):
-            for ours in self.layer_weight_names(config):
-                names[f"layers.{i}.{ours}"] = f"model.layers.{i}.{ours}"
+            names.update({f"{n.layer(i)}.{ours}": f"{HF_DECODER}.{n.layer(i)}.{ours}"
+                          for ours in self.layer_weight_names(config)})
         return names
 
     def stacked_weights(self, config: ModelConfig) -> dict[str, StackedWeight]:
@@ -197,28 +203,14 @@ class ModelFamily:
 
     def layer_weight_names(self, config: ModelConfig) -> list[str]:
         """Names inside one decoder layer (identical on both sides for the Llama-style families)."""
-        out = ["input_layernorm.weight", "post_attention_layernorm.weight"]
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            out.append(f"self_attn.{proj}.weight")
-            if config.add_qkv_bias:
-                out.append(f"self_attn.{proj}.bias")
-        out.append("self_attn.o_proj.weight")
-        if config.has_attention_output_bias:
-            out.append("self_attn.o_proj.bias")
-        if config.qk_layernorm:
-            out += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            out.append(f"mlp.{proj}.weight")
-            if config.add_bias_linear:
-                out.append(f"mlp.{proj}.bias")
-        return out
+        return n.dense_layer_parameters(config)
 
     def ignorable_hf_weight(self, name: str, config: ModelConfig) -> bool:
-        """HF tensors that are dropped on import: RoPE ``inv_freq`` buffers of old checkpoints, and a stray
-        ``lm_head.weight`` stored next to tied embeddings (transformers ignores it as well)."""
-        if name.endswith("rotary_emb.inv_freq"):
+        """HF tensors that are dropped on import: RoPE ``inv_freq`` buffers of old checkpoints, and a stray output
+        layer weight stored next to tied embeddings (transformers ignores it as well)."""
+        if name.endswith(f"{n.ROTARY}.inv_freq"):
             return True
-        return name == "lm_head.weight" and config.share_embeddings_and_output_weights
+        return name == f"{n.OUTPUT}.weight" and config.share_embeddings_and_output_weights
 
 
 # ------------------------------------------------------------------------------------------------- registry

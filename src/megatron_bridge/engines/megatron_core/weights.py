@@ -1,25 +1,16 @@
-"""Weights between the two engines: a native ``LlamaModel`` state dict ↔ a megatron-core ``GPTModel`` state dict
-(local layer spec, full tensors as with TP=1). Pure tensor reshuffling; megatron-core is not imported.
+"""Weights between the two engines: a native state dict of the shared decoder ↔ a megatron-core ``GPTModel`` state
+dict (local layer spec, full tensors as with TP=1). Pure tensor reshuffling; megatron-core is not imported.
 
-==============================================  =====================================================================
-native                                          megatron-core
-==============================================  =====================================================================
-embed_tokens.weight                             embedding.word_embeddings.weight
-layers.i.input_layernorm.weight                 decoder.layers.i.input_layernorm.weight
-layers.i.self_attn.{q,k,v}_proj.{weight,bias}   decoder.layers.i.self_attention.linear_qkv.{weight,bias}: per query
-                                                group, its query heads, then its key head, then its value head
-layers.i.self_attn.o_proj.{weight,bias}         decoder.layers.i.self_attention.linear_proj.{weight,bias}
-layers.i.self_attn.{q,k}_norm.weight            decoder.layers.i.self_attention.{q,k}_layernorm.weight
-layers.i.post_attention_layernorm.weight        decoder.layers.i.pre_mlp_layernorm.weight
-layers.i.mlp.{gate,up}_proj.{weight,bias}       decoder.layers.i.mlp.linear_fc1.{weight,bias}: gate rows, then up rows
-layers.i.mlp.down_proj.{weight,bias}            decoder.layers.i.mlp.linear_fc2.{weight,bias}
-norm.weight                                     decoder.final_layernorm.weight
-lm_head.weight (untied only)                    output_layer.weight
-==============================================  =====================================================================
+The map is one declarative table, :func:`weight_rules` (``(native patterns, megatron-core pattern, fusion)``, ``*``
+standing for the layer index), built from the shared decoder's names (:mod:`megatron_bridge.config.decoder_names`):
+the embedding, the final norm and the untied output layer; per layer its two norms (megatron-core's
+``input_layernorm`` and ``pre_mlp_layernorm``), the attention's fused ``linear_qkv`` (per query group, its query heads,
+then its key head, then its value head), its ``linear_proj`` and per-head ``q_layernorm``/``k_layernorm``, the MLP's
+``linear_fc1`` (gate rows, then up rows; the up projection alone without a gate, GELU) and ``linear_fc2``. Weights and
+biases alike.
 
-LayerNorm biases follow their weights. The same names and layouts as Megatron-Bridge's Llama/Qwen3 mappings to
-megatron-core (fused QKV grouped per query group, fused gate/up ``linear_fc1``). With the GELU MLP (no gate)
-``linear_fc1`` is ``up_proj`` alone.
+The same names and layouts as Megatron-Bridge's Llama/Qwen3 mappings to megatron-core (fused QKV grouped per query
+group, fused gate/up ``linear_fc1``).
 
 Under pipeline parallelism a stage's ``GPTModel`` numbers its decoder layers from 0:
 :func:`megatron_core_stage_state` cuts a stage's state dict out of a whole-model one, :func:`megatron_core_merge_stages`
@@ -27,29 +18,69 @@ puts the stages back together (the global layer indices of a stage: its layers' 
 :func:`megatron_bridge.config.pipeline_layout.build_stage_specs`).
 """
 
+import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+from megatron_bridge.config import decoder_names as n
 
 
 if TYPE_CHECKING:
     from megatron_bridge.config.model import ModelConfig
 
-_DIRECT = {
-    "input_layernorm.weight": "input_layernorm.weight",
-    "input_layernorm.bias": "input_layernorm.bias",
-    "post_attention_layernorm.bias": "pre_mlp_layernorm.bias",
-    "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
-    "self_attn.o_proj.bias": "self_attention.linear_proj.bias",
-    "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
-    "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
-    "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
-    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
-    "mlp.down_proj.bias": "mlp.linear_fc2.bias",
-}
-_TOP = {"embed_tokens.weight": "embedding.word_embeddings.weight", "norm.weight": "decoder.final_layernorm.weight",
-        "norm.bias": "decoder.final_layernorm.bias", "lm_head.weight": "output_layer.weight"}
+Fusion = Literal["qkv", "concat"] | None
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    """Native tensors ``native`` (patterns, ``*`` the layer index) are the megatron-core tensor ``mcore``: the one
+    tensor itself (``fusion`` None), their concatenation along dim 0 (``"concat"``), or the QKV fusion grouped per
+    query group (``"qkv"``)."""
+
+    native: tuple[str, ...]
+    mcore: str
+    fusion: Fusion = None
+
+
+def _layer_rules(gated: bool) -> list[WeightRule]:
+    attn, mlp, mc = f"{n.ATTENTION}.", f"{n.MLP}.", "decoder.layers.*."
+    rules = []
+    for kind in ("weight", "bias"):
+        fc1 = (n.GATE, n.UP) if gated else (n.UP,)
+        rules += [
+            WeightRule((f"{n.ATTENTION_NORM}.{kind}",), f"{mc}input_layernorm.{kind}"),
+            WeightRule((f"{n.MLP_NORM}.{kind}",), f"{mc}pre_mlp_layernorm.{kind}"),
+            WeightRule(tuple(f"{attn}{p}.{kind}" for p in n.QKV), f"{mc}self_attention.linear_qkv.{kind}", "qkv"),
+            WeightRule((f"{attn}{n.O_PROJ}.{kind}",), f"{mc}self_attention.linear_proj.{kind}"),
+            WeightRule(tuple(f"{mlp}{p}.{kind}" for p in fc1), f"{mc}mlp.linear_fc1.{kind}",
+                       "concat" if gated else None),
+            WeightRule((f"{mlp}{n.DOWN}.{kind}",), f"{mc}mlp.linear_fc2.{kind}"),
+        ]
+    rules += [WeightRule((f"{attn}{head_norm}.weight",), f"{mc}self_attention.{theirs}.weight")
+              for head_norm, theirs in zip(n.HEAD_NORMS, ("q_layernorm", "k_layernorm"), strict=True)]
+    return [WeightRule(tuple(f"{n.layer('*')}.{p}" for p in r.native), r.mcore, r.fusion) for r in rules]
+
+
+def weight_rules(model: "ModelConfig") -> list[WeightRule]:
+    """The native ↔ megatron-core table for ``model`` (the MLP's ``linear_fc1`` depends on its activation)."""
+    top = [
+        WeightRule((f"{n.EMBEDDING}.weight",), "embedding.word_embeddings.weight"),
+        WeightRule((f"{n.FINAL_NORM}.weight",), "decoder.final_layernorm.weight"),
+        WeightRule((f"{n.FINAL_NORM}.bias",), "decoder.final_layernorm.bias"),
+        WeightRule((f"{n.OUTPUT}.weight",), "output_layer.weight"),
+    ]
+    return top + _layer_rules(model.activation == "swiglu")
+
+
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(re.escape(pattern).replace(r"\*", r"(\d+)") + "$")
+
+
+def _fill(pattern: str, groups: tuple[str, ...]) -> str:
+    return pattern.replace("*", groups[0]) if groups else pattern
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, model: "ModelConfig") -> torch.Tensor:
@@ -69,52 +100,43 @@ def _split_qkv(qkv: torch.Tensor, model: "ModelConfig") -> tuple[torch.Tensor, t
     return (q.reshape(-1, *qkv.shape[1:]), k.reshape(-1, *qkv.shape[1:]), v.reshape(-1, *qkv.shape[1:]))
 
 
+def _join(rule: WeightRule, tensors: list[torch.Tensor], model: "ModelConfig") -> torch.Tensor:
+    if rule.fusion == "qkv":
+        return _fuse_qkv(*tensors, model)
+    return torch.cat(tensors) if rule.fusion == "concat" else tensors[0]
+
+
+def _split(rule: WeightRule, tensor: torch.Tensor, model: "ModelConfig") -> Sequence[torch.Tensor]:
+    if rule.fusion == "qkv":
+        return _split_qkv(tensor, model)
+    return torch.chunk(tensor, len(rule.native), dim=0) if rule.fusion == "concat" else (tensor,)
+
+
 def native_to_megatron_core(state: dict[str, torch.Tensor], model: "ModelConfig") -> dict[str, torch.Tensor]:
-    """A megatron-core ``GPTModel`` state dict (full tensors) from a native ``LlamaModel`` state dict."""
-    out = {_TOP[k]: v for k, v in state.items() if k in _TOP}
-    gated = model.activation == "swiglu"
-    for i in range(model.num_layers):
-        src, dst = f"layers.{i}.", f"decoder.layers.{i}."
-        for a, b in _DIRECT.items():
-            if src + a in state:
-                out[dst + b] = state[src + a]
-        for kind in ("weight", "bias"):
-            q = state.get(f"{src}self_attn.q_proj.{kind}")
-            if q is not None:
-                out[f"{dst}self_attention.linear_qkv.{kind}"] = _fuse_qkv(
-                    q, state[f"{src}self_attn.k_proj.{kind}"], state[f"{src}self_attn.v_proj.{kind}"], model)
-            up = state.get(f"{src}mlp.up_proj.{kind}")
-            if up is not None:
-                fc1 = torch.cat([state[f"{src}mlp.gate_proj.{kind}"], up]) if gated else up
-                out[f"{dst}mlp.linear_fc1.{kind}"] = fc1
+    """A megatron-core ``GPTModel`` state dict (full tensors) from a native state dict (:func:`weight_rules`; a fused
+    tensor is keyed on its last native part, the others must be there too)."""
+    out = {}
+    for rule in weight_rules(model):
+        lead = _regex(rule.native[-1])
+        for key in state:
+            match = lead.match(key)
+            if match:
+                parts = [state[_fill(p, match.groups())] for p in rule.native]
+                out[_fill(rule.mcore, match.groups())] = _join(rule, parts, model)
     return out
 
 
 def megatron_core_to_native(state: dict[str, torch.Tensor], model: "ModelConfig") -> dict[str, torch.Tensor]:
-    """A native ``LlamaModel`` state dict from a megatron-core ``GPTModel`` state dict (full tensors); megatron-core's
-    ``_extra_state`` entries are dropped."""
-    back = {v: k for k, v in _TOP.items()}
-    out = {back[k]: v for k, v in state.items() if k in back}
-    gated = model.activation == "swiglu"
-    for i in range(model.num_layers):
-        src, dst = f"decoder.layers.{i}.", f"layers.{i}."
-        for a, b in _DIRECT.items():
-            if src + b in state:
-                out[dst + a] = state[src + b]
-        for kind in ("weight", "bias"):
-            qkv = state.get(f"{src}self_attention.linear_qkv.{kind}")
-            if qkv is not None:
-                q, k, v = _split_qkv(qkv, model)
-                out.update({f"{dst}self_attn.q_proj.{kind}": q, f"{dst}self_attn.k_proj.{kind}": k,
-                            f"{dst}self_attn.v_proj.{kind}": v})
-            fc1 = state.get(f"{src}mlp.linear_fc1.{kind}")
-            if fc1 is not None:
-                if gated:
-                    gate, up = torch.chunk(fc1, 2, dim=0)
-                    out[f"{dst}mlp.gate_proj.{kind}"] = gate
-                    out[f"{dst}mlp.up_proj.{kind}"] = up
-                else:
-                    out[f"{dst}mlp.up_proj.{kind}"] = fc1
+    """A native state dict from a megatron-core ``GPTModel`` state dict (full tensors, :func:`weight_rules`);
+    megatron-core's ``_extra_state`` entries are dropped."""
+    out = {}
+    for rule in weight_rules(model):
+        pattern = _regex(rule.mcore)
+        for key, value in state.items():
+            match = pattern.match(key)
+            if match:
+                for name, part in zip(rule.native, _split(rule, value, model), strict=True):
+                    out[_fill(name, match.groups())] = part
     return out
 
 

@@ -1,0 +1,112 @@
+"""The shared decoder's module tree, declared once: the names of the modules that ``models/llama.py``,
+``models/attention.py``, ``models/layers.py`` and ``models/moe.py`` build, which of them are attention, MLP, norms and
+experts, and the whole tree for a :class:`~megatron_bridge.config.model.ModelConfig`.
+
+Torch-free and at the config floor, so that ``config/`` rules (``tp_plan_matches_model``) can list a model's modules
+without building it; the floors above (tensor and context parallelism, the megatron-core weight table, the Hugging
+Face mapping) ask this module for the names instead of writing them out.
+``tests/unit_tests/models/test_native_module_names.py`` keeps :func:`native_module_names` equal to the built model's
+``named_modules()``, and ``tests/unit_tests/architecture/test_decoder_names.py`` fails when one of these names is
+written out anywhere else in the library but ``models/`` and ``families/``.
+"""
+
+from typing import TYPE_CHECKING
+
+
+if TYPE_CHECKING:
+    from megatron_bridge.config.model import ModelConfig
+
+# the model
+EMBEDDING = "embed_tokens"
+ROTARY = "rotary_emb"
+LAYERS = "layers"
+FINAL_NORM = "norm"
+OUTPUT = "lm_head"
+# one decoder layer
+ATTENTION_NORM = "input_layernorm"
+ATTENTION = "self_attn"
+MLP_NORM = "post_attention_layernorm"
+MLP = "mlp"
+# inside the attention
+Q_PROJ, K_PROJ, V_PROJ, O_PROJ = "q_proj", "k_proj", "v_proj", "o_proj"
+QKV = (Q_PROJ, K_PROJ, V_PROJ)
+"""The column-wise input projections, in the order megatron-core fuses them."""
+PROJECTIONS = (*QKV, O_PROJ)
+HEAD_NORMS = ("q_norm", "k_norm")
+"""Per-head norms (``model.qk_layernorm``) of the query and key heads."""
+# inside a dense MLP and the shared expert
+GATE, UP, DOWN = "gate_proj", "up_proj", "down_proj"
+MLP_PROJECTIONS = (GATE, UP, DOWN)
+# inside an MoE layer
+ROUTER, EXPERTS, SHARED_EXPERTS = "router", "experts", "shared_experts"
+EXPERT_WEIGHTS = MLP_PROJECTIONS
+"""Parameter names of the routed experts (each ``[num_local_experts, ...]``)."""
+VOCAB_PARAMETERS = (f"{EMBEDDING}.weight", f"{OUTPUT}.weight")
+"""The parameters with a vocabulary dimension (0): the embedding and the untied output layer."""
+
+
+def layer(i: int | str) -> str:
+    """The name of decoder layer ``i`` (``"*"`` for a wildcard over the layers)."""
+    return f"{LAYERS}.{i}"
+
+
+def attention(i: int | str) -> str:
+    """The name of decoder layer ``i``'s attention."""
+    return f"{layer(i)}.{ATTENTION}"
+
+
+def mlp(i: int | str) -> str:
+    """The name of decoder layer ``i``'s MLP (dense or MoE)."""
+    return f"{layer(i)}.{MLP}"
+
+
+def _mlp_names(cfg: "ModelConfig", prefix: str, moe: bool) -> list[str]:
+    if not moe:
+        gate = [GATE] if cfg.activation == "swiglu" else []
+        return [prefix] + [f"{prefix}.{n}" for n in (*gate, UP, DOWN)]
+    names = [prefix, f"{prefix}.{ROUTER}", f"{prefix}.{EXPERTS}"]
+    if cfg.moe_shared_expert_intermediate_size:
+        shared = f"{prefix}.{SHARED_EXPERTS}"
+        names += [shared] + [f"{shared}.{n}" for n in MLP_PROJECTIONS]
+    return names
+
+
+def _layer_names(cfg: "ModelConfig", i: int, moe: bool) -> list[str]:
+    attn = attention(i)
+    norms = [f"{attn}.{n}" for n in HEAD_NORMS] if cfg.qk_layernorm else []
+    return [layer(i), f"{layer(i)}.{ATTENTION_NORM}", attn, *(f"{attn}.{n}" for n in PROJECTIONS), *norms,
+            f"{layer(i)}.{MLP_NORM}", *_mlp_names(cfg, mlp(i), moe)]
+
+
+def native_module_names(cfg: "ModelConfig") -> list[str]:
+    """The fully qualified module names of the whole shared decoder built from ``cfg`` (``""`` is the model itself),
+    in ``named_modules()`` order."""
+    moe = cfg.moe_layer_pattern()
+    names = ["", EMBEDDING, ROTARY, LAYERS]
+    for i in range(cfg.num_layers):
+        names += _layer_names(cfg, i, bool(moe[i]))
+    names.append(FINAL_NORM)
+    if not cfg.share_embeddings_and_output_weights:
+        names.append(OUTPUT)
+    return names
+
+
+def dense_layer_parameters(cfg: "ModelConfig") -> list[str]:
+    """The parameter names inside one dense decoder layer with RMSNorm and a gated MLP (the Llama-style layer that
+    the shared Hugging Face mapping names alike): its two norms, the attention's projections with the biases ``cfg``
+    asks for, the per-head norms, the MLP's projections."""
+    out = [f"{ATTENTION_NORM}.weight", f"{MLP_NORM}.weight"]
+    for proj in QKV:
+        out.append(f"{ATTENTION}.{proj}.weight")
+        if cfg.add_qkv_bias:
+            out.append(f"{ATTENTION}.{proj}.bias")
+    out.append(f"{ATTENTION}.{O_PROJ}.weight")
+    if cfg.has_attention_output_bias:
+        out.append(f"{ATTENTION}.{O_PROJ}.bias")
+    if cfg.qk_layernorm:
+        out += [f"{ATTENTION}.{n}.weight" for n in HEAD_NORMS]
+    for proj in MLP_PROJECTIONS:
+        out.append(f"{MLP}.{proj}.weight")
+        if cfg.add_bias_linear:
+            out.append(f"{MLP}.{proj}.bias")
+    return out
