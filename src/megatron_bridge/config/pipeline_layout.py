@@ -145,15 +145,17 @@ def parse_layout(layout: str | Sequence[Sequence[str]]) -> list[tuple[str, ...]]
             text = pattern.sub(lambda match: match.group(1) * int(match.group(2)), text)
         stages: Sequence[Sequence[str]] = [list(stage) for stage in text.split("|")]
         known, spell = LAYOUT_CHARS, "letter"
-    else:
+    elif isinstance(layout, Sequence):
         stages, known, spell = layout, {k: k for k in LAYOUT_KINDS}, "entry"
+    else:
+        raise PipelineLayoutError(f"{_LAYOUT}={layout!r} is neither a layout string nor a list of lists", (_LAYOUT,))
     parsed = []
     for index, stage in enumerate(stages):
         if isinstance(stage, str) or not isinstance(stage, Sequence):
             raise PipelineLayoutError(f"{_LAYOUT}: stage {index} is {stage!r}, not a list of layer kinds: write a "
                                       f"list of lists (each of {list(LAYOUT_KINDS)}) or the string form", (_LAYOUT,))
         entries = [e.strip().lower() if isinstance(e, str) and spell == "entry" else e for e in stage]
-        bad = [e for e in entries if e not in known]
+        bad = [e for e in entries if not isinstance(e, str) or e not in known]
         if bad:
             raise PipelineLayoutError(f"{_LAYOUT}={layout!r}: stage {index} has the unknown {spell} {bad[0]!r}: use "
                                       f"{list(known)}", (_LAYOUT,))
@@ -214,7 +216,7 @@ def layout_layer_counts(m: ModelConfig, style: str) -> list[int]:
         if not stage and m.engine == "native":
             raise PipelineLayoutError(
                 f"{_LAYOUT}: {_where(index, pp, style)} is empty: the native engine builds no stage without "
-                "parameters (its data-parallel wrapper needs some); give it a decoder layer", (_LAYOUT,))
+                "parameters (torch's DDP refuses a module without any); give it a decoder layer", (_LAYOUT,))
     return counts
 
 

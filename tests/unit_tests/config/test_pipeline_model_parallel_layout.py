@@ -74,6 +74,8 @@ def test_megatron_bridge_70b_layout_splits_80_layers() -> None:
         ([["embedding"], ["decoder", "encoder"], ["decoder"] * 2, ["loss"]], {"num_layers": 3},
          ["stage 1", "unknown entry 'encoder'"]),
         ([["embedding"], "decoder", ["loss"], []], {}, ["stage 1 is 'decoder', not a list"]),
+        ([["embedding"], [["decoder"]], ["decoder"] * 3, ["loss"]], {}, ["stage 1", "unknown entry ['decoder']"]),
+        (4, {}, ["=4 is neither a layout string nor a list of lists"]),
         ("E|tttt||L", {}, ["stage 2 (pipeline rank 0) is empty", "native engine"]),
         ("E|tt|tt|L", {"num_layers_in_first_pipeline_stage": 2}, ["model.num_layers_in_first_pipeline_stage"]),
         ("E|tt|tt|L", {"account_for_loss_in_pipeline_split": True}, ["model.account_for_loss_in_pipeline_split"]),
