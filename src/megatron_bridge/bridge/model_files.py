@@ -39,8 +39,8 @@ def checkpoint_run_config(config: ModelConfig, tokenizer_folder: Path | None, as
 MP_OVERRIDE_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                       "expert_model_parallel_size", "expert_tensor_parallel_size",
                       "virtual_pipeline_model_parallel_size", "sequence_parallel",
-                      "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "pipeline_dtype",
-                      "params_dtype")
+                      "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                      "pipeline_model_parallel_layout", "pipeline_dtype", "params_dtype")
 """The model fields ``load_megatron_model(mp_overrides=...)`` may set: Megatron-Bridge's ``ModelParallelKwargs``
 that this library has, and ``params_dtype``, which its examples pass too. The dtypes take a ``torch.dtype`` or its
 name."""

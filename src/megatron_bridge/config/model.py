@@ -133,6 +133,14 @@ class ModelConfig(DeclaredFields):
     the first stage holds one decoder layer fewer (Megatron-Bridge's 405B layout)."""
     account_for_loss_in_pipeline_split: bool = False
     """Count the output layer and loss as one layer when splitting: the last stage holds one decoder layer fewer."""
+    pipeline_model_parallel_layout: str | list[list[str]] | None = None
+    """What every pipeline stage holds, in pipeline order (megatron-core's and Megatron-Bridge's form): a string such
+    as ``"Et|(tt|)*6,tL"`` (E embedding, t decoder layer, m MTP layer, L output layer + loss, ``|`` between stages,
+    ``(..)*N`` and ``x*N`` repeat, commas are cosmetic) or a list of lists
+    (``[["embedding"], ["decoder"] * 4, ["decoder", "loss"]]``). Stage ``s`` runs on pipeline rank ``s % PP``
+    (the V schedules: their V placement); PP × (VP or 1) stages, the embedding first in stage 0, the loss last in the
+    last stage, num_layers decoder layers; no MTP (none here). None: the split of the fields above. Not with
+    num_layers_in_first/last_pipeline_stage or account_for_*_in_pipeline_split (docs/training/pipeline-parallel.md)."""
     pipeline_dtype: DType | None = None
     """Dtype of the activations sent between pipeline stages: each stage but the last casts its output to it
     (e.g. "bfloat16" halves the traffic of fp32 residual streams). None sends them as computed. Ignored with PP=1."""

@@ -17,9 +17,16 @@ Layer counts per stage (Megatron-Bridge's options):
 * ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``: the first (last) pipeline *rank*
   holds that many layers, the middle ranks share the rest evenly; a rank's layers are split evenly over its VP stages.
 
-Impossible splits raise :class:`PipelineLayoutError` naming the fields.
+An explicit ``model.pipeline_model_parallel_layout`` (megatron-core's ``PipelineParallelLayerLayout`` forms: a string
+``"Et|(tt|)*6,tL"`` or a list of lists of "embedding" / "decoder" / "mtp" / "loss") gives every stage its decoder
+layers instead (:func:`parse_layout`, :func:`layout_layer_counts`); a stage may then hold only the embedding or only
+the output layer and loss.
+
+Impossible splits raise :class:`PipelineLayoutError` naming the fields (and, for a layout, the stage).
 """
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,6 +38,12 @@ _FIRST, _LAST = "model.num_layers_in_first_pipeline_stage", "model.num_layers_in
 _EMB, _LOSS = "model.account_for_embedding_in_pipeline_split", "model.account_for_loss_in_pipeline_split"
 _PP, _VP, _LAYERS = ("model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
                      "model.num_layers")
+_LAYOUT = "model.pipeline_model_parallel_layout"
+LAYOUT_CHARS: dict[str, str] = {"E": "embedding", "t": "decoder", "m": "mtp", "L": "loss"}
+"""The letters of the string form (megatron-core's ``PipelineParallelLayerLayout.parse_str_to_list``)."""
+LAYOUT_KINDS = ("embedding", "decoder", "mtp", "loss")
+"""The entries of the list form (megatron-core's ``LayerType`` names; "encoder" is not built there either)."""
+_REPEATS = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
 
 
 class PipelineLayoutError(ConfigValidationError):
@@ -120,6 +133,93 @@ def _rank_counts_uneven(m: ModelConfig, pp: int, vp: int) -> list[int]:
     return full
 
 
+def parse_layout(layout: str | Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
+    """Every stage's entries ("embedding", "decoder", "mtp", "loss"), in pipeline order, from either form.
+
+    Raises:
+        PipelineLayoutError: an unknown letter or entry, or a stage that is not a list.
+    """
+    if isinstance(layout, str):
+        text = layout.replace(",", "")
+        for pattern in _REPEATS:
+            text = pattern.sub(lambda match: match.group(1) * int(match.group(2)), text)
+        stages: Sequence[Sequence[str]] = [list(stage) for stage in text.split("|")]
+        known, spell = LAYOUT_CHARS, "letter"
+    elif isinstance(layout, Sequence):
+        stages, known, spell = layout, {k: k for k in LAYOUT_KINDS}, "entry"
+    else:
+        raise PipelineLayoutError(f"{_LAYOUT}={layout!r} is neither a layout string nor a list of lists", (_LAYOUT,))
+    parsed = []
+    for index, stage in enumerate(stages):
+        if isinstance(stage, str) or not isinstance(stage, Sequence):
+            raise PipelineLayoutError(f"{_LAYOUT}: stage {index} is {stage!r}, not a list of layer kinds: write a "
+                                      f"list of lists (each of {list(LAYOUT_KINDS)}) or the string form", (_LAYOUT,))
+        entries = [e.strip().lower() if isinstance(e, str) and spell == "entry" else e for e in stage]
+        bad = [e for e in entries if not isinstance(e, str) or e not in known]
+        if bad:
+            raise PipelineLayoutError(f"{_LAYOUT}={layout!r}: stage {index} has the unknown {spell} {bad[0]!r}: use "
+                                      f"{list(known)}", (_LAYOUT,))
+        parsed.append(tuple(known[e] for e in entries))
+    return parsed
+
+
+def _where(stage: int, pp: int, style: str) -> str:
+    return f"stage {stage} (pipeline rank {rank_of_stage(stage, pp, style)})"
+
+
+def _check_layout_edges(stages: list[tuple[str, ...]], pp: int, style: str) -> None:
+    """One embedding, first in stage 0; one loss, last in the last stage; no MTP."""
+    last = len(stages) - 1
+    for index, stage in enumerate(stages):
+        if "mtp" in stage:
+            raise PipelineLayoutError(
+                f"{_LAYOUT}: {_where(index, pp, style)} holds an MTP layer ('m' / 'mtp'): this library builds no "
+                "multi-token prediction layers (no model.mtp_num_layers); remove the MTP entries", (_LAYOUT,))
+        for kind, home, pos, letter in (("embedding", 0, 0, "E"), ("loss", last, -1, "L")):
+            if kind in stage and (index != home or stage[pos] != kind or stage.count(kind) > 1):
+                place = "the first entry of stage 0" if kind == "embedding" else f"the last entry of stage {last}"
+                raise PipelineLayoutError(
+                    f"{_LAYOUT}: {_where(index, pp, style)} is {list(stage)}: the layout holds exactly one {kind!r} "
+                    f"('{letter}'), as {place}; move it there", (_LAYOUT,))
+    for kind, home, letter in (("embedding", 0, "E"), ("loss", last, "L")):
+        if kind not in stages[home]:
+            raise PipelineLayoutError(f"{_LAYOUT}: {_where(home, pp, style)} holds no {kind!r} entry ({stages[home]}):"
+                                      f" add '{letter}' to it", (_LAYOUT,))
+
+
+def layout_layer_counts(m: ModelConfig, style: str) -> list[int]:
+    """Decoder layers of every stage under ``model.pipeline_model_parallel_layout``, in pipeline order.
+
+    Raises:
+        PipelineLayoutError: the layout does not fit the model or the pipeline (the message names the stage).
+    """
+    others = [p for p, v in ((_FIRST, m.num_layers_in_first_pipeline_stage),
+                             (_LAST, m.num_layers_in_last_pipeline_stage),
+                             (_EMB, m.account_for_embedding_in_pipeline_split),
+                             (_LOSS, m.account_for_loss_in_pipeline_split)) if v not in (None, False)]
+    if others:
+        raise PipelineLayoutError(f"{_LAYOUT} cannot be combined with {', '.join(others)} (as in megatron-core): the "
+                                  "layout says what every stage holds; unset the others", (_LAYOUT, *others))
+    stages = parse_layout(m.pipeline_model_parallel_layout)
+    pp, vp = m.pipeline_model_parallel_size, stages_per_rank(m)
+    if len(stages) != pp * vp:
+        fix = (f"set {_VP}={len(stages) // pp}" if len(stages) % pp == 0 and len(stages) > pp else
+               f"write {pp * vp} stages")
+        raise PipelineLayoutError(f"{_LAYOUT} has {len(stages)} stage(s), but PP × VP = {pp} × {vp} = {pp * vp} "
+                                  f"pipeline stages run: {fix}", (_LAYOUT, _PP, _VP))
+    _check_layout_edges(stages, pp, style)
+    counts = [stage.count("decoder") for stage in stages]
+    if sum(counts) != m.num_layers:
+        raise PipelineLayoutError(f"{_LAYOUT} holds {sum(counts)} decoder layers (per stage: {counts}), but "
+                                  f"model.num_layers={m.num_layers}: make them equal", (_LAYOUT, _LAYERS))
+    for index, stage in enumerate(stages):
+        if not stage and m.engine == "native":
+            raise PipelineLayoutError(
+                f"{_LAYOUT}: {_where(index, pp, style)} is empty: the native engine builds no stage without "
+                "parameters (torch's DDP refuses a module without any); give it a decoder layer", (_LAYOUT,))
+    return counts
+
+
 def stage_layer_counts(m: ModelConfig, schedule: str | None = None) -> list[int]:
     """Decoder layers of every stage, in pipeline order (module docstring).
 
@@ -129,6 +229,8 @@ def stage_layer_counts(m: ModelConfig, schedule: str | None = None) -> list[int]
     pp, vp = m.pipeline_model_parallel_size, stages_per_rank(m)
     n_stages = pp * vp
     style = placement_style(schedule or resolve_schedule(m))
+    if m.pipeline_model_parallel_layout is not None:
+        return layout_layer_counts(m, style)
     if m.num_layers_in_first_pipeline_stage is not None or m.num_layers_in_last_pipeline_stage is not None:
         ranks = _rank_counts_uneven(m, pp, vp)
         return [ranks[rank_of_stage(s, pp, style)] // vp for s in range(n_stages)]

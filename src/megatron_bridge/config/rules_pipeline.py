@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 _PP = "model.pipeline_model_parallel_size"
 _VP = "model.virtual_pipeline_model_parallel_size"
 _SCHED = "model.pipeline_schedule"
+_LAYOUT = "model.pipeline_model_parallel_layout"
 
 
 def _pp(cfg: "ConfigContainer") -> int:
@@ -44,6 +45,26 @@ def _pipeline_layers(cfg: "ConfigContainer", world_size: int) -> None:
         return
     if m.pipeline_model_parallel_size < 1 or (vp is not None and vp < 1) or m.num_layers < 1:
         return  # positive_sizes reports it
+    if m.pipeline_model_parallel_layout is not None:
+        return  # pipeline_layout checks it
+    try:
+        stage_layer_counts(m)
+    except PipelineLayoutError as exc:
+        fail(str(exc), *exc.paths)
+
+
+@rule("pipeline_layout", (_LAYOUT, "model.num_layers", _PP, _VP, "model.num_layers_in_first_pipeline_stage",
+                          "model.account_for_embedding_in_pipeline_split"),
+      "model.pipeline_model_parallel_layout (string or list of lists) has PP×VP stages, num_layers decoder layers, "
+      "one embedding first in stage 0 and one loss last in the last stage, no MTP (none here), no empty stage on the "
+      "native engine; not with num_layers_in_first/last_pipeline_stage or account_for_*_in_pipeline_split.")
+def _pipeline_layout(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    vp = m.virtual_pipeline_model_parallel_size
+    if m.pipeline_model_parallel_layout is None or not positive(m.pipeline_model_parallel_size, m.num_layers):
+        return
+    if vp is not None and (not positive(vp) or m.pipeline_model_parallel_size <= 1):
+        return  # positive_sizes / pipeline_layers name it
     try:
         stage_layer_counts(m)
     except PipelineLayoutError as exc:

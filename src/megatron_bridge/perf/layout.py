@@ -123,7 +123,8 @@ class RankStages:
 def pipeline_ranks(cfg: "ConfigContainer", layout: Layout) -> list[RankStages]:
     """Every pipeline rank's layers and edges, split exactly as the engine splits them
     (:func:`megatron_bridge.config.pipeline_layout.build_stage_specs`: even, first/last-stage sizes, embedding and
-    loss counted as layers, loop or V placement); one rank holding everything without PP."""
+    loss counted as layers, an explicit ``pipeline_model_parallel_layout``, loop or V placement); one rank holding
+    everything without PP."""
     if layout.pp <= 1:
         return [RankStages(0, tuple(range(cfg.model.num_layers)), 1, True, True)]
     from megatron_bridge.config.pipeline_layout import build_stage_specs

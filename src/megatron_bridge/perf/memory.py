@@ -5,9 +5,10 @@ allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron
 
 * **Parameters per rank**: matrices and the vocabulary-parallel embedding/output divide by TP, norms are replicated;
   under PP each pipeline rank holds its layers as the engine splits them (even, first/last-stage sizes, embedding
-  and loss counted as layers, virtual stages; :func:`~megatron_bridge.perf.layout.pipeline_ranks`), the embedding
-  with the first stage and the output layer, final norm (and, when tied, an embedding copy) with the last; experts
-  divide by EP and the expert TP size. Every pipeline rank is estimated; the table shows the largest.
+  and loss counted as layers, an explicit ``pipeline_model_parallel_layout``, virtual stages;
+  :func:`~megatron_bridge.perf.layout.pipeline_ranks`), the embedding with the first stage and the output layer,
+  final norm (and, when tied, an embedding copy) with the last; experts divide by EP and the expert TP size. Every
+  pipeline rank is estimated; the table shows the largest.
 * **State bytes per parameter** (``model.params_dtype`` = P bytes; torch optimizers keep state in the parameter
   dtype): parameters P, gradients P, AdamW 2P (SGD with momentum P). FSDP2 shards all three over dp × cp (with
   EP > 1 it leaves the experts whole on each EP rank: they are its ignored parameters) and

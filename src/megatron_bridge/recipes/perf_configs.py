@@ -49,7 +49,8 @@ class PerfConfig:
     use_megatron_fsdp: bool = False
     """Megatron FSDP (:func:`megatron_bridge.recipes.perf.megatron_fsdp_overrides`), the row's layout kept."""
     pipeline_model_parallel_layout: str | None = None
-    """Megatron-Bridge's explicit stage layout; not expressible here: the even split is used (logged)."""
+    """Megatron-Bridge's explicit stage layout (``model.pipeline_model_parallel_layout``); set, it replaces the
+    recipe's first/last-stage sizes and account-for fields; None keeps the recipe's split."""
     moe_token_dispatcher_type: str | None = None
     """``"flex"`` (DeepEP/HybridEP kernels) there; here MoE tokens travel with all-to-all (logged)."""
     grad_reduce_in_fp32: bool = False
@@ -88,6 +89,10 @@ class PerfConfig:
             m.expert_tensor_parallel_size = self.expert_tensor_parallel_size
         if not cfg.dist.use_megatron_fsdp:
             cfg.dist.use_torch_fsdp2 = self.tensor_model_parallel_size > 1  # TP runs on FSDP2 here
+        if self.pipeline_model_parallel_layout is not None:
+            m.pipeline_model_parallel_layout = self.pipeline_model_parallel_layout
+            m.num_layers_in_first_pipeline_stage = m.num_layers_in_last_pipeline_stage = None
+            m.account_for_embedding_in_pipeline_split = m.account_for_loss_in_pipeline_split = False
 
     def _apply_memory_options(self, cfg: ConfigContainer) -> None:
         m = cfg.model
@@ -97,9 +102,6 @@ class PerfConfig:
             m.cpu_offloading_num_layers = self.cpu_offloading_num_layers
 
     def _log_what_is_not_expressible(self) -> None:
-        if self.pipeline_model_parallel_layout is not None:
-            log_rank_0(logger, "%s: pipeline_model_parallel_layout=%r is not expressible here; the layers are split "
-                       "evenly over the pipeline stages", self.source, self.pipeline_model_parallel_layout)
         if self.moe_token_dispatcher_type == "flex":
             log_rank_0(logger, "%s: the 'flex' MoE dispatcher (DeepEP/HybridEP) is not built here; tokens travel "
                        "with all-to-all", self.source)

@@ -13,6 +13,7 @@ engine — and trains on the same data; its per-step and validation losses must 
 * the same two megatron-core layouts with the distributed optimizer; and PP=2 × DP=2 with it on 4 ranks;
 * uneven splits mapped to megatron-core's fields (``num_layers_in_first_pipeline_stage``, the embedding and loss
   counted as layers over PP=2 × VP=3);
+* an explicit ``pipeline_model_parallel_layout`` (embedding-only first and loss-only last stage) on both engines;
 * tied embeddings (the native engine refuses them under PP): PP=2 and PP=2 × VP=2 against a DP=2 run of the same
   launch from the same weights (DP=2 equals one process: tests/functional_tests/training/test_megatron_core_engine.py);
 * a custom 3-argument forward step ``(state, data_iterator, model)`` under megatron-core's schedule;
@@ -48,7 +49,7 @@ LOSS_ATOL = 1e-5
 STEPS = 4
 GROUPS: dict[int, list[str]] = {
     2: ["test_pp2_1f1b", "test_pp2_vpp2_interleaved", "test_distributed_optimizer", "test_uneven_splits",
-        "test_tied_embeddings"],
+        "test_explicit_layout", "test_tied_embeddings"],
     4: ["test_pp2_dp2_distributed_optimizer", "test_tp2_pp2"],
 }
 """Tests launched together, by process count (one launch each)."""
@@ -265,6 +266,18 @@ def test_uneven_splits(launches: LaunchGroups | None) -> None:
                     **{"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 3,
                        "model.account_for_embedding_in_pipeline_split": True,
                        "model.account_for_loss_in_pipeline_split": True})
+
+
+def test_explicit_layout(launches: LaunchGroups | None) -> None:
+    """model.pipeline_model_parallel_layout "E|tt|tt|L" at PP=2 × VP=2, passed to megatron-core's TransformerConfig
+    (stage 0 only the embedding, stage 3 only the output layer and loss), and the native engine at the same layout."""
+    if not is_worker():
+        launches.check("test_explicit_layout")  # type: ignore[union-attr]
+        return
+    layout = {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2,
+              "model.pipeline_model_parallel_layout": "E|tt|tt|L"}
+    run_and_compare("megatron-core PP2 VP2 layout E|tt|tt|L", **layout)
+    run_and_compare("native PP2 VP2 layout E|tt|tt|L", engine="native", **layout)
 
 
 def test_tied_embeddings(launches: LaunchGroups | None) -> None:

@@ -34,7 +34,7 @@ STEPS = 4
 
 GROUPS: dict[int, list[str]] = {
     2: ["test_pp2_1f1b_ddp", "test_pp2_vpp2_interleaved", "test_zero_bubble_schedules_match_1f1b",
-        "test_uneven_stages", "test_resume_across_pipeline_layouts"],
+        "test_uneven_stages", "test_explicit_layout", "test_resume_across_pipeline_layouts"],
     4: ["test_pp4", "test_pp2_fsdp2_dp2", "test_pp2_tp2", "test_pp2_cp2"],
     8: ["test_pp2_dp2_tp2_eight_ranks"],
 }
@@ -178,6 +178,18 @@ def test_uneven_stages(launches: LaunchGroups | None) -> None:
                     virtual_pipeline_model_parallel_size=3,
                     **{"model.account_for_embedding_in_pipeline_split": True,
                        "model.account_for_loss_in_pipeline_split": True})
+
+
+def test_explicit_layout(launches: LaunchGroups | None) -> None:
+    """model.pipeline_model_parallel_layout: PP2 × VP2 "E|tt|tt|L" (stage 0 only the embedding, stage 3 only the
+    output layer and loss), and the list form at PP2 (rank 0 only the embedding)."""
+    if not is_worker():
+        launches.check("test_explicit_layout")
+        return
+    run_and_compare("PP2 VP2 layout E|tt|tt|L", pipeline_model_parallel_size=2,
+                    virtual_pipeline_model_parallel_size=2, **{"model.pipeline_model_parallel_layout": "E|tt|tt|L"})
+    run_and_compare("PP2 layout [[E], [t t t t L]]", pipeline_model_parallel_size=2,
+                    **{"model.pipeline_model_parallel_layout": [["embedding"], ["decoder"] * 4 + ["loss"]]})
 
 
 def test_pp4(launches: LaunchGroups | None) -> None:

@@ -304,11 +304,26 @@ def test_launcher_picks_the_perf_recipe_as_megatron_bridge() -> None:
     assert cfg.train.global_batch_size == 512  # the recipe's (no perf recipe for A100)
 
 
+def test_perf_config_applies_its_pipeline_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one perf config with an explicit layout (Megatron-Bridge's llama3_70b H100 FP8 at 64 GPUs) sets it: 40
+    stages over PP 8 × VP 5, three layers on stage 35, one on the last; it validates at 64 GPUs."""
+    import megatron_bridge.utils.packages as packages
+    from megatron_bridge.config.pipeline_layout import build_stage_specs
+
+    with_layout = [key for key, config in PERF_CONFIGS.items() if config.pipeline_model_parallel_layout]
+    assert with_layout == [("llama3_70b", "h100", "fp8_cs", 64)]
+    cfg = build_config(_launch_args("llama3_70b_pretrain_64gpu_h100_fp8cs_config"))
+    assert cfg.model.pipeline_model_parallel_layout == "Et*2|(t*2|)*34,t*3|(t*2|)*3,tL"
+    monkeypatch.setattr(packages, "cuda_capability", lambda: CAPABILITY["h100"])
+    cfg.validate(world_size=64)
+    assert [len(s.layers) for s in build_stage_specs(cfg.model)] == [2] * 35 + [3, 2, 2, 2, 1]
+
+
 def test_perf_differences_are_documented() -> None:
     text = DOC.read_text()
     for rule in PERF_REFUSED:
         assert f"`{rule}`" in text, rule
-    assert "flat perf recipe" in text and "pipeline_model_parallel_layout" in text
+    assert "flat perf recipe" in text and "`flex` MoE dispatcher" in text
 
 
 def test_per_gpu_names_import_from_the_recipes_package() -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.config.pipeline_layout import PipelineLayoutError, build_stage_specs
+from megatron_bridge.config.pipeline_layout import PipelineLayoutError, build_stage_specs, parse_layout
 from megatron_bridge.engines.megatron_core.weights import megatron_core_merge_stages, megatron_core_stage_state
 
 
@@ -78,6 +78,36 @@ def test_megatron_core_places_the_layers_of_the_native_split(model: ModelConfig)
         assert built == len(spec.layers), (spec, built)
         if spec.layers:
             assert get_transformer_layer_offset(config, vp_stage=stage, pp_rank=pp_rank) == spec.layers[0], spec
+
+
+LAYOUTS = [("E|tt|tt|L", 2), ([["embedding"], ["decoder"] * 4 + ["loss"]], None), ("Et|(t|)*2,ttL", 2),
+           ([["Embedding", "decoder"], ["decoder"] * 3, [], ["decoder", "loss"]], 2)]
+"""(layout, VP) at PP=2 with 4, 4, 5, 5 decoder layers: embedding-only and loss-only stages, both forms, an empty stage
+(megatron-core builds it; the native engine refuses it)."""
+
+
+@pytest.mark.parametrize(("layout", "vp"), LAYOUTS, ids=range(len(LAYOUTS)))
+def test_megatron_core_places_the_layers_of_a_layout(layout: object, vp: int | None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """megatron-core's ``PipelineParallelLayerLayout`` (built by ``TransformerConfig`` from the field) gives every
+    (pipeline rank, virtual stage) the layers of build_stage_specs; its own validation accepts the layout."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_bridge.engines.megatron_core.provider import transformer_config
+
+    num_layers = sum(stage.count("decoder") for stage in parse_layout(layout))
+    model = _model(num_layers=num_layers, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=vp,
+                   pipeline_model_parallel_layout=layout)
+    theirs = transformer_config(model, torch.device("cpu")).pipeline_model_parallel_layout
+    assert theirs.virtual_pipeline_model_parallel_size == (vp or 1)
+    # What get_num_layers_to_build and get_transformer_layer_offset ask the layout on this rank (pp_rank given here).
+    monkeypatch.setattr(ps, "get_virtual_pipeline_model_parallel_world_size", lambda: vp)
+    for spec in build_stage_specs(model):
+        vp_stage, pp_rank = divmod(spec.index, 2)
+        stage = None if vp is None else vp_stage
+        assert theirs.get_num_layers_to_build(vp_stage=stage, pp_rank=pp_rank) == len(spec.layers), spec
+        if spec.layers:
+            assert theirs.get_layer_offset(vp_stage=stage, pp_rank=pp_rank) == spec.layers[0], spec
 
 
 def test_transformer_config_carries_the_pipeline_fields() -> None:

@@ -206,3 +206,26 @@ def test_megatron_fsdp_shards_state_over_dp_times_cp() -> None:
     assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (base.param_bytes, base.grad_bytes,
                                                                       base.optimizer_bytes)
     assert est.layout.tokens_per_microbatch * 2 == base.layout.tokens_per_microbatch
+
+
+def test_pipeline_layout_sets_each_ranks_layers() -> None:
+    """model.pipeline_model_parallel_layout: the estimate splits the layers as the layout says (the fuller rank is
+    the largest), and an embedding-only first stage holds no layer of its own."""
+    from megatron_bridge.perf.layout import pipeline_ranks
+
+    cfg = tiny_llama_pretrain_config(global_batch_size=64, micro_batch_size=1)
+    cfg.model.pipeline_model_parallel_size = 2
+    cfg.model.pipeline_model_parallel_layout = "Et|tttL"
+    cfg.validate(world_size=2)
+    ranks = pipeline_ranks(cfg, layout_of(cfg, 2))
+    assert [(r.layers, r.first, r.last) for r in ranks] == [((0,), True, False), ((1, 2, 3), False, True)]
+    uneven = estimate_memory(cfg, 2)
+    assert uneven.pp_rank == 1 and "3 layers in 1 chunk(s), the output layer" in " ".join(uneven.notes)
+    cfg.model.pipeline_model_parallel_layout = None
+    even = estimate_memory(cfg, 2)
+    assert uneven.params.total > even.params.total  # three blocks and the output layer against two and one
+    cfg.model.virtual_pipeline_model_parallel_size = 2
+    cfg.model.pipeline_model_parallel_layout = [["embedding"], ["decoder"] * 2, ["decoder"] * 2, ["loss"]]
+    ranks = pipeline_ranks(cfg, layout_of(cfg, 2))
+    assert [(r.layers, r.chunks, r.first, r.last) for r in ranks] == [((2, 3), 2, True, False),
+                                                                      ((0, 1), 2, False, True)]

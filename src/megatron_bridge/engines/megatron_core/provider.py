@@ -15,6 +15,7 @@ tensor/pipeline/context parallel sizes,
 virtual_pipeline_model_parallel_size,
 num_layers_in_first/last_pipeline_stage,
 account_for_embedding/loss_in_pipeline_split,
+pipeline_model_parallel_layout,
 overlap_p2p_comm, batch_p2p_comm,
 cp_comm_type (TE attention under CP),
 window_size, window_attn_skip_freq,
@@ -93,6 +94,7 @@ def transformer_config(model: "ModelConfig", device: torch.device, precision: di
         num_layers_in_last_pipeline_stage=model.num_layers_in_last_pipeline_stage,
         account_for_embedding_in_pipeline_split=model.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=model.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=_layout(model),
         overlap_p2p_comm=model.overlap_p2p_comm,
         batch_p2p_comm=model.batch_p2p_comm,
         context_parallel_size=model.context_parallel_size,
@@ -121,6 +123,12 @@ def layer_spec(model: "ModelConfig") -> Any:
                                                     normalization=model.normalization)
 
 
+def _layout(model: "ModelConfig") -> str | list[list[str]] | None:
+    """``model.pipeline_model_parallel_layout`` as ``TransformerConfig`` takes it (its list form needs lists)."""
+    layout = model.pipeline_model_parallel_layout
+    return layout if layout is None or isinstance(layout, str) else [list(stage) for stage in layout]
+
+
 def build_gpt_chunks(cfg: "ConfigContainer", device: torch.device) -> list[torch.nn.Module]:
     """Initialise megatron-core's parallel state from ``cfg`` (:func:`.parallel_state.initialize`) and build this
     rank's ``GPTModel`` chunk(s) on ``device``: one per virtual pipeline stage (one without virtual stages).
@@ -135,6 +143,7 @@ def build_gpt_chunks(cfg: "ConfigContainer", device: torch.device) -> list[torch
 
     enforce(cfg, "engine_available", "transformer_impl_available", "megatron_core_context_parallel",
             "megatron_core_features", "megatron_core_pipeline", "megatron_core_sequence_parallel", "pipeline_layers",
+            "pipeline_layout",
             "megatron_core_precision", "fp8_requirements")
     parallel_state.initialize(cfg, device, cfg.rng.seed)
     model = cfg.model
