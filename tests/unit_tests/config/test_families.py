@@ -63,8 +63,7 @@ def test_every_recipe_declares_a_registered_family(name: str) -> None:
 
 @pytest.mark.parametrize(("recipe", "family"), [("llama3_8b", "llama"), ("qwen3_8b", "qwen3"),
                                                 ("qwen3_30b_a3b", "qwen3_moe")])
-def test_config_written_before_the_field_loads_as_its_family(recipe: str, family: str, tmp_path: Path,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_config_written_before_the_field_loads_as_its_family(recipe: str, family: str, tmp_path: Path) -> None:
     """A YAML without ``model.family`` (as every config and checkpoint before this change) loads with None and
     ``finalize()`` sets the family its shape had, logged once."""
     cfg = get_recipe(recipe).fn()
@@ -76,9 +75,19 @@ def test_config_written_before_the_field_loads_as_its_family(recipe: str, family
     from megatron_bridge.config import adjustments
 
     adjustments._LOGGED.discard(f"adjust:model.family={family!r}")  # logged once per process: another test may have
-    with caplog.at_level(logging.INFO):
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    adjustments.logger.addHandler(handler)  # directly: an earlier pretrain() may have stopped its propagation
+    level = adjustments.logger.level
+    adjustments.logger.setLevel(logging.INFO)
+    try:
         loaded.finalize()
-    assert loaded.model.family == family and "set model.family" in caplog.text
+    finally:
+        adjustments.logger.removeHandler(handler)
+        adjustments.logger.setLevel(level)
+    assert loaded.model.family == family
+    assert any("set model.family" in r.getMessage() for r in records)
 
 
 def test_export_dispatches_on_the_declared_family_not_the_shape() -> None:

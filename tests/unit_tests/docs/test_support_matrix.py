@@ -1,20 +1,17 @@
 """docs/models.md is what scripts/docs/support_matrix.py writes from the tests' ``support_cells`` markers: every
 claimed family and cell exists, every registered family has a row, and the page cannot drift from the suite."""
 
-import importlib.util
 from pathlib import Path
 
 from megatron_bridge.config.families import family_names
+from tests.unit_tests.scripts import load_script
 
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def _script():  # noqa: ANN202  (the script's module)
-    spec = importlib.util.spec_from_file_location("support_matrix", REPO / "scripts" / "docs" / "support_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return load_script("scripts/docs/support_matrix.py")
 
 
 def test_page_equals_what_the_markers_say() -> None:

@@ -1,12 +1,12 @@
 """scripts/gpu_check.py on CPU: its --dry-run self-check and its pure helpers (the GPU run itself needs a GPU)."""
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
 
 from megatron_bridge.config.mixed_precision import MIXED_PRECISION_PRESETS
 from tests.functional_tests.launcher import warm_python
+from tests.unit_tests.scripts import load_script
 
 
 REPO = Path(__file__).resolve().parents[3]
@@ -14,10 +14,7 @@ SCRIPT = REPO / "scripts" / "gpu_check.py"
 
 
 def _module():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_dry_run_plans_every_check(tmp_path: Path) -> None:

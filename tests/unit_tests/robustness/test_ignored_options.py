@@ -2,7 +2,6 @@
 last one), ``${...}`` interpolations in command-line overrides (they never see the recipe), and a profiler window
 that ends before it starts. Each is one ``error: ...`` line and exit code 2 from run_recipe.py."""
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -12,16 +11,11 @@ from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.errors import ConfigOverrideError
 from megatron_bridge.recipes import tiny_llama_pretrain_config
 from megatron_bridge.utils.cli import EXIT_USER_ERROR, run_cli
-
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.unit_tests.scripts import load_script
 
 
 def _run_recipe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("run_recipe", REPO / "scripts/training/run_recipe.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return load_script("scripts/training/run_recipe.py")
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

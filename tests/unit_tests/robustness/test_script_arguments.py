@@ -1,22 +1,15 @@
 """Script arguments a user may reasonably type (issue 45, item 7): a flag between the ``key=value`` overrides is read
 as a flag (run_recipe.py, launch.py), and a ``--data-cache`` under a file is one ``error:`` line."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from megatron_bridge.utils.cli import EXIT_USER_ERROR, run_cli
+from tests.unit_tests.scripts import load_script
 
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _script(path: str):  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location(Path(path).stem, REPO / path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+_script = load_script
 
 
 def test_run_recipe_reads_a_flag_between_overrides() -> None:

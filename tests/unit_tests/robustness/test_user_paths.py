@@ -2,7 +2,6 @@
 /proc, or a results file that is not one is one ``error: ...`` line naming the path and why, exit code 2, from
 run_recipe.py (``--dir``, any output field), launch.py (``--output_dir``, ``--compare``) and convert.py."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,16 +10,10 @@ import pytest
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import tiny_llama_pretrain_config
 from megatron_bridge.utils.cli import EXIT_USER_ERROR, run_cli
+from tests.unit_tests.scripts import load_script
 
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _script(path: str):  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location(Path(path).stem, REPO / path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+_script = load_script
 
 
 def _error_line(script: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

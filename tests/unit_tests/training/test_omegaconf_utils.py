@@ -4,7 +4,6 @@
 ``megatron.bridge`` renamed ``megatron_bridge``), and ``run_recipe.py --config-file`` on the same YAML; its moved keys
 (``train.eval_iters``) are mapped with one logged line, unknown keys refused with the nearest one."""
 
-import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -21,9 +20,8 @@ from megatron_bridge.training.utils.omegaconf_utils import (
     parse_hydra_overrides,
     process_config_with_overrides,
 )
+from tests.unit_tests.scripts import load_script
 
-
-REPO = Path(__file__).resolve().parents[3]
 
 TUTORIAL_YAML = """\
 dataset:
@@ -136,9 +134,7 @@ def test_tutorial_02_runs_with_its_yaml_and_a_cli_override(tmp_path: Path, monke
 
 
 def test_run_recipe_config_file_takes_the_tutorial_yaml(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("run_recipe", REPO / "scripts/training/run_recipe.py")
-    run_recipe = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(run_recipe)  # type: ignore[union-attr]
+    run_recipe = load_script("scripts/training/run_recipe.py")
     path = _tutorial_folder(tmp_path) / "conf" / "llama32_1b_pretrain.yaml"
     args = run_recipe.parse_args(["--recipe", "llama32_1b", "--config-file", str(path)])
     _assert_tutorial_values(run_recipe.build_config(args))
