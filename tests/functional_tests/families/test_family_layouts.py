@@ -1,14 +1,14 @@
-"""The tiny Mistral (a 32-token sliding window on 64-token sequences) and the tiny Mixtral (8 experts, top-2) train on
-every parallel layout the library has, each step's loss within 1e-5 (relative) of one process on the same global
-batch, and resume bit-exact. One 2-rank torchrun launch runs every case (``pretrain()`` reuses the launch's process
-group); the launching process computes one single-process reference per family.
+"""The tiny Mistral (a 32-token sliding window on 64-token sequences), Mixtral (8 experts, top-2), Qwen3 (q/k norm)
+and Qwen3-MoE train on every parallel layout the library has, each step's loss within 1e-5 (relative) of one process
+on the same global batch, and resume bit-exact. One 2-rank torchrun launch runs every case (``pretrain()`` reuses the
+launch's process group); the launching process computes one single-process reference per family.
 
 Layouts, each on 2 gloo ranks: DDP, FSDP2, TP=2 (with FSDP2, as the backend rule asks), PP=2, CP=2 (all-gather
-attention with the window), and EP=2 for Mixtral; Megatron FSDP for Mistral through the CPU harness
-(tests/functional_tests/megatron_fsdp_cpu_harness.py, installed last: it makes every collective synchronous).
-Mixtral on Megatron FSDP is refused by rule ``moe_backend`` (checked here): Megatron FSDP does not shard the native
-engine's experts yet. Resume: DDP trains 4 steps saving at step 2; a second run resumes from step 2 and its steps 3
-and 4 have exactly the losses of the first run.
+attention with the window), and EP=2 for the mixtures of experts; Megatron FSDP for the dense ones through the CPU
+harness (tests/functional_tests/megatron_fsdp_cpu_harness.py, installed last: it makes every collective synchronous).
+The mixtures of experts on Megatron FSDP are refused by rule ``moe_backend`` (checked here): Megatron FSDP does not
+shard the native engine's experts yet. Resume: DDP trains 4 steps saving at step 2; a second run resumes from step 2
+and its steps 3 and 4 have exactly the losses of the first run.
 """
 
 import os
@@ -25,7 +25,14 @@ from tests.functional_tests.training._common import cached_reference
 
 
 LOSS_RTOL = 1e-5
-FAMILIES = {"mistral": "tiny_mistral", "mixtral": "tiny_mixtral"}
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "mistral": ("tiny_mistral", {}),
+    "mixtral": ("tiny_mixtral", {}),
+    "qwen3": ("tiny_llama", {"family": "qwen3", "qk_layernorm": True}),
+    "qwen3_moe": ("tiny_moe", {"family": "qwen3_moe", "qk_layernorm": True, "expert_tensor_parallel_size": 1}),
+}
+"""Family → the tiny recipe and the model fields that make it the family's (Qwen3: the tiny Llama with q/k norm)."""
+MOE = ("mixtral", "qwen3_moe")
 LAYOUTS: dict[str, dict[str, Any]] = {
     "ddp": {},
     "fsdp2": {"use_torch_fsdp2": True},
@@ -33,8 +40,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "pp2": {"pipeline_model_parallel_size": 2},
     "cp2": {"context_parallel_size": 2},
 }
-EXTRA = {"mistral": {"megatron_fsdp": {"use_megatron_fsdp": True}},
-         "mixtral": {"ep2": {"expert_model_parallel_size": 2}}}
+EP2 = {"expert_model_parallel_size": 2}
+MEGATRON_FSDP = {"use_megatron_fsdp": True}
 GROUPS = {2: ["test_tiny_families_train_on_every_layout"]}
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
@@ -45,9 +52,12 @@ def family_config(family: str, **layout: Any) -> ConfigContainer:
     vocabulary padded to 512 rows at every TP size; one process (EP=1) unless ``layout`` says otherwise."""
     kwargs = {"train_iters": 4, "global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
               "eval_interval": None, "lr_warmup_iters": 1, "log_interval": 1}
-    if family == "mixtral":
+    if family in MOE:
         kwargs["expert_model_parallel_size"] = 1
-    cfg = RECIPES[FAMILIES[family]].fn(**{**kwargs, **layout})
+    recipe, fields = FAMILIES[family]
+    cfg = RECIPES[recipe].fn(**{**kwargs, **layout})
+    for name, value in fields.items():
+        setattr(cfg.model, name, value)
     cfg.checkpoint.save = cfg.checkpoint.load = None
     cfg.model.make_vocab_size_divisible_by = 256  # the vocabulary padded alike at TP=1 and TP=2 (512 rows)
     return cfg
@@ -91,21 +101,13 @@ def _check_resume(family: str, root: Path) -> None:
     assert resumed.steps == [3, 4] and resumed.losses == full.losses[2:], (full.losses, resumed.losses)
 
 
-@pytest.mark.support_cells("mistral:ddp",
-                            "mistral:fsdp2",
-                            "mistral:megatron_fsdp",
-                            "mistral:tp",
-                            "mistral:pp",
-                            "mistral:cp",
-                            "mistral:resume",
-                            "mixtral:ddp",
-                            "mixtral:fsdp2",
-                            "mixtral:tp",
-                            "mixtral:pp",
-                            "mixtral:cp",
-                            "mixtral:ep",
-                            "mixtral:resume",
-                            "mixtral:megatron_fsdp!moe_backend")
+@pytest.mark.support_cells("mistral:ddp", "mistral:fsdp2", "mistral:megatron_fsdp", "mistral:tp", "mistral:pp",
+                            "mistral:cp", "mistral:resume", "qwen3:ddp", "qwen3:fsdp2", "qwen3:megatron_fsdp",
+                            "qwen3:tp", "qwen3:pp", "qwen3:cp", "qwen3:resume", "mixtral:ddp", "mixtral:fsdp2",
+                            "mixtral:tp", "mixtral:pp", "mixtral:cp", "mixtral:ep", "mixtral:resume",
+                            "mixtral:megatron_fsdp!moe_backend", "qwen3_moe:ddp", "qwen3_moe:fsdp2", "qwen3_moe:tp",
+                            "qwen3_moe:pp", "qwen3_moe:cp", "qwen3_moe:ep", "qwen3_moe:resume",
+                            "qwen3_moe:megatron_fsdp!moe_backend")
 def test_tiny_families_train_on_every_layout(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_tiny_families_train_on_every_layout")  # type: ignore[union-attr]
@@ -118,10 +120,13 @@ def test_tiny_families_train_on_every_layout(launches: LaunchGroups | None) -> N
         for name, layout in LAYOUTS.items():
             _check_layout(family, name, layout)
         _check_resume(family, Path(os.environ["MB_FAMILY_DIR"]))
-    _check_layout("mixtral", "ep2", EXTRA["mixtral"]["ep2"])
-    with pytest.raises(ConfigValidationError, match=r"\[rule moe_backend\]"):
-        family_config("mixtral", use_megatron_fsdp=True).validate(world_size=2)
+    for family in MOE:
+        _check_layout(family, "ep2", EP2)
+        with pytest.raises(ConfigValidationError, match=r"\[rule moe_backend\]"):
+            family_config(family, **MEGATRON_FSDP).validate(world_size=2)
     from tests.functional_tests.megatron_fsdp_cpu_harness import install
 
     install()  # last: every collective synchronous from here on
-    _check_layout("mistral", "megatron_fsdp", EXTRA["mistral"]["megatron_fsdp"])
+    for family in FAMILIES:
+        if family not in MOE:
+            _check_layout(family, "megatron_fsdp", MEGATRON_FSDP)
