@@ -14,7 +14,8 @@ gets what is left, and a step with no time left is recorded as skipped):
    (``test_fsdp_pretrain_basic``) and resume tests, reported one by one from the JUnit XML.
 3. ``matrix``: 6 steps of the tiny recipe on one GPU for every mixed-precision preset (DDP), every backend (bf16),
    and every engine (``model.engine`` and ``model.transformer_impl``: native, megatron-core local spec, megatron-core
-   TE spec; an engine this version or machine cannot build is skipped with its error); each row compares the CUDA
+   TE spec; an engine this version or machine cannot build is skipped with its error), and the other families' tiny
+   recipes (``FAMILY_CASES``: Mistral's window on both engines, Mixtral's experts); each row compares the CUDA
    allocator peak with the dry-run memory estimate.
 4. ``mfu``: a Llama-3-8B-shaped model (hidden 4096, 32/8 heads, SwiGLU 14336, vocabulary 128256, sequence 8192) in
    bf16 on one GPU with as many of its 32 blocks as the memory estimate fits into 85% of the GPU, 10 steps through
@@ -69,6 +70,10 @@ ENGINE_SETTINGS = {"local": ("native", "local"), "megatron_core": ("megatron_cor
 local layer spec, and with transformer-engine's spec."""
 ENGINE_PRESET = {"local": "bf16_mixed", "megatron_core": "bf16_mixed", "transformer_engine": "bf16_mixed"}
 """Preset of each engine's case: bf16_mixed everywhere (on megatron-core: bf16 weights, fp32 main parameters)."""
+FAMILY_CASES = {"tiny_mistral": ("local", "megatron_core"), "tiny_mixtral": ("local",)}
+"""The other families' tiny recipes the matrix also trains (bf16, DDP): Mistral's sliding window on both engines
+(megatron-core's local attention builds the window mask on the GPU), Mixtral's experts on the native engine (one GPU:
+expert parallelism 1); the GPU-verified column of docs/models.md is what such runs show."""
 BACKENDS = ("ddp", "fsdp2", "megatron_fsdp")
 MCORE_FSDP_PRESET = {"fsdp2": "bf16_mixed", "megatron_fsdp": "bf16_mixed"}
 """The preset of the matrix's megatron-core case per FSDP wrapper, bf16_mixed as Megatron-LM runs them: FSDP2 (bf16
@@ -147,6 +152,8 @@ def matrix_cases() -> list[dict[str, str]]:
     cases += [{"engine": e, "preset": ENGINE_PRESET[e], "backend": "ddp"} for e in ENGINES if e != "local"]
     cases += [{"engine": "megatron_core", "preset": MCORE_FSDP_PRESET[b], "backend": b}
               for b in BACKENDS if b != "ddp"]  # megatron-core's own FSDP wrappers (docs/training/engines.md)
+    cases += [{"engine": e, "preset": "bf16_mixed", "backend": "ddp", "recipe": recipe}
+              for recipe, engines in FAMILY_CASES.items() for e in engines]
     return cases
 
 
@@ -154,11 +161,12 @@ def case_config(case: dict[str, str], steps: int = 6):  # noqa: ANN201  (ConfigC
     """The tiny recipe for one matrix case, validated; an engine this version or machine cannot build raises its
     named error (MissingDependencyError / ConfigValidationError)."""
     from megatron_bridge.models.validation import check_transformer_impl
-    from megatron_bridge.recipes import tiny_llama_pretrain_config
+    from megatron_bridge.recipes import get_recipe
     from megatron_bridge.recipes.perf import common_perf_overrides
 
-    cfg = tiny_llama_pretrain_config(mixed_precision=case["preset"], use_megatron_fsdp=case["backend"] ==
-                                     "megatron_fsdp" or None)
+    recipe = get_recipe(case.get("recipe", "tiny_llama")).fn
+    moe = {"expert_model_parallel_size": 1} if recipe().model.is_moe else {}
+    cfg = recipe(mixed_precision=case["preset"], use_megatron_fsdp=case["backend"] == "megatron_fsdp" or None, **moe)
     cfg = common_perf_overrides(cfg, train_iters=steps, warmup_iters=1)
     cfg.dist.use_torch_fsdp2 = case["backend"] == "fsdp2"
     cfg.model.engine, cfg.model.transformer_impl = ENGINE_SETTINGS[case["engine"]]
