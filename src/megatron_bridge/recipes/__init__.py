@@ -48,7 +48,7 @@ from megatron_bridge.recipes.qwen.h100 import __all__ as _QWEN_H100
 from megatron_bridge.recipes.tiny import tiny_llama_pretrain_config, tiny_moe_pretrain_config
 
 
-RECIPES: dict[str, RecipeInfo] = {
+_BUILT_IN: dict[str, RecipeInfo] = {
     "tiny_llama": RecipeInfo(tiny_llama_pretrain_config, 2),
     "tiny_moe": RecipeInfo(tiny_moe_pretrain_config, 2),
     "llama3_8b": RecipeInfo(llama3_8b_pretrain_config, 2),
@@ -74,8 +74,19 @@ RECIPES: dict[str, RecipeInfo] = {
     "qwen3_32b": RecipeInfo(qwen3_32b_pretrain_config, 16),
     "qwen3_30b_a3b": RecipeInfo(qwen3_30b_a3b_pretrain_config, 16),
     "qwen3_235b_a22b": RecipeInfo(qwen3_235b_a22b_pretrain_config, 512),
-    **family_recipes(),
 }
+"""The recipes of this package; :func:`all_recipes` adds the family folders' ones."""
+_ALL: dict[str, RecipeInfo] = {}
+RECIPES: dict[str, RecipeInfo]  # declared only: module __getattr__ builds it on first use (all_recipes)
+
+
+def all_recipes() -> dict[str, RecipeInfo]:
+    """Every recipe: this package's and the family folders' (``families/<name>/recipes.py``, through the registry),
+    built on first use. A family's recipes module imports ``megatron_bridge.recipes.base``, which runs this package
+    first: reading them at import time would import that module while it is half-initialized."""
+    if not _ALL:
+        _ALL.update({**_BUILT_IN, **family_recipes()})
+    return _ALL
 
 
 def get_recipe(name: str) -> RecipeInfo:
@@ -84,17 +95,21 @@ def get_recipe(name: str) -> RecipeInfo:
     from megatron_bridge.errors import ConfigValidationError
 
     key = name.removesuffix("_pretrain_config")
-    by_function = {info.fn.__name__: info for info in RECIPES.values()}
-    if key not in RECIPES and name in by_function:
+    recipes = all_recipes()
+    by_function = {info.fn.__name__: info for info in recipes.values()}
+    if key not in recipes and name in by_function:
         return by_function[name]
-    if key not in RECIPES:
-        raise ConfigValidationError(f"unknown recipe {name!r}; known: {sorted(RECIPES)}", ("recipe",))
-    return RECIPES[key]
+    if key not in recipes:
+        raise ConfigValidationError(f"unknown recipe {name!r}; known: {sorted(recipes)}", ("recipe",))
+    return recipes[key]
 
 
 def __getattr__(name: str) -> object:
-    """A family folder's recipe function by its name (``megatron_bridge.recipes.mistral_7b_pretrain_config``)."""
-    for info in RECIPES.values():
+    """``RECIPES`` (:func:`all_recipes`), or a family folder's recipe function by its name
+    (``megatron_bridge.recipes.mistral_7b_pretrain_config``)."""
+    if name == "RECIPES":
+        return all_recipes()
+    for info in all_recipes().values():
         if info.fn.__name__ == name:
             return info.fn
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -99,3 +99,13 @@ def test_export_dispatches_on_the_declared_family_not_the_shape() -> None:
     model.family = "llama"  # a Qwen3 shape declared as Llama: refused by name, not exported as the other
     with pytest.raises(BridgeError, match="is not a llama model"):
         family_for_model_config(model).config_to_hf(model)
+
+
+@pytest.mark.parametrize("module", ["megatron_bridge.families.mistral.recipes",
+                                    "megatron_bridge.families.mixtral.recipes"])
+def test_a_family_recipes_module_imports_first(module: str) -> None:
+    """Importing a family's recipes module before ``megatron_bridge.recipes`` works (that package lists the family
+    recipes on first use, not while the family module that imported it is half-initialized)."""
+    code = f"import {module} as m; from megatron_bridge.recipes import RECIPES; print(set(m.RECIPES) <= set(RECIPES))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
