@@ -80,6 +80,11 @@ class LogTail:
             out.flush()
 
 
+def pending_reason(status: JobStatus) -> str:
+    """`` (reason: Priority)`` for a job that waits for a reason Slurm names; "" when it names none (``None``)."""
+    return "" if status.reason in ("None", "") else f" (reason: {status.reason})"
+
+
 def successor(run_dir: Path, job_id: str) -> str | None:
     """The job that ``job_id`` resubmitted (the smallest later id in the run's jobs file), or None."""
     try:
@@ -99,7 +104,7 @@ def follow(run_dir: Path, job_id: str, out: TextIO = sys.stdout, poll_s: float =
             status, seen = job_status(job_id), None
             while status is not None and not status.ended:
                 if status.state == "PENDING" and (status.state, status.reason) != seen:
-                    note(f"Slurm job {job_id} is pending ({status.reason})")
+                    note(f"Slurm job {job_id} is pending{pending_reason(status)}")
                 seen = (status.state, status.reason)
                 tail.copy(out)
                 time.sleep(poll_s)

@@ -192,6 +192,13 @@ def test_follow_helpers(tmp_path: Path) -> None:
     assert out.getvalue() == "one\ntwo\n"
 
 
+
+def test_pending_reason_is_said_only_when_slurm_names_one() -> None:
+    """Slurm's ``Reason=None`` (just submitted) is no reason to print: "pending", not "pending (None)"."""
+    assert slurm_follow.pending_reason(slurm_follow.JobStatus("PENDING", 0)) == ""
+    assert slurm_follow.pending_reason(slurm_follow.JobStatus("PENDING", 0, "Priority")) == " (reason: Priority)"
+
+
 @pytest.mark.parametrize("argv", [["-t", "01:00:00"], ["--max_retries", "0"], ["--detach", "false"],
                                   ["-i", "image"], ["-ce", "A=1"], ["--preempt_time", "30"]])
 def test_slurm_only_flags_are_refused_locally(argv: list[str]) -> None:
