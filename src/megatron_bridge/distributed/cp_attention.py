@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from megatron_bridge.data.zigzag import gathered_positions, query_blocks, zigzag_chunk_ids
 from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.models import attention
 from megatron_bridge.models.attention import band_mask
 
 
@@ -67,13 +68,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """One-process causal attention (``[b, heads, s, d]``; GQA when ``k`` has fewer heads), optionally restricted to
     keys with the same ``segment_ids`` (``[b, s]``) as the query."""
-    gqa = k.shape[1] != q.shape[1]
     if segment_ids is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    s = q.shape[2]
-    pos = torch.arange(s, device=q.device)
-    mask = (pos[None, :] <= pos[:, None]) & (segment_ids[:, :, None] == segment_ids[:, None, :])
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=gqa)
+        return attention.causal_attention(q, k, v)
+    pos = torch.arange(q.shape[2], device=q.device)
+    mask = band_mask(pos, pos, None) & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=k.shape[1] != q.shape[1])
 
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup, cp_rank: int,
@@ -150,7 +149,7 @@ class ContextParallelAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  segment_ids: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
         """Causal attention of the local zig-zag queries over the whole sequence (within ``window`` tokens when
-        given; ring attention has no window: rule ``context_parallel_window``)."""
+        given; ring attention has no window: rule ``attention_window``)."""
         if self.comm_type == "p2p":
             if segment_ids is not None:
                 raise ConfigValidationError(
