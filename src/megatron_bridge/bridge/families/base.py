@@ -9,6 +9,7 @@ or listed as harmless (:attr:`ModelFamily.ignored_hf_keys`); anything else is a 
 """
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 from megatron_bridge.bridge.rope import RopeFormat, rope_fields_from_hf, rope_to_hf
@@ -94,7 +95,7 @@ class ModelFamily:
     def config_from_hf(self, hf: dict[str, Any]) -> ModelConfig:
         """The :class:`ModelConfig` of a HF config dict; BridgeError for unknown or unsupported settings."""
         self.check_hf_config(hf)
-        get = lambda key: hf.get(key) if hf.get(key) is not None else self.hf_defaults.get(key)  # noqa: E731
+        get = partial(self.hf_value, hf)
         try:
             heads = int(hf["num_attention_heads"])
             hidden = int(hf["hidden_size"])
@@ -139,6 +140,10 @@ class ModelFamily:
         if unknown:
             raise BridgeError(f"config.json has key(s) the {self.name} mapping does not know: {unknown}; they may "
                               "change the model, so the conversion stops (extend the family mapping to support them)")
+
+    def hf_value(self, hf: dict[str, Any], key: str) -> Any:
+        """``hf[key]``, or transformers' default (:attr:`hf_defaults`) when the key is absent or null."""
+        return hf.get(key) if hf.get(key) is not None else self.hf_defaults.get(key)
 
     # -------------------------------------------------------------------------------------------- config out
     def matches(self, config: ModelConfig) -> bool:

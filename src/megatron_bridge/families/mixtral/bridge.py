@@ -4,6 +4,7 @@ on the HF side (``block_sparse_moe.experts.{j}.w1`` gate, ``w3`` up, ``w2`` down
 (``mlp.experts.gate_proj`` ``[E, hidden, F]``, transposed per expert). Routing is the softmax over the k selected
 logits (``moe_router_pre_softmax=False``), which equals HF's softmax over all experts renormalized over the top k."""
 
+from functools import partial
 from typing import Any
 
 from megatron_bridge.bridge.families.base import ModelFamily, StackedWeight
@@ -30,7 +31,7 @@ class MixtralFamily(MistralFamily):
     def config_from_hf(self, hf: dict[str, Any]) -> ModelConfig:
         """Mistral's fields plus the experts: every layer MoE, expert width ``intermediate_size``."""
         config = super().config_from_hf(hf)
-        get = lambda key: hf.get(key) if hf.get(key) is not None else self.hf_defaults.get(key)  # noqa: E731
+        get = partial(self.hf_value, hf)
         if not hf.get("num_local_experts"):
             raise BridgeError("mixtral config.json needs num_local_experts")
         config.num_moe_experts = int(hf["num_local_experts"])

@@ -4,6 +4,7 @@
 ``[E, hidden, F]``, transposed per expert). ``norm_topk_prob`` is ``not moe_router_pre_softmax``; layers listed in
 ``mlp_only_layers`` or off the ``decoder_sparse_step`` grid keep a dense MLP (``intermediate_size``)."""
 
+from functools import partial
 from typing import Any
 
 from megatron_bridge.bridge.families.base import ModelFamily, StackedWeight
@@ -30,7 +31,7 @@ class Qwen3MoeFamily(Qwen3Family):
     def config_from_hf(self, hf: dict[str, Any]) -> ModelConfig:
         """The Qwen3 fields plus the MoE ones (module docstring)."""
         config = super().config_from_hf(hf)
-        get = lambda key: hf.get(key) if hf.get(key) is not None else self.hf_defaults.get(key)  # noqa: E731
+        get = partial(self.hf_value, hf)
         experts = hf.get("num_experts", hf.get("num_local_experts"))
         if not experts or hf.get("moe_intermediate_size") is None:
             raise BridgeError("qwen3_moe config.json needs num_experts (or num_local_experts) and "
