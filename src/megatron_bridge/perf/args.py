@@ -119,11 +119,11 @@ def recipe_name(args: argparse.Namespace) -> str:
     name = (args.model_recipe_name or args.recipe or "llama3_8b").removesuffix("_pretrain_config")
     get_recipe(name)  # unknown names: a named error listing the recipes
     family = args.model_family_name
-    if family is not None and recipe_perf_family(name) != family:
+    ours = recipe_perf_family(name) if family is not None else None
+    if family is not None and ours != family:
         of_family = sorted(n for n in RECIPES if recipe_perf_family(n) == family)
-        raise ConfigValidationError(f"-m {family} does not match the recipe {name!r} (-mr), a "
-                                    f"{recipe_perf_family(name)!r} recipe: recipes of family {family!r} are "
-                                    f"{of_family}")
+        raise ConfigValidationError(f"-m {family} does not match the recipe {name!r} (-mr), a {ours!r} recipe: "
+                                    f"recipes of family {family!r} are {of_family}")
     return name
 
 
