@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.engines.native.moe_stats import MoETracker
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.flops import num_floating_point_operations, num_parameters
 from megatron_bridge.models.llama import LlamaMLP, LlamaModel, _linear
@@ -25,7 +26,6 @@ from megatron_bridge.models.moe import (
     switch_aux_loss,
     update_expert_bias,
 )
-from megatron_bridge.training.moe_stats import MoETracker
 
 
 ATOL = 1e-6

@@ -7,26 +7,13 @@ the aux-loss-free expert bias moves identically everywhere (Megatron-core update
 from counts reduced over the data-parallel ranks the same way).
 """
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.engines.base import MoEStepStats
 from megatron_bridge.models.moe import MoELayer, moe_layers, set_aux_loss_scale, update_expert_bias
-
-
-@dataclass
-class MoEStepStats:
-    """What the MoE layers did in one optimizer step (global over all ranks)."""
-
-    aux_loss: float | None = None
-    """Sum over MoE layers of each layer's mean auxiliary loss (load balancing + z-loss); None when both are off."""
-    layer_aux_loss: dict[int, float] = field(default_factory=dict)
-    """Mean auxiliary loss of each MoE layer, by layer index."""
-    tokens_per_expert: dict[int, list[float]] = field(default_factory=dict)
-    """Token-expert assignments each expert received in the step, by layer index (global batch)."""
 
 
 class MoETracker:
