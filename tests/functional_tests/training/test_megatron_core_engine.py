@@ -4,7 +4,7 @@
 
 * 2 ranks match one process: TP=2, and DP=2 under megatron-core DDP with the distributed optimizer and with overlapped
   gradient reduction — per-step losses within 1e-5 (relative) of the one-process megatron-core run.
-* MoE (:data:`MOE`): megatron-core's ``MoELayer`` at EP=2 (DP 2) matches its one-process run, and the native
+* MoE (:data:`MOE`): megatron-core's ``MoELayer`` at EP=2 (DP 2) and at PP=2 matches its one-process run, and the native
   engine from its initial weights matches it (absolute 1e-5).
 * Cross-engine parity: the native engine trained from the megatron-core model's initial weights (mapped by
   :mod:`megatron_bridge.engines.megatron_core.weights`) gives the same per-step losses (absolute 1e-5) as
@@ -71,9 +71,11 @@ MOE: dict[str, Any] = {"model.family": "qwen3_moe", "model.qk_layernorm": True, 
 every layer (top-2, softmax over the selected logits), load-balancing and z losses: megatron-core's ``MoELayer``
 (router, ``SequentialMLP`` experts, all-to-all dispatcher). The shared expert's map is checked in
 tests/unit_tests/models/test_megatron_core_weights.py."""
-MOE_LAYOUTS: dict[str, dict[str, Any]] = {"moe_ep2": {**MOE, "model.expert_model_parallel_size": 2}}
-"""2-rank MoE layouts, compared with the one-process MoE reference; megatron-core draws expert weights per EP rank,
-so they start from the reference's initial weights (:class:`ReferenceWeights`)."""
+MOE_LAYOUTS: dict[str, dict[str, Any]] = {"moe_ep2": {**MOE, "model.expert_model_parallel_size": 2},
+                                          "moe_pp2": {**MOE, "model.pipeline_model_parallel_size": 2}}
+"""2-rank MoE layouts, compared with the one-process MoE reference: EP=2 (DP 2), and PP=2 (the aux losses' gradient
+scale set by megatron-core's 1F1B schedule); megatron-core draws weights per EP rank and stage, so they start from the
+reference's initial weights (:class:`ReferenceWeights`)."""
 LAYOUTS.update(MOE_LAYOUTS)
 GROUPS: dict[int, list[str]] = {2: [f"test_two_ranks_match_one_process[{name}]" for name in sorted(LAYOUTS)]}
 """The 2-rank layouts, launched together."""
@@ -123,10 +125,11 @@ class StepEnds(Callback):
 
 
 class ReferenceWeights(Callback):
-    """At the start of training (TP = 1): loads a one-process megatron-core state dict, this EP rank's routed experts
-    (``local_experts.<global id>`` there, ``local_experts.<local id>`` here; experts are whole with ETP 1) and every
-    other weight as it is (megatron-core draws expert weights per EP rank from the default generator, so the
-    weights after the first MoE layer's also differ from the one-process model's)."""
+    """At the start of training (TP = 1): loads a one-process megatron-core state dict into this rank's chunk: its
+    pipeline stage's layers (:func:`~megatron_bridge.engines.megatron_core.weights.megatron_core_stage_state`), this
+    EP rank's routed experts (``local_experts.<global id>`` there, ``local_experts.<local id>`` here; experts are
+    whole with ETP 1) and every other weight as it is (megatron-core draws expert weights per EP rank, and each
+    stage's from its own generator state, so they differ from the one-process model's)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -134,13 +137,16 @@ class ReferenceWeights(Callback):
     def on_train_start(self, ctx: Any) -> None:
         from megatron.core import parallel_state as ps
 
-        full = torch.load(self.path, weights_only=True)
+        from megatron_bridge.engines.megatron_core.weights import megatron_core_stage_state
+
         model = ctx.backend.unwrap(ctx.backend.chunks[0])
-        state = model.state_dict()
+        layers = [layer.layer_number - 1 for layer in model.decoder.layers]
+        full = megatron_core_stage_state(torch.load(self.path, weights_only=True), layers,
+                                         pre_process=model.pre_process, post_process=model.post_process)
         per_rank = MOE["model.num_moe_experts"] // ps.get_expert_model_parallel_world_size()
         offset = ps.get_expert_model_parallel_rank() * per_rank
         weights = {}
-        for key in state:
+        for key in model.state_dict():
             if key.endswith("_extra_state"):
                 continue
             if ".local_experts." in key:
@@ -149,7 +155,6 @@ class ReferenceWeights(Callback):
                 weights[key] = full[f"{head}.local_experts.{offset + int(local)}.{rest}"]
             else:
                 weights[key] = full[key]
-        assert any(".local_experts." in key for key in weights), "no routed experts in the model"
         model.load_state_dict(weights, strict=False)  # strict but for the _extra_state entries
         for key, value in model.state_dict().items():
             assert key.endswith("_extra_state") or torch.equal(value, weights[key]), key

@@ -43,8 +43,8 @@ class MegatronCoreMoETracker:
         from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
         self.num_microbatches = num_microbatches
-        MoEAuxLossAutoScaler.set_loss_scale(
-            torch.tensor(loss_scale * self.cp_size / num_microbatches, device=self.device))
+        MoEAuxLossAutoScaler.set_loss_scale(  # shape [1], as its schedules set it (set_loss_scale copies into it)
+            torch.full((1,), loss_scale * self.cp_size / num_microbatches, device=self.device))
 
     @torch.no_grad()
     def end_step(self, num_microbatches: int | None = None) -> MoEStepStats:
