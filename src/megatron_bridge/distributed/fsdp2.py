@@ -173,7 +173,7 @@ class FSDP2Backend(DataParallelBackend):
         self.cp_mesh = context_parallel_mesh(mesh)
         pp_mesh = pipeline_mesh(mesh)
         self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
-        self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device)
+        self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device, self.tp_mesh)
         plan = self._plan(self.mesh)
         if self.expert_parallel is not None:
             plan.ignored_params = set(self.expert_parallel.all_params())
