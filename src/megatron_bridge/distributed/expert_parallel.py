@@ -274,7 +274,7 @@ def apply_expert_parallel(chunks: list[nn.Module], cfg: "ConfigContainer", env: 
         mesh = mesh[tuple(name for name in mesh.mesh_dim_names or () if name != "pp")]
     ep_rank = mesh["ep"].get_local_rank()
     m = cfg.model
-    split = _token_split(cfg, tp_mesh)
+    split = _token_split(cfg, tp_mesh, device.type)
     state = ExpertParallel(mesh=mesh, dp_size=env.world_size // (m.tensor_model_parallel_size
                                                                  * m.pipeline_model_parallel_size),
                            pp_group=pp_group, global_experts=m.num_moe_experts or 0)
@@ -291,11 +291,15 @@ def apply_expert_parallel(chunks: list[nn.Module], cfg: "ConfigContainer", env: 
     return state
 
 
-def _token_split(cfg: "ConfigContainer", tp_mesh: DeviceMesh | None) -> TensorParallelTokens | None:
+def _token_split(cfg: "ConfigContainer", tp_mesh: DeviceMesh | None,
+                 device_type: str) -> TensorParallelTokens | None:
     if not splits_tokens_over_tp(cfg):
         return None
-    if tp_mesh is None:
-        raise RuntimeError("expert parallelism with TP > 1 needs the TP mesh (apply_expert_parallel's tp_mesh)")
+    if tp_mesh is None:  # the backends with TP pass theirs; else the main mesh's TP groups (TP innermost)
+        tp = cfg.model.tensor_model_parallel_size
+        world = dist.get_world_size()
+        ranks = torch.arange(world).reshape(world // tp, tp)
+        tp_mesh = DeviceMesh(device_type, ranks, mesh_dim_names=("rest", "tp"))["tp"]
     return TensorParallelTokens(tp_mesh.get_group(), tp_mesh.size(), tp_mesh.get_local_rank(),
                                 cfg.model.sequence_parallel)
 
