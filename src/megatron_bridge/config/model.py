@@ -165,10 +165,10 @@ class ModelConfig(DeclaredFields):
     Must divide num_moe_experts, and EP × expert_tensor_parallel_size must divide DP × CP × TP. With TP > 1 each TP
     rank routes its own part of the tokens (megatron_bridge.distributed.expert_parallel)."""
     expert_tensor_parallel_size: int | None = None
-    """Tensor-parallel size of the routed experts (ETP). None means Megatron's default, tensor_model_parallel_size;
-    this version supports 1 (experts whole on every rank, EP folded over the TP ranks). Differs from
-    Megatron-Bridge: ETP = TP (experts split column/row-wise over TP) is refused as not built (rule
-    expert_tensor_parallel)."""
+    """Tensor-parallel size of the routed experts (ETP). None means Megatron's default, tensor_model_parallel_size.
+    1: experts whole on every rank, EP folded over the TP ranks (each TP rank routes its own tokens); TP: each
+    expert's F dimension split over the TP group (gate/up column-wise, down row-wise), tokens replicated over it, EP
+    over the data-parallel × CP ranks. Other values are refused (rule expert_tensor_parallel)."""
     sequence_parallel: bool = False
     """Shard norms and dropout over the sequence dimension in the TP group; requires tensor_model_parallel_size > 1."""
     recompute_granularity: Literal["full", "selective"] | None = None

@@ -139,25 +139,26 @@ def _ep_layout(cfg: "ConfigContainer", world_size: int) -> None:
              "the sequence length", "model.seq_length", "model.tensor_model_parallel_size")
 
 
-@rule("expert_tensor_parallel", ("model.expert_tensor_parallel_size", "model.tensor_model_parallel_size"),
-      "expert_tensor_parallel_size is 1 (or None with TP = 1): experts are whole on every rank and EP is folded "
-      "over the TP ranks; ETP = TP (experts split over TP) is not built, other values do not exist.")
+@rule("expert_tensor_parallel", ("model.expert_tensor_parallel_size", "model.tensor_model_parallel_size",
+                                 "model.moe_ffn_hidden_size"),
+      "expert_tensor_parallel_size (None = TP) is 1 (experts whole, EP folded over the TP ranks) or TP (each expert's "
+      "F dimension split over the TP group, tokens replicated over it; F divisible by TP).")
 def _etp(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if m.num_moe_experts is None:
         return
     etp, tp = expert_tensor_parallel_size(cfg), m.tensor_model_parallel_size
-    if etp == 1:
+    if etp not in (1, tp):
+        fail(f"model.expert_tensor_parallel_size={m.expert_tensor_parallel_size} must be 1 or "
+             f"model.tensor_model_parallel_size={tp}: set it to 1 (experts whole, EP folded over the TP ranks) or to "
+             "TP (experts split over the TP group)", "model.expert_tensor_parallel_size",
+             "model.tensor_model_parallel_size")
         return
-    if etp == tp:
-        fail(f"expert tensor-parallel size {etp} = TP (model.expert_tensor_parallel_size="
-             f"{m.expert_tensor_parallel_size}, None = TP): experts split column/row-wise over TP are not built in "
-             "this version; set model.expert_tensor_parallel_size=1 (experts whole, EP folded over the TP ranks)",
-             "model.expert_tensor_parallel_size")
-        return
-    fail(f"model.expert_tensor_parallel_size={m.expert_tensor_parallel_size} must be 1 or "
-         f"model.tensor_model_parallel_size={tp}: set it to 1 (experts whole, EP folded over the TP ranks)",
-         "model.expert_tensor_parallel_size", "model.tensor_model_parallel_size")
+    ffn = m.expert_ffn_hidden_size
+    if etp > 1 and positive(ffn) and ffn % etp:
+        fail(f"the experts' hidden size {ffn} (model.moe_ffn_hidden_size, else ffn_hidden_size) is not divisible by "
+             f"the expert tensor-parallel size {etp}: set model.expert_tensor_parallel_size=1 or change the size",
+             "model.moe_ffn_hidden_size", "model.expert_tensor_parallel_size")
 
 
 @rule("moe_dispatcher", ("model.moe_token_dispatcher_type", "model.expert_model_parallel_size"),

@@ -226,9 +226,9 @@ class ReplicateParams(ParallelStyle):
 
 
 def moe_tp_plan(prefix: str, moe: MoELayer, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """TP of an MoE layer with ``expert_tensor_parallel_size=1``: the router and the routed experts are replicated
-    over the TP group (expert-parallel experts are plain tensors owned by expert parallelism), the shared expert is
-    split like a dense MLP.
+    """TP of an MoE layer: the router and the routed experts are replicated over the TP group (experts owned by
+    expert parallelism, whole or split over TP with ETP = TP, stay plain tensors), the shared expert is split like a
+    dense MLP.
 
     Without a token split (EP = 1) every TP rank routes the same tokens: with sequence parallelism the layer gathers
     the sequence on entry and keeps its rank's part on exit (its gradients then arrive whole on every TP rank, so the

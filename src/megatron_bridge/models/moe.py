@@ -301,11 +301,28 @@ class TopKRouter(nn.Module):
         return probs, idx, aux
 
 
+class SumOver(torch.autograd.Function):
+    """All-reduce (sum) over ``group`` whose backward passes the gradient through (partial outputs of a weight split
+    over the group, whose consumers are replicated over it)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        total = x.contiguous().clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
 class GroupedExperts(nn.Module):
     """The routed SwiGLU experts of one layer as stacked weights ``[E_local, ...]`` (module docstring).
 
     Expert parallelism keeps only this rank's experts: ``num_local_experts`` of them, global ids
-    ``expert_offset .. expert_offset + num_local_experts - 1``.
+    ``expert_offset .. expert_offset + num_local_experts - 1``. Expert tensor parallelism (``tp_group`` set,
+    ``expert_tensor_parallel_size`` = TP) keeps the rank's part of the ``F`` dimension of every expert (gate/up
+    column-wise, down row-wise): the input's gradient and the output are summed over the group.
     """
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
@@ -315,6 +332,8 @@ class GroupedExperts(nn.Module):
         self.num_local_experts = e
         self.expert_offset = 0
         self.grouped_gemm = config.moe_grouped_gemm
+        self.tp_group: dist.ProcessGroup | None = None
+        """The expert-tensor-parallel group when the experts are split over TP (ETP = TP), else None."""
         self.gate_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
         self.up_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
         self.down_proj = nn.Parameter(torch.empty(e, f, h, device="meta", dtype=dtype))
@@ -331,14 +350,18 @@ class GroupedExperts(nn.Module):
         """``x [N, hidden]``: tokens sorted by local expert, ``counts [E_local]`` tokens per local expert."""
         dtype = _compute_dtype(x)
         x = x.to(dtype)
+        if self.tp_group is not None:
+            x = SumGradOver.apply(x, self.tp_group)
         gate = grouped_mm(x, _local(self.gate_proj).to(dtype), counts, self.grouped_gemm)
         up = grouped_mm(x, _local(self.up_proj).to(dtype), counts, self.grouped_gemm)
-        return grouped_mm(F.silu(gate) * up, _local(self.down_proj).to(dtype), counts, self.grouped_gemm)
+        y = grouped_mm(F.silu(gate) * up, _local(self.down_proj).to(dtype), counts, self.grouped_gemm)
+        return y if self.tp_group is None else SumOver.apply(y, self.tp_group)
 
     def extra_repr(self) -> str:
         """Expert counts and shapes, for ``print(model)``."""
         return (f"experts={self.num_local_experts}/{self.num_experts} (offset {self.expert_offset}), "
-                f"hidden={self.gate_proj.shape[1]}, ffn={self.gate_proj.shape[2]}, grouped_gemm={self.grouped_gemm}")
+                f"hidden={self.gate_proj.shape[1]}, ffn={self.gate_proj.shape[2]} (local), "
+                f"grouped_gemm={self.grouped_gemm}")
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:

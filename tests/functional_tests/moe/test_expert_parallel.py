@@ -8,10 +8,11 @@ atol 1e-5; observed differences come from float summation order only.
 * ``test_two_ranks_match_ep1``: 2 ranks, DDP, one launch: EP=2 (4 experts per rank, expert-data-parallel size 1);
   PP=2 (1F1B) with MoE layers on one stage only; PP=2 × VP=2 under ZBVZeroBubble; CP=2 × EP=2 (EP over the CP
   ranks).
-* ``test_four_ranks_match_ep1``: 4 ranks, one launch, four layouts: FSDP2 with EP=2 × expert-data-parallel 2;
+* ``test_four_ranks_match_ep1``: 4 ranks, one launch, five layouts: FSDP2 with EP=2 × expert-data-parallel 2;
   FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=4 folded over the TP and data-parallel ranks; FSDP2 with PP=2 ×
-  TP=2 (SP) and EP=2 over the TP ranks of each stage; the Qwen3-235B layout in small, DDP with PP=2 (loss counted
-  in the split) × CP=2 and EP=2 over the CP ranks.
+  TP=2 (SP) and EP=2 over the TP ranks of each stage; FSDP2 with TP=2 (SP) × DP=2, the experts split over TP
+  (ETP=2) and EP=2 over DP; the Qwen3-235B layout in small, DDP with PP=2 (loss counted in the split) × CP=2 and EP=2
+  over the CP ranks.
 * ``test_checkpoint_ep2_to_ep1``: 2 ranks: steps 1-4 at EP=2 save a checkpoint; steps 5-8 load it at EP=1 (DDP over
   2 ranks) and continue: losses and weights equal the uninterrupted reference.
 * ``test_token_split_gather``: 2 ranks: the TP token split of MoE parallel folding (slice, gather) and its
@@ -19,8 +20,9 @@ atol 1e-5; observed differences come from float summation order only.
 * ``test_folded_tp2_ep2_match_ep1``: 2 ranks, FSDP2, TP=2 × EP=2 with ETP 1 (EP over the TP ranks, each routing its
   own tokens), with sequence parallelism and without (the slice-and-gather path).
 * ``test_checkpoint_folded_resume``: 2 ranks: steps 1-4 at TP=2 × EP=2 (FSDP2, SP) save a checkpoint; it resumes
-  at the same layout bit-exact (losses and weights equal the uninterrupted TP=2 × EP=2 run) and at TP=1 × EP=2 over
-  the data-parallel ranks (DDP), equal to the reference within the tolerances.
+  at the same layout bit-exact (losses and weights equal the uninterrupted TP=2 × EP=2 run), at TP=1 × EP=2 over
+  the data-parallel ranks (DDP) and at TP=2 × ETP=2 × EP=1 (each expert's ``F`` split over TP, tokens replicated),
+  equal to the reference within the tolerances.
 
 The 2-rank tests share one torchrun launch (``GROUPS``, launcher.py's ``LaunchGroups``; each stays a test of its own).
 """
@@ -53,7 +55,7 @@ GROUPS: dict[int, list[str]] = {2: ["test_two_ranks_match_ep1", "test_checkpoint
 """Tests launched together, by process count (one launch each)."""
 
 
-def moe_config(ep: int = 1, tp: int = 1, **overrides: Any) -> ConfigContainer:
+def moe_config(ep: int = 1, tp: int = 1, etp: int = 1, **overrides: Any) -> ConfigContainer:
     """The tiny MoE recipe at seq 64, 8 steps of 8 samples, every MoE option on, no eval, no checkpoints."""
     base = {"train_iters": STEPS, "global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
             "eval_interval": None, "lr_warmup_iters": 2, "log_interval": 4, "expert_model_parallel_size": ep,
@@ -64,7 +66,7 @@ def moe_config(ep: int = 1, tp: int = 1, **overrides: Any) -> ConfigContainer:
     m.moe_router_enable_expert_bias, m.moe_z_loss_coeff = True, 1e-3
     m.moe_shared_expert_intermediate_size = 64
     m.make_vocab_size_divisible_by = 256 // tp
-    m.expert_tensor_parallel_size = 1
+    m.expert_tensor_parallel_size = etp
     cfg.checkpoint.save = cfg.checkpoint.load = None
     cfg.validation.eval_interval = None
     return cfg
@@ -192,6 +194,7 @@ def test_four_ranks_match_ep1(launches: LaunchGroups | None) -> None:
     folded_pp = moe_config(ep=2, tp=2, pipeline_model_parallel_size=2, use_torch_fsdp2=True)
     folded_pp.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
     _run(folded_pp, "PP=2 x TP=2 (SP), EP=2 over TP, FSDP2")
+    _run(moe_config(ep=2, tp=2, etp=2, use_torch_fsdp2=True), "TP=2 (SP) x DP=2, ETP=2 x EP=2 over DP, FSDP2")
     shrunk_235b = moe_config(ep=2, pipeline_model_parallel_size=2, context_parallel_size=2)
     shrunk_235b.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
     _run(shrunk_235b, "PP=2 x CP=2 x EP=2 (over CP), DDP")
@@ -279,3 +282,8 @@ def test_checkpoint_folded_resume(launches: LaunchGroups | None) -> None:
     moved = pretrain(other, callbacks=[weights])
     assert moved.steps == [5, 6, 7, 8]
     _compare(moved.losses, weights.weights, "TP=2 x EP=2 (FSDP2) -> checkpoint -> TP=1 x EP=2 (DDP)", first_step=4)
+    split = moe_config(tp=2, etp=2, use_torch_fsdp2=True)  # the experts split over TP instead of over EP
+    split.checkpoint.load = folder
+    weights = GlobalWeights()
+    moved = pretrain(split, callbacks=[weights])
+    _compare(moved.losses, weights.weights, "TP=2 x EP=2 -> checkpoint -> TP=2 x ETP=2 x EP=1", first_step=4)

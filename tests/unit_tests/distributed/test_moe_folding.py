@@ -1,7 +1,7 @@
-"""MoE parallel folding without processes: which global ranks form each EP / expert-data group (megatron-core's
-``(edp, ep, etp)`` re-split of a stage's ``dp × cp × tp`` ranks), the rules ``expert_parallel_layout`` and
-``expert_tensor_parallel``, the TP plan of a folded MoE layer and the sequence slicing of the token split.
-The distributed behaviour (all-to-all, gathers, gradients) is tested on gloo ranks in
+"""MoE parallel folding without processes: which global ranks form each EP / expert-data / expert-TP group
+(megatron-core's ``(edp, ep, etp)`` re-split of a stage's ``dp × cp × tp`` ranks), the rules
+``expert_parallel_layout`` and ``expert_tensor_parallel``, the TP plan of a folded MoE layer and the sequence
+slicing of the token split. The distributed behaviour (all-to-all, gathers, gradients) is tested on gloo ranks in
 tests/functional_tests/moe/test_expert_parallel.py."""
 
 import pytest
@@ -11,7 +11,7 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleI
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.config.rules_moe import expert_tensor_parallel_size, splits_tokens_over_tp
-from megatron_bridge.distributed.expert_parallel import expert_rank_grid
+from megatron_bridge.distributed.expert_parallel import etp_dim, expert_rank_grid
 from megatron_bridge.distributed.expert_tokens import seq_slice
 from megatron_bridge.distributed.tensor_parallel import moe_tp_plan
 from megatron_bridge.errors import ConfigValidationError
@@ -89,16 +89,34 @@ def test_expert_parallel_layout_refusals(layout: dict, world: int, paths: set[st
 
 
 def test_expert_tensor_parallel_values() -> None:
-    """ETP 1 is built; ETP = TP (None means TP) is refused as not built; other values are refused as invalid."""
-    m = ModelConfig(num_moe_experts=4, tensor_model_parallel_size=2)
-    cfg = ConfigContainer(model=m)
+    """ETP 1 and ETP = TP (None means TP) are built; other values, and an expert width TP does not divide, are
+    refused."""
+    cfg = ConfigContainer(model=ModelConfig(num_moe_experts=4, tensor_model_parallel_size=2))
     assert expert_tensor_parallel_size(cfg) == 2
-    for etp, message in ((None, "not built"), (2, "not built"), (3, "must be 1 or")):
+    for etp in (None, 1, 2):
         cfg = _cfg(tensor_model_parallel_size=2, expert_model_parallel_size=2)
         cfg.model.expert_tensor_parallel_size = etp
+        cfg.validate(world_size=4)
+        assert splits_tokens_over_tp(cfg) == (etp == 1)
+    cfg = _cfg(tensor_model_parallel_size=2, expert_model_parallel_size=2)
+    cfg.model.expert_tensor_parallel_size = 2
+    with pytest.raises(ConfigValidationError, match=r"\[rule expert_parallel_layout\]"):
+        cfg.validate(world_size=2)  # EP 2 × ETP 2 > dp × tp = 2
+    for etp, ffn, message in ((3, 96, "must be 1 or"), (2, 95, "not divisible")):
+        cfg = _cfg(tensor_model_parallel_size=2, expert_model_parallel_size=2)
+        cfg.model.expert_tensor_parallel_size, cfg.model.moe_ffn_hidden_size = etp, ffn
         with pytest.raises(ConfigValidationError, match=r"\[rule expert_tensor_parallel\]") as info:
-            cfg.validate(world_size=2)
+            cfg.validate(world_size=4)
         assert message in str(info.value) and "model.expert_tensor_parallel_size" in info.value.paths
+
+
+def test_etp_grid_and_split_dims() -> None:
+    """ETP = TP 2 on TP2 DP2 with EP2: the ETP groups are the TP pairs, EP runs over the data-parallel ranks of one
+    TP index; gate/up split on F (their last dimension), down on F (its middle one)."""
+    grid = expert_rank_grid(4, pp=1, ep=2, etp=2)
+    assert groups(grid, 3) == [[0, 1], [2, 3]] and groups(grid, EP_DIM) == [[0, 2], [1, 3]]
+    assert etp_dim("layers.1.mlp.experts.gate_proj") == etp_dim("up_proj") == 2
+    assert etp_dim("state.layers.1.mlp.experts.down_proj") == 1
 
 
 def test_tokens_split_only_with_ep_and_tp() -> None:
