@@ -110,9 +110,9 @@ class NativeEngine:
     def moe_tracker(self, cfg: "ConfigContainer", chunks: list[nn.Module], device: torch.device,
                     world_size: int) -> Any:
         """:class:`~megatron_bridge.engines.native.moe_stats.MoETracker` over the native MoE layers of ``chunks``."""
-        from megatron_bridge.engines.native.moe_stats import MoETracker
+        from megatron_bridge.engines.native.moe_stats import MoETracker, moe_token_copies
 
-        return MoETracker.for_chunks(chunks, device, cfg.model.tensor_model_parallel_size, cfg.model)
+        return MoETracker.for_chunks(chunks, device, moe_token_copies(cfg), cfg.model)
 
     def destroy_groups(self) -> None:
         """Nothing: the native engine's groups are the device mesh's, destroyed with the default group."""
