@@ -83,6 +83,21 @@ def _mcore_cp(cfg: "ConfigContainer", world_size: int) -> None:
          "parallelism runs everywhere)", "model.context_parallel_size", "model.transformer_impl")
 
 
+@rule("megatron_core_mla", ("model.multi_latent_attention", "model.transformer_impl"),
+      "With engine='megatron_core', no multi-latent attention: megatron-core 0.19.2's local attention cannot build it "
+      "and this version maps no MLA config to its transformer-engine spec.")
+def _mcore_mla(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.engine != "megatron_core" or not m.multi_latent_attention:
+        return
+    fail("model.multi_latent_attention=True with model.engine='megatron_core': megatron-core 0.19.2's local "
+         "(transformer-engine-free) DotProductAttention takes no k_channels/v_channels, so its MLASelfAttention cannot "
+         "be built on the local spec (it needs TEDotProductAttention on a GPU), and this version maps neither "
+         "MLATransformerConfig (model.q_lora_rank, model.kv_lora_rank, model.qk_head_dim, model.qk_pos_emb_head_dim, "
+         "model.v_head_dim) nor the MLA weights; set model.engine='native'", "model.multi_latent_attention",
+         "model.engine")
+
+
 def _engine_ckpt_format(cfg: "ConfigContainer") -> str:
     """The checkpoint format of the megatron-core engine: ``fsdp_dtensor`` under Megatron FSDP (megatron-core's
     optimizer has no other sharding type there), else megatron-core's ``torch_dist``."""
