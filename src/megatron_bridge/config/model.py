@@ -223,6 +223,13 @@ class ModelConfig(DeclaredFields):
     (default) applies the softmax to the k selected logits, so the k probabilities sum to 1 (HF's norm_topk_prob)."""
     moe_router_topk_scaling_factor: float | None = None
     """Multiply the routing probabilities by this factor (DeepSeek's routed_scaling_factor); None leaves them."""
+    moe_router_num_groups: int | None = None
+    """Group-limited routing (DeepSeek-V3; megatron-core's field, Hugging Face's ``n_group``): the experts form this
+    many equal groups of consecutive ids, and a token picks its top-k only inside the moe_router_group_topk groups
+    with the highest group scores (a group's score: the sum of its two highest biased scores). None: no groups."""
+    moe_router_group_topk: int | None = None
+    """Group-limited routing: how many groups a token may use (megatron-core's field, Hugging Face's
+    ``topk_group``); set together with moe_router_num_groups."""
     moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
     """Load-balancing loss: "aux_loss" (Switch Transformer loss over the micro-batch's tokens), "seq_aux_loss"
     (the same loss per sequence, averaged over the sequences) or "none"."""
