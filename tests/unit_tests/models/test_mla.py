@@ -83,3 +83,29 @@ def test_auto_tp_plan_splits_heads_and_replicates_the_latents() -> None:
     for replicated in ("q_a_proj", "q_a_layernorm", "kv_a_proj_with_mqa", "kv_a_layernorm"):
         assert isinstance(plan[f"{attn}.{replicated}"], ReplicateParallel)
     assert not any(key.endswith(("k_proj", "v_proj")) for key in plan)
+
+
+@pytest.mark.parametrize("q_lora_rank", [16, None])
+def test_parameter_count_equals_the_built_model(q_lora_rank: int | None) -> None:
+    from megatron_bridge.models.flops import num_parameters
+
+    config = _ours(q_lora_rank, num_layers=2, vocab_size=64, num_moe_experts=4, moe_layer_freq=[0, 1],
+                   moe_shared_expert_intermediate_size=16, moe_ffn_hidden_size=16)
+    model = LlamaModel(config, device="meta")
+    assert num_parameters(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_deepseek_v3_size_and_flops_per_token() -> None:
+    """DeepSeek-V3 without its MTP module: 671B parameters, 37B active per token (its technical report); training
+    FLOPs per token at 4096 tokens = 6 × (matmul weights a token uses + the attention over 4096 keys)."""
+    from megatron_bridge.families.deepseek_v3.recipes import deepseek_v3_model
+    from megatron_bridge.models.flops import num_floating_point_operations, num_parameters
+
+    config = deepseek_v3_model()
+    assert num_parameters(config) / 1e9 == pytest.approx(671, rel=0.01)
+    active = num_parameters(config, active_only=True, include_embedding=False)
+    assert (active + config.padded_vocab_size * config.hidden_size) / 1e9 == pytest.approx(37, rel=0.02)
+    per_token = num_floating_point_operations(config, 1, 4096) / 4096
+    attention = 61 * 2 * 128 * (192 + 128) * 4096
+    assert per_token == pytest.approx(3 * (2 * (active - 61 * 2 * 7168 - 7168) + attention
+                                           + 2 * config.padded_vocab_size * 7168), rel=1e-3)
