@@ -213,6 +213,11 @@ class ModelFamily:
         """Names inside one decoder layer (identical on both sides for the Llama-style families)."""
         return n.dense_layer_parameters(config)
 
+    def read_hf_tensor(self, reader: Any, name: str) -> Any:
+        """HF tensor ``name`` as the model takes it, from ``reader`` (a ``bridge.hf_reader.HFWeightsReader``): the
+        stored tensor; a family with stored encodings (DeepSeek-V3's fp8 blocks) decodes them here."""
+        return reader.get(name)
+
     def ignorable_hf_weight(self, name: str, config: ModelConfig) -> bool:
         """HF tensors that are dropped on import: RoPE ``inv_freq`` buffers of old checkpoints, and a stray output
         layer weight stored next to tied embeddings (transformers ignores it as well)."""

@@ -14,8 +14,9 @@ The training-only settings of Megatron-Bridge's DeepSeek provider are set on imp
 
 Multi-token prediction is not built: ``num_nextn_predict_layers`` is read and dropped with the MTP layers' tensors
 (``model.layers.{L}...``, which transformers drops as well when it loads a model); export writes
-``num_nextn_predict_layers: 0``. fp8 checkpoints (``quantization_config``) are refused: their block-scaled weights
-(``weight_scale_inv``) are not dequantized in this version.
+``num_nextn_predict_layers: 0``. fp8 checkpoints (``quantization_config``: DeepSeek-V3's published weights) are
+dequantized on import (``fp8.py``: each weight times its ``weight_scale_inv`` block scale); exports write the
+unquantized weights without ``quantization_config``.
 
 Weights: names are transformers' under ``model.`` (our module names follow ``DeepseekV3Attention``); the router
 ``mlp.router.weight`` ↔ ``mlp.gate.weight``, its bias buffer ``mlp.router.expert_bias`` ↔
@@ -58,15 +59,16 @@ class DeepseekV3Family(ModelFamily):
         "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim",
         "n_routed_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
         "n_group", "topk_group", "first_k_dense_replace", "routed_scaling_factor", "aux_loss_alpha",
+        "quantization_config",
     }
 
     # --------------------------------------------------------------------------------------------- config in
     def config_from_hf(self, hf: dict[str, Any]) -> ModelConfig:
         """The shared fields, then MLA and the experts (module docstring)."""
         if hf.get("quantization_config") is not None:
-            raise BridgeError("deepseek_v3 config.json has a quantization_config (fp8 block-scaled weights with "
-                              "weight_scale_inv): dequantizing them on import is not supported in this version; "
-                              "convert the checkpoint to bf16 first")
+            from megatron_bridge.families.deepseek_v3.fp8 import check_quantization_config
+
+            check_quantization_config(hf["quantization_config"])
         config = super().config_from_hf({k: v for k, v in hf.items() if k != "head_dim"})
         get = partial(self.hf_value, hf)
         try:
@@ -177,8 +179,17 @@ class DeepseekV3Family(ModelFamily):
                     tuple(f"{HF_DECODER}.{n.mlp(i)}.{n.EXPERTS}.{j}.{proj}.weight" for j in experts), transpose=True)
                 for i, moe in enumerate(config.moe_layer_pattern()) if moe for proj in n.EXPERT_WEIGHTS}
 
+    def read_hf_tensor(self, reader: Any, name: str) -> Any:
+        """The stored tensor; an fp8 weight with its block scales dequantized to float32 (``fp8.py``)."""
+        from megatron_bridge.families.deepseek_v3.fp8 import read_dequantized
+
+        return read_dequantized(reader, name)
+
     def ignorable_hf_weight(self, name: str, config: ModelConfig) -> bool:
-        """The shared ones, and the multi-token-prediction layers (``model.layers.{L + i}...``), not built here."""
+        """The shared ones, the fp8 block scales (read with their weights), and the multi-token-prediction layers
+        (``model.layers.{L + i}...``), not built here."""
+        if name.endswith(".weight_scale_inv"):
+            return True
         prefix = f"{HF_DECODER}.{n.LAYERS}."
         if name.startswith(prefix):
             index = name[len(prefix):].split(".", 1)[0]
