@@ -109,3 +109,15 @@ def test_deepseek_v3_size_and_flops_per_token() -> None:
     attention = 61 * 2 * 128 * (192 + 128) * 4096
     assert per_token == pytest.approx(3 * (2 * (active - 61 * 2 * 7168 - 7168) + attention
                                            + 2 * config.padded_vocab_size * 7168), rel=1e-3)
+
+
+def test_activation_estimate_counts_mla_widths_per_tp_rank() -> None:
+    """The memory estimate's MLA block: input 128, latents 64 + 32 + 16, kv_b output 4 × (32 + 32), q and k
+    4 × 48 each, v, output and output-projection input 4 × 32 each (compute-dtype bytes), latent norms 8 × (64 + 32);
+    heads divide by TP, the latents do not."""
+    from megatron_bridge.perf.activations import _mla_per_token
+    from megatron_bridge.recipes import RECIPES
+
+    m = RECIPES["tiny_deepseek_v3"].fn().model
+    assert _mla_per_token(m, 2, 1) == (192, 192, 2 * (128 + 112 + 256 + 2 * 192 + 3 * 128), 8 * 96)
+    assert _mla_per_token(m, 2, 2) == (96, 96, 2 * (128 + 112 + 128 + 2 * 96 + 3 * 64), 8 * 96)
