@@ -150,7 +150,10 @@ model that sets them cannot be written (the others only refuse training on that 
 def megatron_core_weight_problems(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of the settings of rule ``megatron_core_features`` in :data:`MEGATRON_CORE_WEIGHT_FIELDS`
     that ``cfg`` sets: what stops a conversion into a megatron-core checkpoint."""
-    return [problem for problem in _unsupported(cfg) if problem[0] in MEGATRON_CORE_WEIGHT_FIELDS]
+    problems = [problem for problem in _unsupported(cfg) if problem[0] in MEGATRON_CORE_WEIGHT_FIELDS]
+    if cfg.model.multi_latent_attention:  # rule megatron_core_mla: no MLA weight layout on that engine here
+        problems.append(("model.multi_latent_attention", True, "False"))
+    return problems
 
 
 @rule("megatron_core_features", ("model.engine",),

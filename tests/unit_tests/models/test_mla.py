@@ -121,3 +121,12 @@ def test_activation_estimate_counts_mla_widths_per_tp_rank() -> None:
     m = RECIPES["tiny_deepseek_v3"].fn().model
     assert _mla_per_token(m, 2, 1) == (192, 192, 2 * (128 + 112 + 256 + 2 * 192 + 3 * 128), 8 * 96)
     assert _mla_per_token(m, 2, 2) == (96, 96, 2 * (128 + 112 + 128 + 2 * 96 + 3 * 64), 8 * 96)
+
+
+def test_megatron_core_checkpoints_of_mla_are_refused_before_any_weight() -> None:
+    from megatron_bridge.bridge.engine_checkpoints import megatron_core_checkpoint_config
+    from megatron_bridge.config.container import ConfigContainer
+    from megatron_bridge.errors import BridgeError
+
+    with pytest.raises(BridgeError, match=r"model.multi_latent_attention=True: .*megatron_core_mla"):
+        megatron_core_checkpoint_config(ConfigContainer(model=_ours(16)))
