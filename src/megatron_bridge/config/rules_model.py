@@ -96,10 +96,10 @@ _MLA_NOT_WITH = (("window_size", "None"), ("qk_layernorm", "False"), ("add_qkv_b
 
 @rule("multi_latent_attention", ("model.multi_latent_attention", "model.q_lora_rank", "model.kv_lora_rank",
                                  "model.qk_head_dim", "model.qk_pos_emb_head_dim", "model.v_head_dim",
-                                 "model.context_parallel_size"),
+                                 "model.cp_comm_type"),
       "With model.multi_latent_attention: q_lora_rank > 0 or None, kv_lora_rank, qk_head_dim, v_head_dim > 0, "
       "qk_pos_emb_head_dim even and > 0; no sliding window, q/k norm or attention biases; native context parallelism "
-      "is not built for it (context_parallel_size=1).")
+      "with cp_comm_type='all_gather' only.")
 def _mla(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if not m.multi_latent_attention:
@@ -118,10 +118,10 @@ def _mla(cfg: "ConfigContainer", world_size: int) -> None:
         if value:
             fail(f"model.{name}={value!r} is not built with model.multi_latent_attention (DeepSeek's attention has "
                  f"none): set model.{name}={fix}", f"model.{name}")
-    if m.engine == "native" and m.context_parallel_size > 1:
-        fail(f"model.context_parallel_size={m.context_parallel_size} with model.multi_latent_attention: the native "
-             "context-parallel attention runs the shared decoder's grouped-query attention, not MLA's shared RoPE key "
-             "and value width; set model.context_parallel_size=1", "model.context_parallel_size")
+    if m.engine == "native" and m.context_parallel_size > 1 and m.cp_comm_type != "all_gather":
+        fail(f"model.cp_comm_type={m.cp_comm_type!r} with model.multi_latent_attention and context parallelism: ring "
+             "attention is not built for MLA's softmax scale and value width; set model.cp_comm_type='all_gather'",
+             "model.cp_comm_type")
 
 
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),

@@ -23,9 +23,11 @@ head-producing projections (``q_proj`` or ``q_b_proj``, ``kv_b_proj``) column-wi
 down-projections and their norms replicated over the TP group (as megatron-core keeps ``linear_q_down_proj`` and
 ``linear_kv_down_proj`` whole on every TP rank); the reshapes read the local head count from the tensors. The shared
 RoPE key feeds only the rank's heads, so its gradient is summed over the TP group (:func:`_shared_over_tp`).
-Context parallelism and sliding windows are not built with MLA (rule ``multi_latent_attention``).
+Context parallelism runs the shared all-gather CP attention (queries pre-scaled); ring attention
+(``cp_comm_type="p2p"``) and sliding windows are not built with MLA (rule ``multi_latent_attention``).
 """
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -98,6 +100,10 @@ class MultiLatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps, device="meta", dtype=dtype)
         self.kv_b_proj = linear(self.kv_lora_rank, heads * (self.nope_dim + self.v_dim), False, dtype=dtype)
         self.o_proj = linear(heads * self.v_dim, h, False, dtype=dtype, output_projection=True)
+        self.context_parallel: Callable[..., torch.Tensor] | None = None
+        """Set by ``apply_context_parallel`` (CP > 1): causal attention of the local zig-zag queries over the whole
+        sequence (the all-gather path of :class:`megatron_bridge.distributed.cp_attention.ContextParallelAttention`,
+        which uses SDPA's default scale: the queries come pre-scaled, :meth:`_core_attention`)."""
 
     def tensor_parallel_styles(self) -> dict[str, str]:
         """Submodule name → TP style name (``"colwise"``, ``"rowwise"``, ``"replicate"``) of the auto TP plan: heads
@@ -114,6 +120,13 @@ class MultiLatentAttention(nn.Module):
             return self.q_proj(x)
         return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
 
+    def _core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal SDPA with the MLA softmax scale; under CP the queries are multiplied by ``softmax_scale *
+        sqrt(q width)`` so that the CP attention's default ``1 / sqrt(q width)`` gives the same scale."""
+        if self.context_parallel is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        return self.context_parallel(q * (self.softmax_scale * math.sqrt(q.shape[-1])), k, v)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x``: ``[b, s, hidden]``; ``cos``/``sin``: ``[b, 1, s, qk_pos_emb_head_dim]``. Returns
         ``[b, s, hidden]``. The head count is read from the projections' outputs (the local heads under TP)."""
@@ -128,7 +141,7 @@ class MultiLatentAttention(nn.Module):
         heads = k_nope.shape[1]
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, heads, -1, -1)], dim=-1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        out = self._core_attention(q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, heads * self.v_dim))
 
 

@@ -4,9 +4,9 @@ bias and a shared expert) trains on the parallel layouts the library has for it,
 (``pretrain()`` reuses the launch's process group); the launching process computes the one-process reference.
 
 Layouts, each on 2 gloo ranks: DDP, FSDP2 with full activation recompute, TP=2 with sequence parallelism (on FSDP2, as
-the backend rule asks; the MLA heads split, the latent projections replicated), PP=2 and EP=2.
-Refused by name, checked here: CP=2 (rule ``multi_latent_attention``: the context-parallel attention is the shared
-grouped-query one) and Megatron FSDP (rule ``moe_backend``: it does not shard the native experts yet).
+the backend rule asks; the MLA heads split, the latent projections replicated), PP=2, EP=2 and CP=2 (all-gather
+attention, the queries pre-scaled to MLA's softmax scale). Refused by name, checked here: Megatron FSDP (rule
+``moe_backend``: it does not shard the native experts yet).
 """
 
 import os
@@ -30,8 +30,9 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2_sp": {"tensor_model_parallel_size": 2, "use_torch_fsdp2": True, "sequence_parallel": True},
     "pp2": {"pipeline_model_parallel_size": 2},
     "ep2": {"expert_model_parallel_size": 2},
+    "cp2": {"context_parallel_size": 2},
 }
-REFUSED = {"multi_latent_attention": {"context_parallel_size": 2}, "moe_backend": {"use_megatron_fsdp": True}}
+REFUSED = {"moe_backend": {"use_megatron_fsdp": True}}
 GROUPS = {2: ["test_tiny_deepseek_v3_trains_on_its_layouts"]}
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -91,7 +92,7 @@ def _check_resume(root: Path) -> None:
 
 
 @pytest.mark.support_cells("deepseek_v3:ddp", "deepseek_v3:fsdp2", "deepseek_v3:tp", "deepseek_v3:pp",
-                            "deepseek_v3:ep", "deepseek_v3:resume", "deepseek_v3:cp!multi_latent_attention",
+                            "deepseek_v3:ep", "deepseek_v3:resume", "deepseek_v3:cp",
                             "deepseek_v3:megatron_fsdp!moe_backend")
 def test_tiny_deepseek_v3_trains_on_its_layouts(launches: LaunchGroups | None) -> None:
     if not is_worker():
