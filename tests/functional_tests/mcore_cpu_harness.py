@@ -10,7 +10,10 @@ time; /work/shared/reference/engine-feasibility.md):
 * the model-parallel RNG tracker: ``torch.cuda.manual_seed`` / ``get_rng_state`` and megatron-core's
   ``_get_cuda_rng_state`` / ``_set_cuda_rng_state``;
 * CUDA streams and events (DDP's communication stream), ``torch.cuda.synchronize`` / ``empty_cache``;
-* ``Tensor.type() == "torch.cuda.FloatTensor"`` asserted by gradient clipping.
+* ``Tensor.type() == "torch.cuda.FloatTensor"`` asserted by gradient clipping;
+* the MoE all-to-all token dispatcher's split sizes: it moves them from the GPU to host numpy arrays with
+  ``maybe_move_tensor_to_cpu``, which leaves a tensor already on the CPU as it is, and torch's ``all_to_all_single``
+  takes an array but not a tensor: the dispatcher's copy of that function makes the array on the CPU too.
 
 :func:`install` redirects all of them to the CPU: a process-wide :class:`torch.overrides.TorchFunctionMode` rewrites
 every CUDA ``device`` argument to ``"cpu"`` (factories, ``.to``, ``.cuda``) and answers ``Tensor.type()`` of a CPU
@@ -97,6 +100,14 @@ class _CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """megatron-core's ``maybe_move_tensor_to_cpu`` as it behaves on the GPU: a tensor (here already on the CPU)
+    becomes a host tensor, or a numpy array with ``as_numpy``."""
+    if torch.is_tensor(tensor) and as_numpy:
+        return tensor.detach().cpu().numpy()
+    return tensor
+
+
 def _set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
     torch.set_rng_state(new_state)
 
@@ -113,6 +124,7 @@ def install() -> None:
     if torch.cuda.is_available():
         raise RuntimeError("the megatron-core CPU harness replaces CUDA calls: never install it with CUDA present")
     import megatron.core.tensor_parallel.random as mcore_random
+    from megatron.core.transformer.moe import token_dispatcher
 
     from megatron_bridge.engines.megatron_core import parallel_state
 
@@ -127,6 +139,7 @@ def install() -> None:
     cuda.manual_seed = torch.manual_seed  # type: ignore[assignment]
     cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()  # type: ignore[assignment]
     cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)  # type: ignore[assignment]
+    token_dispatcher.maybe_move_tensor_to_cpu = _to_host
     mcore_random._set_cuda_rng_state = _set_rng_state
     mcore_random._get_cuda_rng_state = _get_rng_state
     parallel_state.require_cuda = lambda device: None

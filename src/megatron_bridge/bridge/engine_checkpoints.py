@@ -83,7 +83,7 @@ def _one_process_mcore() -> Iterator[None]:
 def _tp1_model(model: "ModelConfig", vocab_rows: int) -> torch.nn.Module:
     """A TP=1 ``GPTModel`` of ``model`` on the CPU with ``vocab_rows`` embedding rows, weights left uninitialised, in
     fp32 (every stored dtype loads into it exactly; megatron-core builds some weights, e.g. torch norms, in fp32
-    whatever ``params_dtype`` says)."""
+    whatever ``params_dtype`` says); MoE layers with EP 1 and the all-gather dispatcher (the same weights)."""
     from megatron.core.models.gpt import GPTModel
 
     from megatron_bridge.engines.megatron_core.provider import layer_spec, transformer_config
@@ -92,9 +92,12 @@ def _tp1_model(model: "ModelConfig", vocab_rows: int) -> torch.nn.Module:
                                virtual_pipeline_model_parallel_size=None, context_parallel_size=1,
                                sequence_parallel=False, transformer_impl="local", params_dtype="float32",
                                pipeline_dtype=None)
+    if flat.is_moe:  # the weights are the same; megatron-core's all-to-all dispatcher makes a CUDA stream when built
+        flat = dataclasses.replace(flat, expert_model_parallel_size=1, expert_tensor_parallel_size=None,
+                                   moe_token_dispatcher_type="allgather")
     config = transformer_config(flat, torch.device("cpu"))
     config.perform_initialization = False
-    return GPTModel(config=config, transformer_layer_spec=layer_spec(flat), vocab_size=vocab_rows,
+    return GPTModel(config=config, transformer_layer_spec=layer_spec(flat, config, pp_rank=0), vocab_size=vocab_rows,
                     max_sequence_length=flat.seq_length, pre_process=True, post_process=True,
                     share_embeddings_and_output_weights=flat.share_embeddings_and_output_weights,
                     position_embedding_type="rope", rotary_base=flat.rotary_base, rope_scaling=flat.rope_scaling,

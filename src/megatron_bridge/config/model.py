@@ -177,14 +177,15 @@ class ModelConfig(DeclaredFields):
     Megatron's names; Megatron defaults to "p2p" (TE's ring), this library to the path that runs everywhere."""
     expert_model_parallel_size: int = 1
     """Expert-parallel size (EP) of mixture-of-experts models: the routed experts of each MoE layer are split over
-    this many data-parallel × context-parallel ranks of a pipeline stage (Megatron's expert-model-parallel group);
-    tokens travel to their experts with all-to-all. Must divide num_moe_experts and data-parallel size × CP.
-    Differs from Megatron-Bridge: with expert_tensor_parallel_size=1 Megatron also folds EP over the TP ranks (EP
-    up to TP × DP × CP); here the TP ranks hold the experts whole, so EP divides DP × CP only."""
+    this many ranks of a pipeline stage, folded over its data-parallel × context-parallel × tensor-parallel ranks
+    as megatron-core's MoE parallel folding does (TP ranks first); tokens travel to their experts with all-to-all.
+    Must divide num_moe_experts, and EP × expert_tensor_parallel_size must divide DP × CP × TP. With TP > 1 each TP
+    rank routes its own part of the tokens (megatron_bridge.distributed.expert_parallel)."""
     expert_tensor_parallel_size: int | None = None
-    """Tensor-parallel size of the routed experts (ETP). None means Megatron's default, tensor_model_parallel_size;
-    this version supports 1 (experts are not split by TP: each TP rank computes them whole, the router and the
-    expert weights are replicated over the TP group)."""
+    """Tensor-parallel size of the routed experts (ETP). None means Megatron's default, tensor_model_parallel_size.
+    1: experts whole on every rank, EP folded over the TP ranks (each TP rank routes its own tokens); TP: each
+    expert's F dimension split over the TP group (gate/up column-wise, down row-wise), tokens replicated over it, EP
+    over the data-parallel × CP ranks. Other values are refused (rule expert_tensor_parallel)."""
     sequence_parallel: bool = False
     """Shard norms and dropout over the sequence dimension in the TP group; requires tensor_model_parallel_size > 1."""
     recompute_granularity: Literal["full", "selective"] | None = None

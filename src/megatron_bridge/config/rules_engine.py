@@ -120,16 +120,16 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     m, c = cfg.model, cfg.checkpoint
     ckpt_io = bool(c.save or c.load or c.pretrained_checkpoint)
     checks: list[tuple[bool, str, object, str]] = [
-        (m.is_moe, "model.num_moe_experts", m.num_moe_experts, "None"),
         (m.has_attention_output_bias != m.add_bias_linear, "model.attention_output_bias", m.attention_output_bias,
          "None"),
+        # megatron-core scores a group by its top moe_router_topk // group_topk experts, this library by its top 2
+        (m.moe_router_num_groups is not None, "model.moe_router_num_groups", m.moe_router_num_groups, "None"),
         (m.rope_scaling and m.rope_low_freq_factor != 1.0, "model.rope_low_freq_factor", m.rope_low_freq_factor,
          "1.0"),
         (m.rope_scaling and m.rope_high_freq_factor != 4.0, "model.rope_high_freq_factor", m.rope_high_freq_factor,
          "4.0"),
         (m.rope_scaling and m.rope_original_max_position_embeddings != 8192,
          "model.rope_original_max_position_embeddings", m.rope_original_max_position_embeddings, "8192"),
-        (m.expert_model_parallel_size > 1, "model.expert_model_parallel_size", m.expert_model_parallel_size, "1"),
         (m.position_embedding_type != "rope", "model.position_embedding_type", m.position_embedding_type, "'rope'"),
         (m.recompute_granularity is not None, "model.recompute_granularity", m.recompute_granularity, "None"),
         (m.cpu_offloading, "model.cpu_offloading", m.cpu_offloading, "False"),
@@ -142,7 +142,7 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     return [(path, value, fix) for bad, path, value, fix in checks if bad]
 
 
-MEGATRON_CORE_WEIGHT_FIELDS = ("model.num_moe_experts", "model.attention_output_bias")
+MEGATRON_CORE_WEIGHT_FIELDS = ("model.attention_output_bias",)
 """The fields of rule ``megatron_core_features`` that change the model's weights: a megatron-core checkpoint of a
 model that sets them cannot be written (the others only refuse training on that engine)."""
 
@@ -160,7 +160,7 @@ def megatron_core_weight_problems(cfg: "ConfigContainer") -> list[tuple[str, obj
       "With engine='megatron_core', only the features its provider builds in this version: TP and PP with megatron-core"
       " DDP (TP with Megatron FSDP or FSDP2) and its optimizer, torch_dist checkpoints (DDP and FSDP2: sync or "
       "async_save; fsdp_dtensor with Megatron FSDP); "
-      "no MoE, recompute, offloading, "
+      "MoE with megatron-core's MoELayer (EP, ETP as its parallel state folds them); no recompute, offloading, "
       "quantization or distillation.")
 def _mcore_features(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine != "megatron_core":

@@ -111,10 +111,27 @@ def _dropless(cfg: "ConfigContainer", world_size: int) -> None:
              "supported: the local engine routes dropless; set it to None", "model.moe_expert_capacity_factor")
 
 
+def expert_tensor_parallel_size(cfg: "ConfigContainer") -> int:
+    """The routed experts' tensor-parallel size (ETP): ``model.expert_tensor_parallel_size``, None meaning TP."""
+    m = cfg.model
+    etp = m.expert_tensor_parallel_size
+    return m.tensor_model_parallel_size if etp is None else etp
+
+
+def splits_tokens_over_tp(cfg: "ConfigContainer") -> bool:
+    """True when the MoE layers of a TP group route disjoint parts of its tokens (MoE parallel folding with ETP 1:
+    EP > 1 and TP > 1); otherwise every TP rank routes the same tokens."""
+    m = cfg.model
+    return (m.num_moe_experts is not None and m.expert_model_parallel_size > 1 and m.tensor_model_parallel_size > 1
+            and expert_tensor_parallel_size(cfg) == 1)
+
+
 @rule("expert_parallel_layout", ("model.expert_model_parallel_size", "model.num_moe_experts",
-                                 "model.context_parallel_size"),
-      "EP divides num_moe_experts and the data-parallel size × CP (experts are split over the data-parallel × "
-      "context-parallel ranks of a pipeline stage).")
+                                 "model.tensor_model_parallel_size", "model.context_parallel_size",
+                                 "model.seq_length"),
+      "EP divides num_moe_experts, and EP × ETP divides data-parallel size × CP × TP (MoE parallel folding: the "
+      "experts are split over the data-parallel × context-parallel × tensor-parallel ranks of a pipeline stage); "
+      "with EP and TP > 1 (ETP 1) seq_length is divisible by CP × TP (each TP rank routes its part).")
 def _ep_layout(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     ep = m.expert_model_parallel_size
@@ -124,24 +141,43 @@ def _ep_layout(cfg: "ConfigContainer", world_size: int) -> None:
         fail(f"model.num_moe_experts={m.num_moe_experts} is not divisible by model.expert_model_parallel_size={ep}: "
              "every expert-parallel rank holds the same number of experts", "model.num_moe_experts",
              "model.expert_model_parallel_size")
-    dp_cp = cfg.data_parallel_size(world_size) * m.context_parallel_size
-    if dp_cp % ep:
-        fail(f"model.expert_model_parallel_size={ep} must divide data-parallel size × CP = {dp_cp} at world size "
-             f"{world_size} (EP is carved out of the data-parallel × context-parallel ranks): change the EP size or "
-             "the number of processes", "model.expert_model_parallel_size", "model.context_parallel_size")
+    etp = expert_tensor_parallel_size(cfg)
+    if etp not in (1, m.tensor_model_parallel_size):
+        return  # expert_tensor_parallel names it
+    stage = cfg.data_parallel_size(world_size) * m.context_parallel_size * m.tensor_model_parallel_size
+    if stage % (ep * etp):
+        fail(f"model.expert_model_parallel_size={ep} × expert tensor-parallel size {etp} must divide data-parallel "
+             f"size × CP × TP = {stage} at world size {world_size} (the experts are split over the data-parallel, "
+             "context-parallel and tensor-parallel ranks of a pipeline stage): change the EP size or the number of "
+             "processes", "model.expert_model_parallel_size", "model.context_parallel_size",
+             "model.tensor_model_parallel_size")
+    split = m.context_parallel_size * m.tensor_model_parallel_size
+    if splits_tokens_over_tp(cfg) and m.seq_length % split:
+        fail(f"model.seq_length={m.seq_length} must be divisible by CP × TP = {split}: with "
+             f"model.expert_model_parallel_size={ep} and TP > 1 each TP rank routes its part of the sequence; change "
+             "the sequence length", "model.seq_length", "model.tensor_model_parallel_size")
 
 
-@rule("expert_tensor_parallel", ("model.expert_tensor_parallel_size", "model.tensor_model_parallel_size"),
-      "expert_tensor_parallel_size is 1 (or None with TP = 1): experts are not split by tensor parallelism.")
+@rule("expert_tensor_parallel", ("model.expert_tensor_parallel_size", "model.tensor_model_parallel_size",
+                                 "model.moe_ffn_hidden_size"),
+      "expert_tensor_parallel_size (None = TP) is 1 (experts whole, EP folded over the TP ranks) or TP (each expert's "
+      "F dimension split over the TP group, tokens replicated over it; F divisible by TP).")
 def _etp(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if m.num_moe_experts is None:
         return
-    etp = m.expert_tensor_parallel_size if m.expert_tensor_parallel_size is not None else m.tensor_model_parallel_size
-    if etp != 1:
-        fail(f"expert tensor-parallel size {etp} (model.expert_tensor_parallel_size, None = TP) is not supported: set "
-             "model.expert_tensor_parallel_size=1 (experts whole on every TP rank, split over EP instead)",
-             "model.expert_tensor_parallel_size")
+    etp, tp = expert_tensor_parallel_size(cfg), m.tensor_model_parallel_size
+    if etp not in (1, tp):
+        fail(f"model.expert_tensor_parallel_size={m.expert_tensor_parallel_size} must be 1 or "
+             f"model.tensor_model_parallel_size={tp}: set it to 1 (experts whole, EP folded over the TP ranks) or to "
+             "TP (experts split over the TP group)", "model.expert_tensor_parallel_size",
+             "model.tensor_model_parallel_size")
+        return
+    ffn = m.expert_ffn_hidden_size
+    if etp > 1 and positive(ffn) and ffn % etp:
+        fail(f"the experts' hidden size {ffn} (model.moe_ffn_hidden_size, else ffn_hidden_size) is not divisible by "
+             f"the expert tensor-parallel size {etp}: set model.expert_tensor_parallel_size=1 or change the size",
+             "model.moe_ffn_hidden_size", "model.expert_tensor_parallel_size")
 
 
 @rule("moe_dispatcher", ("model.moe_token_dispatcher_type", "model.expert_model_parallel_size"),

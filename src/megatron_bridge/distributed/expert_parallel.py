@@ -1,12 +1,27 @@
 """Expert parallelism (EP): the routed experts of every MoE layer split over ``model.expert_model_parallel_size``
 ranks, tokens sent to their experts and back with ``all_to_all_single`` (uneven splits, autograd).
 
-Layout. EP is carved out of the data-parallel × context-parallel ranks of a pipeline stage, as in Megatron. The
-main mesh is ``("pp", "dp", "cp", "tp")``; the expert mesh is ``("pp", "edp", "ep", "tp")`` over the same ranks
-(``"pp"`` and ``"tp"`` only when > 1) with ``dp index × CP + cp index = edp index × EP + ep index``: the ranks of
-one EP group are consecutive ``(dp, cp)`` ranks (CP ranks first), and each holds experts
-``ep_rank * E/ep .. (ep_rank + 1) * E/ep - 1`` of every MoE layer. With TP the experts are whole on every TP rank
-(``expert_tensor_parallel_size=1``) and replicated over the TP group.
+Layout (megatron-core's MoE parallel folding). Within a pipeline stage the ``R = dp × cp × tp`` ranks, in the main
+mesh's order (``("pp", "dp", "cp", "tp")``, TP innermost), are re-split as the expert mesh
+``("pp", "edp", "ep"[, "etp"])`` with ETP innermost: a rank's position in its stage is
+``edp index × EP × ETP + ep index × ETP + etp index``, so ``edp = R / (EP × ETP)`` (``"pp"`` and ``"etp"`` only
+when > 1; ETP is 1 or TP, rule ``expert_tensor_parallel``). With ETP 1 an EP group takes the TP ranks first, then CP
+ranks, then data-parallel ranks: at TP4 × EP4 (Qwen3-30B-A3B on 8 GPUs with PP2) the EP group is the TP group. Each
+rank holds experts ``ep_rank * E/ep .. (ep_rank + 1) * E/ep - 1`` of every MoE layer, whole with ETP 1. With
+ETP = TP the ETP groups are the TP groups and EP runs over ``dp × cp``: each rank keeps its part of every local
+expert's ``F`` dimension (gate/up column-wise, down row-wise, :func:`etp_dim`), the TP group's tokens stay
+replicated (gathered under sequence parallelism, as for EP = 1), and ``GroupedExperts`` sums its input gradient and
+its partial outputs over the ETP group (``GroupedExperts.tp_group``). ETP > 1 builds this state even at EP = 1.
+:func:`expert_rank_grid` gives the global ranks of the expert mesh. With TP = 1 this is EP carved out of
+``dp × cp`` as before.
+
+Tokens. With EP > 1 and TP > 1 the TP ranks of a group no longer route the same tokens: each routes its own part
+(:mod:`.expert_tokens`: its sequence shard under sequence parallelism, else its ``1/TP`` slice of the sequence,
+gathered again after the experts), so every token reaches its experts once. The router's weight, replicated over
+TP, sees only the rank's tokens: its gradient is summed over the TP group (``TopKRouter.tp_group``), and the
+load-balancing statistics are summed over CP and TP like over CP alone. The shared expert keeps its column/row
+split over TP and sees the whole sequence. With EP = 1 the MoE layer sees the TP group's tokens replicated, as a
+dense MLP.
 
 Dispatch (:class:`AllToAllDispatcher`): each rank sorts its token copies by global expert, exchanges the per-expert
 counts (one ``all_to_all_single`` of ``E`` integers), sends the rows with ``all_to_all_single_autograd`` (uneven and
@@ -15,21 +30,24 @@ experts (grouped matmul), undoes the reordering and sends the outputs back the s
 and the weighted sum stay on the token's own rank, so outputs equal the EP=1 layer's up to float rounding.
 
 Gradients. The expert weights are plain tensors owned by this module, not by the data-parallel backend: DDP
-ignores them (``_set_params_and_buffers_to_ignore_for_model``) and FSDP2 gets them as ``ignored_params``. After the
-last micro-batch :meth:`ExpertParallel.reduce_grads` sums their gradients over the expert-data-parallel group
-(``"edp"``, the ranks holding the same experts) and divides by the data-parallel size: a rank's expert gradient
-already holds the tokens of its whole EP group, so this equals the data-parallel mean the backends apply to every
-other weight (data-parallel size here means ``dp × cp``, the backends' averaging group). Gradient clipping
-(:meth:`ExpertParallel.clip_grad_norm`) adds the experts' squared norm summed over the EP group to the other
-parameters' squared norm and sums over the pipeline stages.
+ignores them (``_set_params_and_buffers_to_ignore_for_model``) and FSDP2 gets them as ``ignored_params`` (they are
+not sharded over the expert-data group: each rank keeps its experts whole). After the last micro-batch
+:meth:`ExpertParallel.reduce_grads` sums their gradients over the expert-data-parallel group (``"edp"``, the ranks
+of the stage holding the same experts, now spanning data-parallel, CP and TP ranks) and divides by ``dp × cp``: the
+ranks of a stage together see every token of the step once, each scaled by the ``dp × cp / tokens`` factor of the
+training loop, so this equals the data-parallel mean the backends apply to every other weight (with ETP = TP the
+``dp × cp`` ranks of one expert part see every token once). Gradient clipping (:meth:`ExpertParallel.clip_grad_norm`)
+adds the experts' squared norm summed over the EP (and ETP) group to the other parameters' squared norm and sums over
+the pipeline stages.
 
 Pipeline stages hold different MoE layers: each rank keeps the experts of the layers its stages hold, the
 dispatchers exchange tokens within the stage's EP group, and a stage without MoE layers has no expert parameters.
 
-Checkpoints are independent of the EP size: :meth:`ExpertParallel.globalize` turns the expert weights (and their
-optimizer state) into DTensors of the full ``[E, ...]`` shape, sharded over ``"ep"`` and replicated over the other
-dimensions, before DCP saves or loads them; :meth:`ExpertParallel.localize` turns them back. A checkpoint written
-at EP=2 loads at EP=1 (and the other way round) and training continues identically.
+Checkpoints are independent of the EP and ETP sizes: :meth:`ExpertParallel.globalize` turns the expert weights (and
+their optimizer state) into DTensors of the full ``[E, ...]`` shape, sharded over ``"ep"`` (and on ``F`` over
+``"etp"``) and replicated over ``"edp"``, before DCP saves or loads them; :meth:`ExpertParallel.localize` turns
+them back. A checkpoint written at EP=2 loads at EP=1 (and the other way round), one written at TP=2 × EP=2 loads at
+TP=2 × ETP=2 × EP=1, and training continues identically.
 """
 
 from dataclasses import dataclass, field
@@ -39,11 +57,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-from megatron_bridge.config.decoder_names import EXPERT_WEIGHTS
+from megatron_bridge.config.decoder_names import DOWN, EXPERT_WEIGHTS
+from megatron_bridge.config.rules_moe import expert_tensor_parallel_size, splits_tokens_over_tp
 from megatron_bridge.distributed.common import has_meta_params
+from megatron_bridge.distributed.expert_tokens import TensorParallelTokens
 from megatron_bridge.models.moe import GroupedExperts, MoELayer
 from megatron_bridge.models.provider import materialize_meta_model
 from megatron_bridge.utils.logging import get_logger, log_rank_0
@@ -57,28 +77,32 @@ logger = get_logger(__name__)
 
 
 
-def build_expert_mesh(cfg: "ConfigContainer", env: "DistEnv") -> DeviceMesh:
-    """The ``(["pp",] "edp", "ep"[, "tp"])`` expert mesh of the whole job (a collective: every rank calls it).
+def expert_rank_grid(world_size: int, pp: int, ep: int, etp: int = 1) -> torch.Tensor:
+    """Global ranks of the expert mesh, shape ``(pp, edp, ep, etp)`` (module docstring): the main mesh's ranks in
+    order, each stage's ``dp × cp × tp`` ranks re-split with ETP innermost."""
+    stage = world_size // pp
+    return torch.arange(world_size).reshape(pp, stage // (ep * etp), ep, etp)
 
-    The world is laid out as :func:`~megatron_bridge.distributed.init.build_device_mesh` lays it out,
-    ``("pp", "dp", "cp", "tp")``; the ``dp × cp`` ranks of one stage (consecutive in ``(dp, cp)`` order) are split
-    into ``("edp", "ep")`` with EP innermost, so an EP group takes the CP ranks first, then data-parallel ranks (as
-    Megatron carves EP out of ``dp × cp``). Its ``"pp"`` groups are the pipeline groups of the main mesh.
+
+def build_expert_mesh(cfg: "ConfigContainer", env: "DistEnv") -> DeviceMesh:
+    """The ``(["pp",] "edp", "ep")`` expert mesh of the whole job over :func:`expert_rank_grid` (a collective: every
+    rank calls it). Its ``"pp"`` groups are the pipeline groups of the main mesh.
 
     Raises:
-        ConfigValidationError: EP does not divide data-parallel size × CP (rule ``expert_parallel_layout``).
+        ConfigValidationError: EP does not divide data-parallel size × CP × TP, or ETP is not 1 (rules
+            ``expert_parallel_layout``, ``expert_tensor_parallel``).
     """
     from megatron_bridge.config.rule_set import enforce
 
-    enforce(cfg, "positive_sizes", "world_size_divisible", "expert_parallel_layout", world_size=env.world_size)
+    enforce(cfg, "positive_sizes", "world_size_divisible", "expert_tensor_parallel", "expert_parallel_layout",
+            world_size=env.world_size)
     m = cfg.model
-    ep, tp, pp = m.expert_model_parallel_size, m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-    dp_cp = env.world_size // (tp * pp)
-    dims = [("pp", pp), ("edp", dp_cp // ep), ("ep", ep), ("tp", tp)]
-    dims = [(name, size) for name, size in dims if name in ("edp", "ep") or size > 1]
-    mesh = init_device_mesh(env.device.type, tuple(size for _, size in dims),
-                            mesh_dim_names=tuple(name for name, _ in dims))
-    return mesh
+    pp, ep = m.pipeline_model_parallel_size, m.expert_model_parallel_size
+    grid = expert_rank_grid(env.world_size, pp, ep, expert_tensor_parallel_size(cfg))
+    names = ("pp", "edp", "ep", "etp")
+    keep = [i for i, name in enumerate(names) if name in ("edp", "ep") or grid.shape[i] > 1]
+    grid = grid.reshape([grid.shape[i] for i in keep])
+    return DeviceMesh(env.device.type, grid, mesh_dim_names=tuple(names[i] for i in keep))
 
 
 class AllToAllDispatcher:
@@ -144,9 +168,15 @@ class ExpertParallel:
         return self.mesh.get_group("edp")
 
     @property
-    def placements(self) -> tuple[Placement, ...]:
-        """Expert weights: replicated over ``edp`` (and ``tp``), sharded on the expert dimension over ``ep``."""
-        return tuple(Shard(0) if name == "ep" else Replicate() for name in self.mesh.mesh_dim_names or ())
+    def etp_group(self) -> dist.ProcessGroup | None:
+        """The ranks holding parts of the same experts (ETP > 1), else None."""
+        return self.mesh.get_group("etp") if "etp" in (self.mesh.mesh_dim_names or ()) else None
+
+    def placements(self, name: str) -> tuple[Placement, ...]:
+        """Expert weight ``name``: replicated over ``edp``, sharded on the expert dimension over ``ep`` and on its
+        ``F`` dimension over ``etp`` (gate/up column-wise, down row-wise)."""
+        styles = {"ep": Shard(0), "etp": Shard(etp_dim(name))}
+        return tuple(styles.get(dim, Replicate()) for dim in self.mesh.mesh_dim_names or ())
 
     def all_params(self) -> list[nn.Parameter]:
         """Every local expert parameter of every chunk."""
@@ -184,6 +214,8 @@ class ExpertParallel:
         for g in experts:
             expert_sq += g.float().square().sum()
         dist.all_reduce(expert_sq, group=self.ep_group)
+        if self.etp_group is not None:
+            dist.all_reduce(expert_sq, group=self.etp_group)
         total_sq = total_sq + expert_sq
         if self.pp_group is not None:
             dist.all_reduce(total_sq, group=self.pp_group)
@@ -196,16 +228,19 @@ class ExpertParallel:
         return total
 
     # ------------------------------------------------------------------------------------------- checkpoints
-    def _global(self, local: torch.Tensor) -> DTensor:
-        shape = (self.global_experts, *local.shape[1:])
+    def _global(self, local: torch.Tensor, name: str) -> DTensor:
+        shape = [self.global_experts, *local.shape[1:]]
+        if self.etp_group is not None:
+            shape[etp_dim(name)] *= self.mesh["etp"].size()
         stride = torch.empty(shape, device="meta").stride()
-        return DTensor.from_local(local, self.mesh, self.placements, run_check=False, shape=shape, stride=stride)
+        return DTensor.from_local(local, self.mesh, self.placements(name), run_check=False, shape=torch.Size(shape),
+                                  stride=stride)
 
     def globalize(self, state: dict[str, Any], chunk: int = 0) -> dict[str, Any]:
         """A model state dict of chunk ``chunk`` with the expert weights as global-shape DTensors sharing the local
         storage (DCP fills them in place on load)."""
         names = self.params[chunk]
-        return {k: self._global(v) if k in names and _is_local_tensor(v) else v for k, v in state.items()}
+        return {k: self._global(v, k) if k in names and _is_local_tensor(v) else v for k, v in state.items()}
 
     def globalize_optimizer(self, state: dict[str, Any]) -> dict[str, Any]:
         """An optimizer state dict (``get_optimizer_state_dict``'s, keyed by parameter name, flat
@@ -214,13 +249,15 @@ class ExpertParallel:
         names = {k for chunk in self.params for k in chunk}
         if "state" in state and isinstance(state["state"], dict):
             per_param = {
-                key: {n: self._global(v) if _is_local_tensor(v) and key in names else v for n, v in entry.items()}
+                key: {n: self._global(v, key) if _is_local_tensor(v) and key in names else v
+                      for n, v in entry.items()}
                 if isinstance(entry, dict) else entry
                 for key, entry in state["state"].items()
             }
             return {**state, "state": per_param}
         prefixes = tuple(f"state.{n}." for n in names)
-        return {k: self._global(v) if k.startswith(prefixes) and _is_local_tensor(v) else v for k, v in state.items()}
+        return {k: self._global(v, k.rsplit(".", 1)[0]) if k.startswith(prefixes) and _is_local_tensor(v) else v
+                for k, v in state.items()}
 
     @staticmethod
     def localize(state: Any) -> Any:
@@ -232,28 +269,37 @@ class ExpertParallel:
         return state
 
 
+def etp_dim(name: str) -> int:
+    """The dimension of expert weight ``name`` (a fully qualified name or state key ending in it) split over the
+    expert-tensor-parallel ranks: ``F``, the last of gate/up ``[E, hidden, F]`` and the middle of down
+    ``[E, F, hidden]``."""
+    return 1 if name.rsplit(".", 1)[-1] == DOWN else 2
+
+
 def _is_local_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.ndim >= 1
 
 
-def apply_expert_parallel(chunks: list[nn.Module], cfg: "ConfigContainer", env: "DistEnv",
-                          device: torch.device) -> ExpertParallel | None:
+def apply_expert_parallel(chunks: list[nn.Module], cfg: "ConfigContainer", env: "DistEnv", device: torch.device,
+                          tp_mesh: DeviceMesh | None = None) -> ExpertParallel | None:
     """Keep this rank's experts in every MoE layer of ``chunks`` and install the all-to-all dispatcher; returns the
-    :class:`ExpertParallel` the backend uses, or None when EP is 1 or the model has no MoE layer.
+    :class:`ExpertParallel` the backend uses, or None when EP is 1 or the model has no MoE layer. With TP > 1
+    (``tp_mesh``, the main mesh's TP dimension) each TP rank's MoE layers route only its part of the tokens (call
+    before tensor parallelism: its plan reads ``MoELayer.tp_tokens``).
 
     Chunks built on the meta device are materialized whole first (expert weights are initialized as at EP=1, so the
     model equals the EP=1 model for a given seed), then sliced.
     """
-    ep = cfg.model.expert_model_parallel_size
-    if ep <= 1 or not any(isinstance(m, MoELayer) for chunk in chunks for m in chunk.modules()):
+    ep, etp = cfg.model.expert_model_parallel_size, expert_tensor_parallel_size(cfg)
+    if (ep <= 1 and etp <= 1) or not any(isinstance(m, MoELayer) for chunk in chunks for m in chunk.modules()):
         return None
     mesh = build_expert_mesh(cfg, env)
     pp_group = None
     if "pp" in (mesh.mesh_dim_names or ()):  # the stage's (edp, ep[, tp]) sub-mesh; norms are summed over "pp"
         pp_group = mesh["pp"].get_group()
         mesh = mesh[tuple(name for name in mesh.mesh_dim_names or () if name != "pp")]
-    ep_rank = mesh["ep"].get_local_rank()
     m = cfg.model
+    split = _token_split(cfg, tp_mesh, device.type)
     state = ExpertParallel(mesh=mesh, dp_size=env.world_size // (m.tensor_model_parallel_size
                                                                  * m.pipeline_model_parallel_size),
                            pp_group=pp_group, global_experts=m.num_moe_experts or 0)
@@ -262,13 +308,41 @@ def apply_expert_parallel(chunks: list[nn.Module], cfg: "ConfigContainer", env: 
             materialize_meta_model(chunk, device)
         else:
             chunk.to(device)
-        state.params.append(_shard_experts(chunk, ep, ep_rank, mesh.get_group("ep")))
-    log_rank_0(logger, "EP: %d experts over %d ranks (%d per rank), expert-data-parallel size %d, %d expert tensors",
-               state.global_experts, ep, state.global_experts // ep, mesh["edp"].size(), len(state.all_params()))
+        state.params.append(_shard_experts(chunk, mesh))
+        _install_token_split(chunk, split)
+    log_rank_0(logger, "EP: %d experts over %d ranks (%d per rank), ETP %d, expert-data-parallel size %d, %d expert "
+               "tensors%s", state.global_experts, ep, state.global_experts // ep, etp, mesh["edp"].size(),
+               len(state.all_params()),
+               f"; each of the {split.size} TP ranks routes its part of the tokens" if split is not None else "")
     return state
 
 
-def _shard_experts(chunk: nn.Module, ep: int, ep_rank: int, group: dist.ProcessGroup) -> dict[str, nn.Parameter]:
+def _token_split(cfg: "ConfigContainer", tp_mesh: DeviceMesh | None,
+                 device_type: str) -> TensorParallelTokens | None:
+    if not splits_tokens_over_tp(cfg):
+        return None
+    if tp_mesh is None:  # the backends with TP pass theirs; else the main mesh's TP groups (TP innermost)
+        tp = cfg.model.tensor_model_parallel_size
+        world = dist.get_world_size()
+        ranks = torch.arange(world).reshape(world // tp, tp)
+        tp_mesh = DeviceMesh(device_type, ranks, mesh_dim_names=("rest", "tp"))["tp"]
+    return TensorParallelTokens(tp_mesh.get_group(), tp_mesh.size(), tp_mesh.get_local_rank(),
+                                cfg.model.sequence_parallel)
+
+
+def _install_token_split(chunk: nn.Module, split: TensorParallelTokens | None) -> None:
+    if split is None:
+        return
+    for module in chunk.modules():
+        if isinstance(module, MoELayer):
+            module.tp_tokens = split
+            module.router.tp_group, module.router.tp_split = split.group, split.size
+
+
+def _shard_experts(chunk: nn.Module, mesh: DeviceMesh) -> dict[str, nn.Parameter]:
+    ep, ep_rank = mesh["ep"].size(), mesh["ep"].get_local_rank()
+    etp_group = mesh.get_group("etp") if "etp" in (mesh.mesh_dim_names or ()) else None
+    etp, etp_rank = (mesh["etp"].size(), mesh["etp"].get_local_rank()) if etp_group is not None else (1, 0)
     owned: dict[str, nn.Parameter] = {}
     for name, module in chunk.named_modules():
         if not isinstance(module, MoELayer):
@@ -278,12 +352,18 @@ def _shard_experts(chunk: nn.Module, ep: int, ep_rank: int, group: dist.ProcessG
         start = ep_rank * per_rank
         for weight in EXPERT_WEIGHTS:
             full = getattr(experts, weight)
-            local = nn.Parameter(full.detach()[start : start + per_rank].clone(), requires_grad=full.requires_grad)
+            part = full.detach()[start : start + per_rank]
+            if etp > 1:
+                dim = etp_dim(weight)
+                width = part.shape[dim] // etp
+                part = part.narrow(dim, etp_rank * width, width)
+            local = nn.Parameter(part.clone(), requires_grad=full.requires_grad)
             local._expert_parallel = True  # type: ignore[attr-defined]  # TP leaves it plain
             setattr(experts, weight, local)
             owned[f"{name}.experts.{weight}"] = local
         experts.num_local_experts, experts.expert_offset = per_rank, start
-        module.dispatcher = AllToAllDispatcher(group, ep, per_rank)
+        experts.tp_group = etp_group
+        module.dispatcher = AllToAllDispatcher(mesh.get_group("ep"), ep, per_rank)
     return owned
 
 

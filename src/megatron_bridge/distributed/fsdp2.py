@@ -25,8 +25,10 @@ the same seed.
 
 Expert parallelism (``model.expert_model_parallel_size > 1``): :mod:`.expert_parallel` keeps this rank's experts
 (materializing a meta-device model whole first) and the expert weights are FSDP2 ``ignored_params``: they stay
-whole on their EP rank, and their gradients are reduced over the expert-data-parallel group by the expert-parallel
-layer after the last micro-batch.
+whole on their EP rank (not sharded over the expert-data group in this version), and their gradients are reduced
+over the expert-data-parallel group by the expert-parallel layer after the last micro-batch. With TP > 1 EP is
+folded over the TP ranks (MoE parallel folding): :func:`~.expert_parallel.apply_expert_parallel` gets the TP mesh
+and runs before tensor parallelism, whose MoE plan then leaves each TP rank its own tokens.
 
 Tensor parallelism (``model.tensor_model_parallel_size > 1``): the mesh is 2-D ``("dp", "tp")``;
 :mod:`.tensor_parallel` applies ``fsdp2.tp_plan`` (or the auto Llama plan, with ``model.sequence_parallel``) and
@@ -173,7 +175,7 @@ class FSDP2Backend(DataParallelBackend):
         self.cp_mesh = context_parallel_mesh(mesh)
         pp_mesh = pipeline_mesh(mesh)
         self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
-        self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device)
+        self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device, self.tp_mesh)
         plan = self._plan(self.mesh)
         if self.expert_parallel is not None:
             plan.ignored_params = set(self.expert_parallel.all_params())

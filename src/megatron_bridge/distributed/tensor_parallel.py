@@ -29,8 +29,9 @@ TP group (logged), so every parameter lives on the TP mesh: FSDP2, the optimizer
 mesh.
 
 MoE layers (:func:`moe_tp_plan`, ``expert_tensor_parallel_size=1``): router and routed experts replicated over the TP
-group, the shared expert column/row-wise; with sequence parallelism the layer gathers the sequence on entry and
-keeps its rank's part on exit.
+group (expert-parallel experts stay plain), the shared expert column/row-wise. With EP = 1 and sequence parallelism
+the layer gathers the sequence on entry and keeps its rank's part on exit; with EP > 1 (MoE parallel folding) each
+TP rank routes its own tokens, and only the shared expert gathers the sequence.
 
 An attention block with its own split (multi-latent attention, ``models/mla.py``) names its submodules' styles
 (``tensor_parallel_styles``) and reads its local head count from its projections' outputs.
@@ -207,6 +208,7 @@ def _layer_plan(name: str, layer: nn.Module, sp: bool) -> dict[str, ParallelStyl
             plan[f"{attn}.{head_norm}"] = head_sharded_norm()
     module = getattr(layer, n.MLP)
     if isinstance(module, MoELayer):
+        plan.pop(mlp, None)
         plan.update(moe_tp_plan(mlp, module, sequence_parallel=sp))
         return plan
     for proj in (n.GATE, n.UP):
@@ -240,24 +242,35 @@ class ReplicateParams(ParallelStyle):
         return module
 
 
-def moe_tp_plan(prefix: str, moe: nn.Module, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """TP of an MoE layer with ``expert_tensor_parallel_size=1``: the router and the routed experts are replicated
-    over the TP group (each TP rank routes the same tokens and runs whole experts; expert parallelism splits the
-    experts over data-parallel ranks instead), the shared expert is split like a dense MLP. With sequence
-    parallelism the layer gathers the sequence on entry and keeps its rank's part on exit (its gradients then arrive
-    whole on every TP rank, so the replicated weights get identical gradients)."""
+def moe_tp_plan(prefix: str, moe: MoELayer, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """TP of an MoE layer: the router and the routed experts are replicated over the TP group (experts owned by
+    expert parallelism, whole or split over TP with ETP = TP, stay plain tensors), the shared expert is split like a
+    dense MLP.
+
+    Without a token split (EP = 1) every TP rank routes the same tokens: with sequence parallelism the layer gathers
+    the sequence on entry and keeps its rank's part on exit (its gradients then arrive whole on every TP rank, so the
+    replicated weights get identical gradients). With ``moe.tp_tokens`` (EP > 1, MoE parallel folding) the routed
+    experts take the rank's own tokens and only the shared expert gathers the sequence (sequence parallelism: on its
+    entry, reduce-scattered on its exit)."""
     plan: dict[str, ParallelStyle] = {f"{prefix}.{n.ROUTER}": ReplicateParams(),
                                       f"{prefix}.{n.EXPERTS}": ReplicateParams()}
-    if sequence_parallel:
+    split = moe.tp_tokens is not None
+    if sequence_parallel and not split:
         plan[prefix] = PrepareModuleInputOutput(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
             output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True,
         )
+    elif sequence_parallel:  # the rank's sequence shard, as a local tensor (the norm before hands a DTensor)
+        plan[prefix] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                          use_local_output=True)
     if getattr(moe, n.SHARED_EXPERTS, None) is not None:
         shared = f"{prefix}.{n.SHARED_EXPERTS}"
+        own_sp = sequence_parallel and split
+        if own_sp:
+            plan[shared] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         plan[f"{shared}.{n.GATE}"] = ColwiseParallel()
         plan[f"{shared}.{n.UP}"] = ColwiseParallel()
-        plan[f"{shared}.{n.DOWN}"] = RowwiseParallel(output_layouts=Replicate())
+        plan[f"{shared}.{n.DOWN}"] = RowwiseParallel(output_layouts=Shard(1) if own_sp else Replicate())
     return plan
 
 

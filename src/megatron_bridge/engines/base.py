@@ -1,7 +1,7 @@
 """What an engine builds for a run, and the pipeline runner both engines' schedules implement."""
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -24,6 +24,18 @@ class PipelineRunner(Protocol):
         """Forward (and with ``train`` backward) over ``batches``; this rank's (loss sum, token count): the last
         stage's, zeros on the other stages."""
         ...
+
+
+@dataclass
+class MoEStepStats:
+    """What the MoE layers did in one optimizer step (global over all ranks)."""
+
+    aux_loss: float | None = None
+    """Sum over MoE layers of each layer's mean auxiliary loss (load balancing + z-loss); None when both are off."""
+    layer_aux_loss: dict[int, float] = field(default_factory=dict)
+    """Mean auxiliary loss of each MoE layer, by layer index."""
+    tokens_per_expert: dict[int, list[float]] = field(default_factory=dict)
+    """Token-expert assignments each expert received in the step, by layer index (global batch)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,12 @@ class Engine(Protocol):
 
     def check_forward_step(self, cfg: "ConfigContainer", forward_step: Callable[..., Any]) -> None:
         """Refuse a forward step this engine cannot run with ``cfg``."""
+        ...
+
+    def moe_tracker(self, cfg: "ConfigContainer", chunks: list[nn.Module], device: torch.device,
+                    world_size: int) -> Any:
+        """The per-step bookkeeping of the MoE layers of the (unwrapped) ``chunks`` (``begin_step``, ``end_step``,
+        ``last``: :class:`megatron_bridge.engines.native.moe_stats.MoETracker`'s interface), None for a dense model."""
         ...
 
     def destroy_groups(self) -> None:

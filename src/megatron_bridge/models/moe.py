@@ -35,12 +35,17 @@ gradient enters on the stage that holds the layer, in that micro-batch's backwar
 communication between stages. Under context parallelism each rank's loss is its part of the whole sequence's
 (:class:`TopKRouter`), and the factor is ``CP / micro-batches``.
 
+MoE parallel folding (EP > 1 with TP > 1, ``expert_tensor_parallel_size=1``): the layer's ``tp_tokens`` hands each TP
+rank its part of the tokens (:mod:`megatron_bridge.distributed.expert_tokens`); the router then treats the TP ranks
+like CP ranks (statistics over the union of their tokens) and sums its weight's gradient over the TP group, since
+each TP rank's copy of the weight saw only its own tokens.
+
 Expert parallelism replaces the layer's ``dispatcher`` (see :mod:`megatron_bridge.distributed.expert_parallel`);
 without it the tokens go to the local experts directly.
 """
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 import torch.distributed as dist
@@ -54,6 +59,34 @@ from megatron_bridge.errors import ConfigValidationError
 
 Dispatcher = Callable[["GroupedExperts", torch.Tensor, torch.Tensor], torch.Tensor]
 """``(experts, tokens sorted by expert [N, hidden], tokens per global expert [E]) -> expert outputs [N, hidden]``."""
+
+
+class TokenSplit(Protocol):
+    """A TP rank's part of the layer's tokens (``megatron_bridge.distributed.expert_tokens.TensorParallelTokens``)."""
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """``[b, s, hidden]`` input → the rank's tokens ``[b, s', hidden]``."""
+        ...
+
+    def gather(self, y: torch.Tensor) -> torch.Tensor:
+        """The rank's routed output → the layer's output layout."""
+        ...
+
+
+class SumGradOver(torch.autograd.Function):
+    """Identity whose backward sums the gradient over ``group`` (a weight replicated over a group whose ranks see
+    different tokens)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group  # type: ignore[attr-defined]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)  # type: ignore[attr-defined]
+        return total, None
 
 
 class AuxLossScaler(torch.autograd.Function):
@@ -167,7 +200,9 @@ class TopKRouter(nn.Module):
     The load-balancing loss is Megatron's over the tokens of the whole sequence: the expert counts (per sequence for
     ``seq_aux_loss``) are summed over the CP group, ``T`` is the global token count, and the rank's loss is the part
     of the sum its own tokens' scores contribute (the parts of the CP ranks add up to the CP=1 loss); the z-loss is
-    the rank's token sum over the global ``T`` likewise.
+    the rank's token sum over the global ``T`` likewise. MoE parallel folding (``tp_group`` set by
+    ``apply_expert_parallel``) splits each CP slice once more over the TP ranks, handled the same way (counts summed
+    over both groups, ``T`` times CP × TP), and the weight's gradient is summed over the TP group.
     """
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
@@ -184,6 +219,9 @@ class TopKRouter(nn.Module):
         self.cp_group: dist.ProcessGroup | None = None
         """The context-parallel group (CP > 1): aux-loss token counts are summed over it."""
         self.cp_size = 1
+        self.tp_group: dist.ProcessGroup | None = None
+        """The TP group when its ranks route different tokens (MoE parallel folding), else None."""
+        self.tp_split = 1
         self._records: list[tuple[torch.Tensor, float | None]] = []
 
     def reset_parameters(self, std: float) -> None:
@@ -204,7 +242,8 @@ class TopKRouter(nn.Module):
     def step_records(self, last: int | None = None) -> tuple[torch.Tensor, float, float]:
         """Expert load (float64 ``[E]``), aux-loss sum and count of the last ``last`` records (all when None).
 
-        The count is ``1 / cp_size`` per record: the CP ranks' parts of one micro-batch's loss count once."""
+        The count is ``1 / token_split`` per record: the CP (and TP) ranks' parts of one micro-batch's loss count
+        once."""
         records = self._records if last is None else self._records[-last:] if last > 0 else []
         load = torch.zeros(self.num_experts, dtype=torch.float64)
         aux_sum, aux_count = 0.0, 0.0
@@ -212,7 +251,7 @@ class TopKRouter(nn.Module):
             load += counts.to("cpu", torch.float64)
             if aux is not None:
                 aux_sum += aux
-                aux_count += 1.0 / self.cp_size
+                aux_count += 1.0 / self.token_split
         return load, aux_sum, aux_count
 
     @property
@@ -230,25 +269,33 @@ class TopKRouter(nn.Module):
         """Number of recorded auxiliary losses since the last reset (CP parts count ``1 / cp_size``)."""
         return self.step_records()[2]
 
-    def _sum_over_cp(self, counts: torch.Tensor) -> torch.Tensor:
-        if self.cp_group is None or self.cp_size <= 1:
+    @property
+    def token_split(self) -> int:
+        """Ranks whose tokens make up one sequence of the reference: CP × the TP split (1 without either)."""
+        return self.cp_size * self.tp_split
+
+    def _sum_over_split(self, counts: torch.Tensor) -> torch.Tensor:
+        pairs = ((self.cp_group, self.cp_size), (self.tp_group, self.tp_split))
+        groups = [g for g, n in pairs if g is not None and n > 1]
+        if not groups:
             return counts
         total = counts.detach().clone()
-        dist.all_reduce(total, group=self.cp_group)
+        for group in groups:
+            dist.all_reduce(total, group=group)
         return total
 
     def _aux_loss(self, logits: torch.Tensor, full: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor,
                   batch: int) -> torch.Tensor | None:
-        c, cp = self.config, self.cp_size
+        c, cp = self.config, self.token_split
         aux: torch.Tensor | None = None
         if c.moe_aux_loss_coeff > 0 and c.moe_router_load_balancing_type != "none":
             if c.moe_router_load_balancing_type == "seq_aux_loss":
                 seq_counts = F.one_hot(idx.view(batch, -1), self.num_experts).sum(dim=1).float()
                 scores = full.view(batch, -1, self.num_experts)
-                aux = switch_aux_loss(scores, self._sum_over_cp(seq_counts), c.moe_router_topk,
+                aux = switch_aux_loss(scores, self._sum_over_split(seq_counts), c.moe_router_topk,
                                       c.moe_aux_loss_coeff, num_tokens=scores.shape[1] * cp)
             else:
-                aux = switch_aux_loss(full, self._sum_over_cp(counts.float()), c.moe_router_topk,
+                aux = switch_aux_loss(full, self._sum_over_split(counts.float()), c.moe_router_topk,
                                       c.moe_aux_loss_coeff, num_tokens=full.shape[0] * cp)
         if c.moe_z_loss_coeff:
             z_loss = torch.logsumexp(logits, dim=-1).square().sum() / (logits.shape[0] * cp) * c.moe_z_loss_coeff
@@ -260,7 +307,10 @@ class TopKRouter(nn.Module):
         (load balancing + z-loss, a float32 scalar; in training mode) or None when neither is on."""
         b, s, h = x.shape
         with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.reshape(b * s, h).float(), _local(self.weight).float())
+            weight = _local(self.weight)
+            if self.tp_group is not None and self.tp_split > 1:
+                weight = SumGradOver.apply(weight, self.tp_group)
+            logits = F.linear(x.reshape(b * s, h).float(), weight.float())
         bias = self.expert_bias.detach() if self.expert_bias is not None else None
         probs, idx, full = route(logits, self.config, bias)
         counts = torch.bincount(idx.reshape(-1), minlength=self.num_experts)
@@ -270,11 +320,28 @@ class TopKRouter(nn.Module):
         return probs, idx, aux
 
 
+class SumOver(torch.autograd.Function):
+    """All-reduce (sum) over ``group`` whose backward passes the gradient through (partial outputs of a weight split
+    over the group, whose consumers are replicated over it)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        total = x.contiguous().clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
 class GroupedExperts(nn.Module):
     """The routed SwiGLU experts of one layer as stacked weights ``[E_local, ...]`` (module docstring).
 
     Expert parallelism keeps only this rank's experts: ``num_local_experts`` of them, global ids
-    ``expert_offset .. expert_offset + num_local_experts - 1``.
+    ``expert_offset .. expert_offset + num_local_experts - 1``. Expert tensor parallelism (``tp_group`` set,
+    ``expert_tensor_parallel_size`` = TP) keeps the rank's part of the ``F`` dimension of every expert (gate/up
+    column-wise, down row-wise): the input's gradient and the output are summed over the group.
     """
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
@@ -284,6 +351,8 @@ class GroupedExperts(nn.Module):
         self.num_local_experts = e
         self.expert_offset = 0
         self.grouped_gemm = config.moe_grouped_gemm
+        self.tp_group: dist.ProcessGroup | None = None
+        """The expert-tensor-parallel group when the experts are split over TP (ETP = TP), else None."""
         self.gate_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
         self.up_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
         self.down_proj = nn.Parameter(torch.empty(e, f, h, device="meta", dtype=dtype))
@@ -300,14 +369,18 @@ class GroupedExperts(nn.Module):
         """``x [N, hidden]``: tokens sorted by local expert, ``counts [E_local]`` tokens per local expert."""
         dtype = _compute_dtype(x)
         x = x.to(dtype)
+        if self.tp_group is not None:
+            x = SumGradOver.apply(x, self.tp_group)
         gate = grouped_mm(x, _local(self.gate_proj).to(dtype), counts, self.grouped_gemm)
         up = grouped_mm(x, _local(self.up_proj).to(dtype), counts, self.grouped_gemm)
-        return grouped_mm(F.silu(gate) * up, _local(self.down_proj).to(dtype), counts, self.grouped_gemm)
+        y = grouped_mm(F.silu(gate) * up, _local(self.down_proj).to(dtype), counts, self.grouped_gemm)
+        return y if self.tp_group is None else SumOver.apply(y, self.tp_group)
 
     def extra_repr(self) -> str:
         """Expert counts and shapes, for ``print(model)``."""
         return (f"experts={self.num_local_experts}/{self.num_experts} (offset {self.expert_offset}), "
-                f"hidden={self.gate_proj.shape[1]}, ffn={self.gate_proj.shape[2]}, grouped_gemm={self.grouped_gemm}")
+                f"hidden={self.gate_proj.shape[1]}, ffn={self.gate_proj.shape[2]} (local), "
+                f"grouped_gemm={self.grouped_gemm}")
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -373,9 +446,23 @@ class MoELayer(nn.Module):
         if config.moe_shared_expert_intermediate_size:
             self.shared_experts = SharedExpertMLP(config, dtype=dtype, linear=linear)
         self.dispatcher: Dispatcher = local_dispatch
+        self.tp_tokens: TokenSplit | None = None
+        """Under MoE parallel folding, the TP rank's part of the tokens (module docstring); None: all of them."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[b, s, hidden] -> [b, s, hidden]``."""
+        split = self.tp_tokens
+        out, aux = self._routed(x if split is None else split.scatter(x))
+        if split is not None:
+            out = split.gather(out)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x).to(x.dtype)
+        if aux is not None and self.training and torch.is_grad_enabled():
+            out = AuxLossScaler.apply(out, aux)
+        return out
+
+    def _routed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The routed experts' weighted sum ``[b, s, hidden]`` and the router's auxiliary loss."""
         b, s, h = x.shape
         flat = x.reshape(b * s, h)
         probs, idx, aux = self.router(x)
@@ -386,13 +473,7 @@ class MoELayer(nn.Module):
         expert_out = self.dispatcher(self.experts, flat[token_of], counts)
         weighted = expert_out.float() * probs.reshape(-1)[order].unsqueeze(-1)
         out = torch.zeros(b * s, h, dtype=torch.float32, device=x.device).index_add(0, token_of, weighted)
-        out = out.to(x.dtype)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(flat).to(x.dtype)
-        out = out.view(b, s, h)
-        if aux is not None and self.training and torch.is_grad_enabled():
-            out = AuxLossScaler.apply(out, aux)
-        return out
+        return out.to(x.dtype).view(b, s, h), aux
 
 
 def moe_layers(module: nn.Module) -> list[tuple[int, MoELayer]]:

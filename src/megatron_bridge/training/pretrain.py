@@ -28,7 +28,6 @@ from megatron_bridge.training.gpt_step import forward_step as default_forward_st
 from megatron_bridge.training.loop import TrainResult, run_training
 from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
 from megatron_bridge.training.metrics import TrainingLogger
-from megatron_bridge.training.moe_stats import MoETracker
 from megatron_bridge.training.profiling import StepProfiler
 from megatron_bridge.training.timers import PhaseTimers
 from megatron_bridge.utils.logging import get_logger, log_rank_0, setup_logging
@@ -68,8 +67,9 @@ class TrainingContext:
     """Context-parallel size: each sample's tokens are spread over this many ranks."""
     pipeline: PipelineRunner | None = None
     """The engine's pipeline schedule under pipeline parallelism (:meth:`Engine.pipeline_runner`), else None."""
-    moe: MoETracker | None = None
-    """Bookkeeping of the MoE layers (None for dense models)."""
+    moe: Any = None
+    """Bookkeeping of the MoE layers (the engine's :meth:`~megatron_bridge.engines.base.Engine.moe_tracker`), None
+    for dense models."""
     distiller: Any = None
     """The distillation teacher and losses (megatron_bridge.optimization.distillation.Distiller), None without."""
     fp8: Any = None
@@ -207,8 +207,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | CallbackMa
         callbacks=normalize_callbacks(callbacks),
         static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
         profiler=StepProfiler(cfg, env.rank, env.device), cp_size=cfg.model.context_parallel_size,
-        moe=MoETracker.for_chunks([backend.unwrap(c) for c in backend.chunks], env.device,
-                                  cfg.model.tensor_model_parallel_size, cfg.model),
+        moe=engine.moe_tracker(cfg, [backend.unwrap(c) for c in backend.chunks], env.device, env.world_size),
         distiller=distiller, fp8=fp8,
     )
     ctx.pipeline = _pipeline_runner(engine, ctx, forward_step_func)

@@ -8,11 +8,21 @@ atol 1e-5; observed differences come from float summation order only.
 * ``test_two_ranks_match_ep1``: 2 ranks, DDP, one launch: EP=2 (4 experts per rank, expert-data-parallel size 1);
   PP=2 (1F1B) with MoE layers on one stage only; PP=2 × VP=2 under ZBVZeroBubble; CP=2 × EP=2 (EP over the CP
   ranks).
-* ``test_four_ranks_match_ep1``: 4 ranks, one launch, three layouts: FSDP2 with EP=2 × expert-data-parallel 2;
-  FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=2 over the data-parallel ranks; the Qwen3-235B layout in
-  small, DDP with PP=2 (loss counted in the split) × CP=2 and EP=2 over the CP ranks.
+* ``test_four_ranks_match_ep1``: 4 ranks, one launch, five layouts: FSDP2 with EP=2 × expert-data-parallel 2;
+  FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=4 folded over the TP and data-parallel ranks; FSDP2 with PP=2 ×
+  TP=2 (SP) and EP=2 over the TP ranks of each stage; FSDP2 with TP=2 (SP) × DP=2, the experts split over TP
+  (ETP=2) and EP=2 over DP; the Qwen3-235B layout in small, DDP with PP=2 (loss counted in the split) × CP=2 and EP=2
+  over the CP ranks.
 * ``test_checkpoint_ep2_to_ep1``: 2 ranks: steps 1-4 at EP=2 save a checkpoint; steps 5-8 load it at EP=1 (DDP over
   2 ranks) and continue: losses and weights equal the uninterrupted reference.
+* ``test_token_split_gather``: 2 ranks: the TP token split of MoE parallel folding (slice, gather) and its
+  gradients (all-gather, split) against the formulas.
+* ``test_folded_tp2_ep2_match_ep1``: 2 ranks, FSDP2, TP=2 × EP=2 with ETP 1 (EP over the TP ranks, each routing its
+  own tokens), with sequence parallelism and without (the slice-and-gather path).
+* ``test_checkpoint_folded_resume``: 2 ranks: steps 1-4 at TP=2 × EP=2 (FSDP2, SP) save a checkpoint; it resumes
+  at the same layout bit-exact (losses and weights equal the uninterrupted TP=2 × EP=2 run), at TP=1 × EP=2 over
+  the data-parallel ranks (DDP) and at TP=2 × ETP=2 × EP=1 (each expert's ``F`` split over TP, tokens replicated),
+  equal to the reference within the tolerances.
 
 The 2-rank tests share one torchrun launch (``GROUPS``, launcher.py's ``LaunchGroups``; each stays a test of its own).
 """
@@ -27,6 +37,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.distributed.expert_tokens import TensorParallelTokens
 from megatron_bridge.recipes import tiny_moe_pretrain_config
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.pretrain import pretrain
@@ -38,12 +49,13 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
 STEPS = 8
-GROUPS: dict[int, list[str]] = {2: ["test_two_ranks_match_ep1", "test_checkpoint_ep2_to_ep1"],
+GROUPS: dict[int, list[str]] = {2: ["test_two_ranks_match_ep1", "test_checkpoint_ep2_to_ep1", "test_token_split_gather",
+                                    "test_folded_tp2_ep2_match_ep1", "test_checkpoint_folded_resume"],
                                 4: ["test_four_ranks_match_ep1"]}
 """Tests launched together, by process count (one launch each)."""
 
 
-def moe_config(ep: int = 1, tp: int = 1, **overrides: Any) -> ConfigContainer:
+def moe_config(ep: int = 1, tp: int = 1, etp: int = 1, **overrides: Any) -> ConfigContainer:
     """The tiny MoE recipe at seq 64, 8 steps of 8 samples, every MoE option on, no eval, no checkpoints."""
     base = {"train_iters": STEPS, "global_batch_size": 8, "micro_batch_size": 2, "seq_length": 64,
             "eval_interval": None, "lr_warmup_iters": 2, "log_interval": 4, "expert_model_parallel_size": ep,
@@ -54,7 +66,7 @@ def moe_config(ep: int = 1, tp: int = 1, **overrides: Any) -> ConfigContainer:
     m.moe_router_enable_expert_bias, m.moe_z_loss_coeff = True, 1e-3
     m.moe_shared_expert_intermediate_size = 64
     m.make_vocab_size_divisible_by = 256 // tp
-    m.expert_tensor_parallel_size = 1
+    m.expert_tensor_parallel_size = etp
     cfg.checkpoint.save = cfg.checkpoint.load = None
     cfg.validation.eval_interval = None
     return cfg
@@ -139,12 +151,13 @@ class ExpertLoad(Callback):
         assert all(sum(counts) == expected for counts in load.values()), (load, expected)
 
 
-def _run(cfg: ConfigContainer, label: str) -> None:
+def _run(cfg: ConfigContainer, label: str) -> tuple[list[float], dict[str, torch.Tensor]]:
     weights = GlobalWeights()
     result = pretrain(cfg, callbacks=[weights, ExpertLoad()])
     assert result.final_step == STEPS
     assert_finite_decreasing(result.losses)
     _compare(result.losses, weights.weights, label)
+    return result.losses, weights.weights
 
 
 def test_two_ranks_match_ep1(launches: LaunchGroups | None) -> None:
@@ -177,7 +190,11 @@ def test_four_ranks_match_ep1(launches: LaunchGroups | None) -> None:
         return
     _join_job()
     _run(moe_config(ep=2, use_torch_fsdp2=True), "EP=2 x EDP=2, FSDP2")
-    _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "EP=2 x TP=2 (SP), FSDP2")
+    _run(moe_config(ep=4, tp=2, use_torch_fsdp2=True), "TP=2 (SP) x DP=2, EP=4 folded over TP x DP, FSDP2")
+    folded_pp = moe_config(ep=2, tp=2, pipeline_model_parallel_size=2, use_torch_fsdp2=True)
+    folded_pp.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
+    _run(folded_pp, "PP=2 x TP=2 (SP), EP=2 over TP, FSDP2")
+    _run(moe_config(ep=2, tp=2, etp=2, use_torch_fsdp2=True), "TP=2 (SP) x DP=2, ETP=2 x EP=2 over DP, FSDP2")
     shrunk_235b = moe_config(ep=2, pipeline_model_parallel_size=2, context_parallel_size=2)
     shrunk_235b.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
     _run(shrunk_235b, "PP=2 x CP=2 x EP=2 (over CP), DDP")
@@ -200,3 +217,73 @@ def test_checkpoint_ep2_to_ep1(launches: LaunchGroups | None) -> None:
     resumed = pretrain(second, callbacks=[weights])
     assert resumed.steps == [5, 6, 7, 8]
     _compare(resumed.losses, weights.weights, "EP=2 -> checkpoint -> EP=1", first_step=4)
+
+
+def test_token_split_gather(launches: LaunchGroups | None) -> None:
+    """Without sequence parallelism a TP rank routes its slice of the sequence: the slice's gradient is all-gathered
+    (every rank gets the whole input gradient) and the gathered output's gradient is split, not summed."""
+    if not is_worker():
+        launches.check("test_token_split_gather")  # type: ignore[union-attr]
+        return
+    _join_job()
+    rank = dist.get_rank()
+    split = TensorParallelTokens(dist.group.WORLD, 2, rank, sequence_parallel=False)
+    x = torch.arange(2 * 4 * 3, dtype=torch.float64).reshape(2, 4, 3).requires_grad_()
+    part = split.scatter(x)
+    assert torch.equal(part, x.detach()[:, 2 * rank : 2 * rank + 2])
+    y = split.gather(part * (rank + 1))  # ranks' parts differ: the gather must put each in its place
+    assert torch.equal(y, torch.cat([x.detach()[:, :2], 2 * x.detach()[:, 2:]], dim=1))
+    weight = torch.linspace(-1, 1, y.numel(), dtype=torch.float64).view_as(y)  # the same upstream gradient
+    (y * weight).sum().backward()
+    factor = torch.cat([torch.ones(2, 2, 3), 2 * torch.ones(2, 2, 3)], dim=1).double()
+    assert torch.equal(x.grad, weight * factor)  # the whole input gradient on every rank
+    sp = TensorParallelTokens(dist.group.WORLD, 2, rank, sequence_parallel=True)  # the shard arrives as it is
+    assert sp.scatter(x) is x and sp.gather(y) is y
+
+
+def test_folded_tp2_ep2_match_ep1(launches: LaunchGroups | None) -> None:
+    """TP=2 × EP=2 on 2 ranks (ETP 1: the EP group is the TP group), FSDP2, with and without sequence parallelism."""
+    if not is_worker():
+        launches.check("test_folded_tp2_ep2_match_ep1")  # type: ignore[union-attr]
+        return
+    _join_job()
+    run = _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "TP=2 (SP) x EP=2 over TP, FSDP2")
+    _FOLDED_RUN.update(zip(("losses", "weights"), run, strict=True))
+    no_sp = moe_config(ep=2, tp=2, use_torch_fsdp2=True, sequence_parallel=False)
+    _run(no_sp, "TP=2 (no SP: slice and gather) x EP=2 over TP, FSDP2")
+
+
+_FOLDED_RUN: dict[str, Any] = {}
+"""The uninterrupted TP=2 × EP=2 (SP) run of test_folded_tp2_ep2_match_ep1 (same launch), for the bit-exact resume."""
+
+
+def test_checkpoint_folded_resume(launches: LaunchGroups | None) -> None:
+    if not is_worker():
+        launches.check("test_checkpoint_folded_resume")  # type: ignore[union-attr]
+        return
+    _join_job()
+    folder = os.environ["MB_CKPT_DIR"] + "_folded"
+    if not _FOLDED_RUN:
+        run = _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "TP=2 x EP=2")
+        _FOLDED_RUN.update(zip(("losses", "weights"), run, strict=True))
+    first = moe_config(ep=2, tp=2, use_torch_fsdp2=True)
+    first.checkpoint.save, first.checkpoint.save_interval, first.train.exit_interval = folder, 4, 4
+    assert pretrain(first).final_step == 4
+    same = moe_config(ep=2, tp=2, use_torch_fsdp2=True)
+    same.checkpoint.load = folder
+    weights = GlobalWeights()
+    resumed = pretrain(same, callbacks=[weights])
+    assert resumed.steps == [5, 6, 7, 8]
+    assert resumed.losses == _FOLDED_RUN["losses"][4:], (resumed.losses, _FOLDED_RUN["losses"])
+    assert max_weight_diff(weights.weights, _FOLDED_RUN["weights"]) == 0.0
+    other = moe_config(ep=2)  # TP=1, EP=2 over the data-parallel ranks, DDP
+    other.checkpoint.load = folder
+    weights = GlobalWeights()
+    moved = pretrain(other, callbacks=[weights])
+    assert moved.steps == [5, 6, 7, 8]
+    _compare(moved.losses, weights.weights, "TP=2 x EP=2 (FSDP2) -> checkpoint -> TP=1 x EP=2 (DDP)", first_step=4)
+    split = moe_config(tp=2, etp=2, use_torch_fsdp2=True)  # the experts split over TP instead of over EP
+    split.checkpoint.load = folder
+    weights = GlobalWeights()
+    moved = pretrain(split, callbacks=[weights])
+    _compare(moved.losses, weights.weights, "TP=2 x EP=2 -> checkpoint -> TP=2 x ETP=2 x EP=1", first_step=4)

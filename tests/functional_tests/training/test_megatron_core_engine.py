@@ -4,6 +4,8 @@
 
 * 2 ranks match one process: TP=2, and DP=2 under megatron-core DDP with the distributed optimizer and with overlapped
   gradient reduction — per-step losses within 1e-5 (relative) of the one-process megatron-core run.
+* MoE (:data:`MOE`): megatron-core's ``MoELayer`` at EP=2 (DP 2) and at PP=2 matches its one-process run, and the native
+  engine from its initial weights matches it (absolute 1e-5).
 * Cross-engine parity: the native engine trained from the megatron-core model's initial weights (mapped by
   :mod:`megatron_bridge.engines.megatron_core.weights`) gives the same per-step losses (absolute 1e-5) as
   megatron-core at TP=1
@@ -62,6 +64,19 @@ WINDOW_EFFECT = 1e-3
 reference, which starts from the same initial weights (the same seed; a window adds no parameter): the window changes
 the model (measured 2026-12-07: 2.9e-2 in every layer, 1.6e-2 with
 skip_freq 2)."""
+MOE: dict[str, Any] = {"model.family": "qwen3_moe", "model.qk_layernorm": True, "model.num_moe_experts": 4,
+                       "model.moe_router_topk": 2, "model.moe_ffn_hidden_size": 64, "model.moe_aux_loss_coeff": 1e-2,
+                       "model.moe_z_loss_coeff": 1e-3}
+"""The tiny Qwen3-MoE of the MoE cases (the tiny Llama's sizes with q/k norms): 4 routed experts of width 64 in
+every layer (top-2, softmax over the selected logits), load-balancing and z losses: megatron-core's ``MoELayer``
+(router, ``SequentialMLP`` experts, all-to-all dispatcher). The shared expert's map is checked in
+tests/unit_tests/models/test_megatron_core_weights.py."""
+MOE_LAYOUTS: dict[str, dict[str, Any]] = {"moe_ep2": {**MOE, "model.expert_model_parallel_size": 2},
+                                          "moe_pp2": {**MOE, "model.pipeline_model_parallel_size": 2}}
+"""2-rank MoE layouts, compared with the one-process MoE reference: EP=2 (DP 2), and PP=2 (the aux losses' gradient
+scale set by megatron-core's 1F1B schedule); megatron-core draws weights per EP rank and stage, so they start from the
+reference's initial weights (:class:`ReferenceWeights`)."""
+LAYOUTS.update(MOE_LAYOUTS)
 GROUPS: dict[int, list[str]] = {2: [f"test_two_ranks_match_one_process[{name}]" for name in sorted(LAYOUTS)]}
 """The 2-rank layouts, launched together."""
 
@@ -109,10 +124,47 @@ class StepEnds(Callback):
         self.losses.append(float(context.loss_dict["lm loss"]))
 
 
-def megatron_core_and_native(overrides: dict[str, Any]) -> dict[str, list[float]]:
+class ReferenceWeights(Callback):
+    """At the start of training (TP = 1): loads a one-process megatron-core state dict into this rank's chunk: its
+    pipeline stage's layers (:func:`~megatron_bridge.engines.megatron_core.weights.megatron_core_stage_state`), this
+    EP rank's routed experts (``local_experts.<global id>`` there, ``local_experts.<local id>`` here; experts are
+    whole with ETP 1) and every other weight as it is (megatron-core draws expert weights per EP rank, and each
+    stage's from its own generator state, so they differ from the one-process model's)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, ctx: Any) -> None:
+        from megatron.core import parallel_state as ps
+
+        from megatron_bridge.engines.megatron_core.weights import megatron_core_stage_state
+
+        model = ctx.backend.unwrap(ctx.backend.chunks[0])
+        layers = [layer.layer_number - 1 for layer in model.decoder.layers]
+        full = megatron_core_stage_state(torch.load(self.path, weights_only=True), layers,
+                                         pre_process=model.pre_process, post_process=model.post_process)
+        per_rank = MOE["model.num_moe_experts"] // ps.get_expert_model_parallel_world_size()
+        offset = ps.get_expert_model_parallel_rank() * per_rank
+        weights = {}
+        for key in model.state_dict():
+            if key.endswith("_extra_state"):
+                continue
+            if ".local_experts." in key:
+                head, tail = key.split(".local_experts.")
+                local, rest = tail.split(".", 1)
+                weights[key] = full[f"{head}.local_experts.{offset + int(local)}.{rest}"]
+            else:
+                weights[key] = full[key]
+        model.load_state_dict(weights, strict=False)  # strict but for the _extra_state entries
+        for key, value in model.state_dict().items():
+            assert key.endswith("_extra_state") or torch.equal(value, weights[key]), key
+
+
+def megatron_core_and_native(overrides: dict[str, Any], save_initial: str | None = None) -> dict[str, list[float]]:
     """One process: megatron-core trained with ``overrides``, then the native engine with the same overrides from the
     megatron-core model's initial weights (mapped by :mod:`megatron_bridge.engines.megatron_core.weights`); both
-    runs' per-step losses (``losses``, ``native_losses``)."""
+    runs' per-step losses (``losses``, ``native_losses``). ``save_initial``: also write the megatron-core initial
+    weights there."""
     from megatron_bridge.engines.megatron_core.weights import megatron_core_to_native
     from megatron_bridge.training.pretrain import pretrain
 
@@ -120,6 +172,8 @@ def megatron_core_and_native(overrides: dict[str, Any]) -> dict[str, list[float]
     result = pretrain(mcore_config(**overrides), callbacks=[initial, step_ends])
     assert result.backend == "mcore_ddp" and result.final_step == 8
     assert step_ends.losses == pytest.approx(result.losses, rel=1e-6)  # the callbacks fire here too, once per step
+    if save_initial is not None:
+        torch.save(initial.weights, save_initial)
     native = mcore_config(**overrides)
     native.model.engine = "native"
     mapped = megatron_core_to_native(initial.weights, native.model)
@@ -143,11 +197,14 @@ def train_and_record(overrides: dict[str, Any], out: str) -> None:
     if not overrides:  # the one-process reference: both engines from the same weights, without and with a window
         record = megatron_core_and_native({})
         record["windows"] = {name: megatron_core_and_native(window) for name, window in WINDOWS.items()}
+        record["moe"] = megatron_core_and_native(MOE, save_initial=str(Path(out).parent / "moe_initial.pt"))
     else:
         if not dist.is_initialized():
             dist.init_process_group("gloo")  # kept for the launch's next test
+        moe = os.environ.get("MB_MCORE_MOE_INITIAL")
+        callbacks = [ReferenceWeights(moe)] if moe and overrides.get("model.num_moe_experts") else []
         try:
-            result = pretrain(mcore_config(**overrides))
+            result = pretrain(mcore_config(**overrides), callbacks=callbacks)
         finally:
             parallel_state.destroy()
         assert result.backend == "mcore_ddp" and result.final_step == 8
@@ -176,7 +233,8 @@ def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory,
         return None
     work = tmp_path_factory.mktemp("mcore_layouts")
     return LaunchGroups(__file__, selected_groups(request, GROUPS), {2: 600},
-                        env={"MB_MCORE_DIR": str(work)})
+                        env={"MB_MCORE_DIR": str(work),
+                             "MB_MCORE_MOE_INITIAL": str(reference.parent / "moe_initial.pt")})  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -186,6 +244,7 @@ def test_two_ranks_match_one_process(layout: str, reference: Path | None, launch
         launches.check(f"test_two_ranks_match_one_process[{layout}]")  # type: ignore[union-attr]
         out = Path(launches.env["MB_MCORE_DIR"]) / f"{layout}.json"  # type: ignore[union-attr]
         got, want = json.loads(out.read_text()), json.loads(reference.read_text())  # type: ignore[union-attr]
+        want = want["moe"] if layout in MOE_LAYOUTS else want
         assert_finite_decreasing(want["losses"])
         for a, b in zip(got["losses"], want["losses"], strict=True):
             assert abs(a - b) <= LOSS_RTOL * abs(b), (layout, got["losses"], want["losses"])
@@ -210,6 +269,22 @@ def test_native_engine_matches_megatron_core_from_the_same_weights(reference: Pa
     for a, b in zip(ref["native_losses"], ref["losses"], strict=True):
         assert abs(a - b) <= CROSS_ENGINE_ATOL, (ref["native_losses"], ref["losses"])
     print(f"[parity] native vs megatron-core TP=1: {ref['native_losses']} vs {ref['losses']}")
+
+
+@pytest.mark.support_cells("qwen3_moe:megatron_core")
+def test_native_engine_matches_megatron_core_moe_from_the_same_weights(reference: Path | None) -> None:
+    """Cross-engine parity of an MoE model (TP=1, fp32, :data:`MOE`): megatron-core's ``MoELayer`` (router in fp32,
+    sequential experts, shared expert, aux and z losses through its ``MoEAuxLossAutoScaler``, scaled per step by
+    :class:`megatron_bridge.engines.megatron_core.moe.MegatronCoreMoETracker`) and the native MoE layer started from
+    the same weights (experts mapped by :mod:`megatron_bridge.engines.megatron_core.weights`) give the same per-step
+    losses."""
+    if is_worker():
+        pytest.skip("compares the files of the reference job")
+    got = json.loads(reference.read_text())["moe"]  # type: ignore[union-attr]
+    assert_finite_decreasing(got["losses"])
+    for a, b in zip(got["native_losses"], got["losses"], strict=True):
+        assert abs(a - b) <= CROSS_ENGINE_ATOL, (got["native_losses"], got["losses"])
+    print(f"[parity] native vs megatron-core MoE: {got['native_losses']} vs {got['losses']}")
 
 
 @pytest.mark.support_cells("mistral:megatron_core")

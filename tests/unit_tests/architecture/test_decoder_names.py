@@ -20,6 +20,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "megatron-core's own name for a layer's first norm (its local layer spec), the target side of the weight table",
     ("checkpoint/mcore_megatron_fsdp_weights.py", n.ATTENTION_NORM):
         "megatron-core's local-spec name that transformer-engine's fused norms are renamed to",
+    ("engines/megatron_core/weights.py", n.SHARED_EXPERTS):
+        "megatron-core's own name for an MoE layer's shared expert (its SharedExpertMLP), the target side of the table",
     ("checkpoint/mcore_megatron_fsdp_weights.py", n.SHARED_EXPERTS):
         "megatron-core's MoE module name in its checkpoint keys (refused there)",
 }

@@ -80,10 +80,11 @@ def test_without_a_converter_the_other_engines_checkpoint_is_refused(mcore_check
         manager.load()
 
 
-@pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["llama3.1", "qwen3-moe"])
+def hf_folder(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """An HF folder: a dense Llama, and a Qwen3-MoE (routed experts in megatron-core's ``SequentialMLP`` layout)."""
     folder = tmp_path_factory.mktemp("hf")
-    hf_model("llama3.1").save_pretrained(folder)
+    hf_model(request.param).save_pretrained(folder)
     return folder
 
 

@@ -99,18 +99,20 @@ def test_save_hf_weights_refuses_a_file_path(bridge_and_model, tmp_path: Path) -
     assert (tmp_path / "f").read_text() == "x"
 
 
-def test_import_ckpt_refuses_moe_on_megatron_core_before_reading_weights(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 45, item 7: a Qwen3-MoE folder imported with engine='megatron_core' gets the named refusal of rule
-    megatron_core_features, not "the weights do not fit the model config"; no weight is read, nothing is written."""
+def test_import_ckpt_refuses_what_megatron_core_cannot_build_before_reading_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45, item 7: a folder whose weights megatron-core cannot build (attention biases without MLP biases: its
+    add_bias_linear sets both) imported with engine='megatron_core' gets the named refusal of rule
+    megatron_core_features, not "the weights do not fit the model config"; no weight is read, nothing is written.
+    (MoE folders convert: tests/unit_tests/bridge/test_cross_engine.py.)"""
     from megatron_bridge.bridge import weights as hf_weights
 
     folder = tmp_path / "hf"
-    hf_model("qwen3-moe").save_pretrained(folder)
+    hf_model("llama3-biases").save_pretrained(folder)
     read: list[str] = []
     monkeypatch.setattr(hf_weights.HFModelWeights, "__getitem__", lambda self, name: read.append(name))
     with pytest.raises(BridgeError, match=r"import_ckpt\('.*hf', engine='megatron_core'\): "
-                       r"model.num_moe_experts=4: not supported by model.engine='megatron_core' .*rule "
+                       r"model.attention_output_bias=.*: not supported by model.engine='megatron_core' .*rule "
                        r"megatron_core_features.*convert with engine='native'"):
         AutoBridge.import_ckpt(folder, tmp_path / "out", engine="megatron_core")
     assert read == [] and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

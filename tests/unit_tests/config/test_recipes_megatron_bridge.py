@@ -120,12 +120,10 @@ PER_GPU: dict[str, dict[str, str | tuple]] = {
 (``megatron_bridge.recipes.<key>``): the short name it stands for, or its values in ``FIELDS`` order."""
 DIFFERENCES = {("qwen3_235b_a22b", "gpus"): 512, ("qwen3_235b_a22b", "global_batch_size"): 64,
                ("qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config", "gpus"): 32,
-               ("qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_functional_config", "eval_interval"): None,
-               ("deepseek_v3", "gpus"): 2048, ("deepseek_v3_32nodes", "gpus"): 512, ("moonlight_16b", "gpus"): 16}
+               ("qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_functional_config", "eval_interval"): None}
 """Ours where we differ on purpose: EP is carved out of DP × CP here (docs/megatron-bridge-differences.md, MoE
-parallel folding), so the DeepSeek-V3 and 8-GPU Moonlight layouts run on twice their GPUs, the 235B layout needs
-DP 4 (the batch keeps Megatron-Bridge's 16 micro-batches per rank) and the 8-GPU 30B-A3B layout (EP4) DP 4;
-evaluation off is ``eval_interval=None`` here (0 there)."""
+parallel folding), so the 235B layout needs DP 4 (the batch keeps Megatron-Bridge's 16 micro-batches per rank) and
+the 8-GPU 30B-A3B layout (EP4) DP 4; evaluation off is ``eval_interval=None`` here (0 there)."""
 CAPABILITY = {"h100": (9, 0), "gb200": (10, 0)}
 """Compute capability of the GPU a recipe is laid out for: FP8/FP4 recipes validate against it (CUDA mocked, the
 boundary), MXFP8 (Blackwell only) against a Blackwell GPU whatever its name says."""
@@ -227,7 +225,6 @@ def test_differences_are_documented() -> None:
     text = DOC.read_text()
     assert "235B recipe keeps the layout on 512 GPUs (DP 4) with global batch 64" in text
     assert "8-GPU Qwen3-30B-A3B layout (TP4 PP2 EP4) on 32 GPUs" in text
-    assert "DeepSeek-V3 TP2 PP16 EP64 on 2048 GPUs" in text
 
 
 def test_megatron_bridge_import_path() -> None:

@@ -119,7 +119,7 @@ ALLOWED: dict[str, str] = {
     "perf/measure.py::running_sum_stats": "the marks a measurement recorded",
     "recipes/llama/llama3.py::llama3_8b_low_precision": "the recipe function's preset argument",
     "recipes/perf_configs.py::perf_config_key": "a perf recipe function's name (a library table)",
-    "training/moe_stats.py::MoETracker.__init__": "the MoE layers of the model built",
+    "engines/native/moe_stats.py::MoETracker.__init__": "the MoE layers of the model built",
     "training/losses.py::masked_next_token_loss": "the function's keyword check_for_spiky_loss (Megatron-Bridge's "
                                                   "signature), not a config field",
     "bridge/families/base.py::family_by_name": "the class a family's registration names (library code)",

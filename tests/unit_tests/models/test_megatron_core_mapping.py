@@ -143,19 +143,20 @@ def test_initialize_keeps_the_same_layout_and_refuses_another(monkeypatch: pytes
     assert parallel_state.current_layout() is None  # nothing initialized in this process
     cfg = _mcore_cfg(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
                      virtual_pipeline_model_parallel_size=2)
-    assert parallel_state.layout(cfg) == (2, 2, 1, 2)
+    assert parallel_state.layout(cfg) == (2, 2, 1, 2, 1, 2)  # ETP None: TP
     for getter, size in (("model_parallel_is_initialized", True), ("get_tensor_model_parallel_world_size", 2),
                          ("get_pipeline_model_parallel_world_size", 2), ("get_context_parallel_world_size", 1),
-                         ("get_virtual_pipeline_model_parallel_world_size", 2)):
+                         ("get_virtual_pipeline_model_parallel_world_size", 2),
+                         ("get_expert_model_parallel_world_size", 1), ("get_expert_tensor_parallel_world_size", 2)):
         monkeypatch.setattr(ps, getter, lambda size=size: size)
     monkeypatch.setattr(ps, "initialize_model_parallel", lambda **kw: pytest.fail(f"re-initialized: {kw}"))
     seeds: list[int] = []
     monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed", seeds.append)
-    assert parallel_state.current_layout() == (2, 2, 1, 2)
+    assert parallel_state.current_layout() == (2, 2, 1, 2, 1, 2)
     parallel_state.initialize(cfg, torch.device("cuda", 0), seed=7)  # the same layout: kept, only seeded
     assert seeds == [7]
     cfg.model.virtual_pipeline_model_parallel_size = None
-    refused = r"\(TP, PP, CP, VP\) = \(2, 2, 1, 2\).*asks for \(2, 2, 1, None\).*destroy\(\)"
+    refused = r"\(TP, PP, CP, VP, EP, ETP\) = \(2, 2, 1, 2, 1, 2\).*asks for \(2, 2, 1, None, 1, 2\).*destroy\(\)"
     with pytest.raises(MegatronBridgeError, match=refused):
         parallel_state.initialize(cfg, torch.device("cuda", 0), seed=7)
 
@@ -170,11 +171,31 @@ def test_unsupported_features_are_named_together() -> None:
     assert "model.engine='native'" in str(info.value)
 
 
-def test_expert_parallelism_is_refused_on_megatron_core() -> None:
-    cfg = _mcore_cfg(num_moe_experts=4, expert_model_parallel_size=2)
-    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_features\]") as info:
-        cfg.validate(world_size=2)
-    assert "model.expert_model_parallel_size" in info.value.paths and "model.engine='native'" in str(info.value)
+def test_moe_fields_map_to_transformer_config() -> None:
+    """An MoE model reaches megatron-core's MoELayer with every routing and loss field, the router in fp32, and
+    sequential experts / an unfused permutation on the local spec (grouped GEMM and permute fusion need packages the
+    local spec does not have); EP and ETP validate and reach its parallel state (they fold as megatron-core folds)."""
+    from megatron_bridge.engines.megatron_core import parallel_state
+
+    cfg = _mcore_cfg(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=48, moe_aux_loss_coeff=1e-2,
+                     moe_z_loss_coeff=1e-3, moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+                     moe_router_topk_scaling_factor=2.5, moe_shared_expert_intermediate_size=32,
+                     moe_layer_freq=[0, 1, 1, 1], moe_grouped_gemm=True, moe_permute_fusion=True,
+                     expert_model_parallel_size=2, expert_tensor_parallel_size=1)
+    cfg.validate(world_size=2)
+    tc = transformer_config(cfg.model, CPU)
+    assert (tc.num_moe_experts, tc.moe_router_topk, tc.moe_ffn_hidden_size) == (4, 2, 48)
+    assert (tc.moe_aux_loss_coeff, tc.moe_z_loss_coeff, tc.moe_router_score_function) == (1e-2, 1e-3, "sigmoid")
+    assert tc.moe_router_enable_expert_bias and tc.moe_router_topk_scaling_factor == 2.5
+    assert tc.moe_shared_expert_intermediate_size == 32 and tc.moe_layer_freq == [0, 1, 1, 1]
+    assert tc.moe_router_dtype == "fp32" and not tc.moe_grouped_gemm and not tc.moe_permute_fusion
+    assert (tc.expert_model_parallel_size, tc.expert_tensor_parallel_size) == (2, 1)
+    assert parallel_state.layout(cfg)[4:] == (2, 1)
+    spec = layer_spec(cfg.model, tc, pp_rank=0)
+    moe = ["MoELayer" in repr(s.submodules.mlp) for s in spec.layer_specs]
+    assert moe == [False, True, True, True], [repr(s.submodules.mlp)[:80] for s in spec.layer_specs]
+    dense = _mcore_cfg().model
+    assert transformer_config(dense, CPU).num_moe_experts is None
 
 
 def test_transformer_engine_spec_without_transformer_engine() -> None:
@@ -260,7 +281,7 @@ NOT_MODEL_ARCHITECTURE = {
 REFUSED_WITH = {
     "recompute_method": "recompute_granularity", "recompute_num_layers": "recompute_granularity",
     "cpu_offloading_num_layers": "cpu_offloading", "cpu_offloading_activations": "cpu_offloading",
-    "cpu_offloading_weights": "cpu_offloading", "expert_tensor_parallel_size": "num_moe_experts",
+    "cpu_offloading_weights": "cpu_offloading",
     **{f"yarn_{name}": "position_embedding_type" for name in (
         "rotary_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
         "mscale_all_dim", "correction_range_round_to_int")},
@@ -300,7 +321,7 @@ def test_every_model_field_is_mapped_to_megatron_core_or_refused_there() -> None
     from megatron_bridge.engines.megatron_core import provider
 
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    mapped = _fields_read_by(inspect.getsource(provider), fields)
+    mapped = _fields_read_by(inspect.getsource(provider), fields) | set(provider._MOE_FIELDS)
     rule_source = inspect.getsource(rules_engine)
     checked = {f for f in fields if f"model.{f}" in rule_source or f"m.{f}" in rule_source}
     refused_moe = {f for f in fields if f.startswith("moe_") or f == "num_moe_experts"} if "model.num_moe_experts" in \

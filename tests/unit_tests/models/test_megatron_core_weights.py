@@ -12,6 +12,11 @@ from megatron_bridge.models.llama import LlamaModel
 from megatron_bridge.recipes import tiny_llama_pretrain_config
 
 
+MOE = {"qk_layernorm": True, "num_moe_experts": 4, "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 8,
+       "moe_router_enable_expert_bias": True, "moe_router_score_function": "sigmoid", "moe_layer_freq": [0, 1]}
+"""An MoE model with a dense first layer, a shared expert and the expert bias (buffer)."""
+
+
 def _model_config(**fields: object):  # noqa: ANN202
     m = tiny_llama_pretrain_config().model
     m.num_layers = 2
@@ -24,7 +29,8 @@ def _model_config(**fields: object):  # noqa: ANN202
     {},
     {"qk_layernorm": True, "share_embeddings_and_output_weights": True},
     {"add_bias_linear": True, "add_qkv_bias": True, "activation": "gelu", "normalization": "LayerNorm"},
-], ids=["llama", "qwen3_tied", "gpt_biases"])
+    MOE,
+], ids=["llama", "qwen3_tied", "gpt_biases", "moe_shared_expert_bias"])
 def test_round_trip_is_exact(fields: dict) -> None:
     m = _model_config(**fields)
     torch.manual_seed(0)
@@ -72,3 +78,27 @@ def test_table_names_every_parameter_once(fields: dict) -> None:
     for name in native_to_megatron_core(native, m):
         assert sum(fnmatchcase(name, r.mcore) for r in rules) == 1, name
 
+
+
+def test_moe_layouts_are_megatron_cores() -> None:
+    """Per MoE layer: the router and its expert bias as they are; expert e's ``linear_fc1`` = [gate[e]ᵀ; up[e]ᵀ]
+    and ``linear_fc2`` = down[e]ᵀ (the native experts are stacked ``x @ W``, megatron-core's ``SequentialMLP``
+    experts are ``nn.Linear``-shaped); the shared expert's fc1 = [gate; up]; the dense first layer keeps its MLP."""
+    m = _model_config(**MOE)
+    torch.manual_seed(0)
+    native = LlamaModel(m).state_dict()
+    mcore = native_to_megatron_core(native, m)
+    experts = "layers.1.mlp.experts."
+    for e in range(4):
+        fc1 = mcore[f"decoder.layers.1.mlp.experts.local_experts.{e}.linear_fc1.weight"]
+        assert fc1.shape == (32, m.hidden_size)
+        assert torch.equal(fc1[:16], native[experts + "gate_proj"][e].t())
+        assert torch.equal(fc1[16:], native[experts + "up_proj"][e].t())
+        assert torch.equal(mcore[f"decoder.layers.1.mlp.experts.local_experts.{e}.linear_fc2.weight"],
+                           native[experts + "down_proj"][e].t())
+    assert torch.equal(mcore["decoder.layers.1.mlp.router.weight"], native["layers.1.mlp.router.weight"])
+    assert "decoder.layers.1.mlp.router.expert_bias" in mcore
+    shared = mcore["decoder.layers.1.mlp.shared_experts.linear_fc1.weight"]
+    assert torch.equal(shared[:8], native["layers.1.mlp.shared_experts.gate_proj.weight"])
+    assert "decoder.layers.0.mlp.linear_fc1.weight" in mcore and not any(k.startswith("decoder.layers.0.mlp.router")
+                                                                         for k in mcore)

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.engines.native.moe_stats import MoETracker
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.flops import num_floating_point_operations, num_parameters
 from megatron_bridge.models.llama import LlamaMLP, LlamaModel, _linear
@@ -25,7 +26,6 @@ from megatron_bridge.models.moe import (
     switch_aux_loss,
     update_expert_bias,
 )
-from megatron_bridge.training.moe_stats import MoETracker
 
 
 ATOL = 1e-6
@@ -161,10 +161,12 @@ def test_aux_loss_gradient_scaled_into_router() -> None:
     assert AuxLossScaler.scale == 1.0
 
 
+@pytest.mark.parametrize("split", ["cp", "tp"])
 @pytest.mark.parametrize("balancing", ["aux_loss", "seq_aux_loss"])
-def test_context_parallel_aux_loss_parts_add_up(balancing: str) -> None:
-    """Under CP a rank holds a slice of every sequence: with the counts of the whole sequence and its length, the
-    parts each slice's scores contribute (load balancing and z-loss) add up to the loss of the whole sequence."""
+def test_context_parallel_aux_loss_parts_add_up(balancing: str, split: str) -> None:
+    """Under CP (or the TP split of MoE parallel folding) a rank holds a slice of every sequence: with the counts of
+    the whole sequence and its length, the parts each slice's scores contribute (load balancing and z-loss) add up
+    to the loss of the whole sequence."""
     config = moe_config(moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01, moe_router_load_balancing_type=balancing)
     layer = build_layer(config)
     x = torch.randn(3, 8, H, generator=torch.Generator().manual_seed(11))
@@ -174,13 +176,16 @@ def test_context_parallel_aux_loss_parts_add_up(balancing: str) -> None:
         global_counts = sum(F.one_hot(layer.router(h)[1].view(3, -1), E).sum(dim=1).float() for h in halves)
     else:
         global_counts = sum(torch.bincount(layer.router(h)[1].view(-1), minlength=E).float() for h in halves)
-    layer.router._sum_over_cp = lambda counts: global_counts  # type: ignore[method-assign]  # the CP all-reduce
-    layer.router.cp_size = 2
+    layer.router._sum_over_split = lambda counts: global_counts  # type: ignore[method-assign]  # the all-reduce
+    if split == "cp":
+        layer.router.cp_size = 2
+    else:
+        layer.router.tp_split = 2
     parts = [layer.router(h)[2] for h in halves]
     assert (parts[0] + parts[1]).item() == pytest.approx(whole.item(), rel=1e-6)
     assert parts[0].item() != pytest.approx(parts[1].item(), rel=1e-3)  # the slices differ: a real test
     _, _, count = layer.router.step_records(2)
-    assert count == pytest.approx(1.0)  # the two CP parts of one micro-batch count as one aux loss
+    assert count == pytest.approx(1.0)  # the two parts of one micro-batch count as one aux loss
 
 
 def test_tracker_merges_pipeline_stages_with_different_moe_layers() -> None:

@@ -80,6 +80,15 @@ class MegatronCoreEngine:
         first), and a step written for the native model's call ``model(tokens, position_ids=..., labels=...)`` runs on
         ``GPTModel`` too (:func:`.forward_step.accept_native_call`, a pre-hook on every chunk)."""
 
+    def moe_tracker(self, cfg: "ConfigContainer", chunks: list[nn.Module], device: torch.device,
+                    world_size: int) -> Any:
+        """:class:`.moe.MegatronCoreMoETracker` for an MoE model (megatron-core's aux-loss scale and logged losses)."""
+        if not cfg.model.is_moe:
+            return None
+        from megatron_bridge.engines.megatron_core.moe import MegatronCoreMoETracker
+
+        return MegatronCoreMoETracker(cfg.model, device, world_size)
+
     def destroy_groups(self) -> None:
         """Reset megatron-core's parallel state, if this process created it (:func:`.parallel_state.destroy`)."""
         from megatron_bridge.engines.megatron_core.parallel_state import destroy

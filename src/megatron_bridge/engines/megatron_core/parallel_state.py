@@ -41,25 +41,28 @@ def require_cuda(device: torch.device) -> None:
         )
 
 
-Layout = tuple[int, int, int, int | None]
-"""Sizes of megatron-core's parallel state: (TP, PP, CP, VP); VP None without virtual pipeline stages."""
+Layout = tuple[int, int, int, int | None, int, int]
+"""Sizes of megatron-core's parallel state: (TP, PP, CP, VP, EP, ETP); VP None without virtual pipeline stages."""
 
 
 def layout(cfg: "ConfigContainer") -> Layout:
-    """The (TP, PP, CP, VP) sizes ``cfg.model`` asks megatron-core's parallel state for."""
+    """The (TP, PP, CP, VP, EP, ETP) sizes ``cfg.model`` asks megatron-core's parallel state for (ETP None: TP)."""
     m = cfg.model
+    etp = m.expert_tensor_parallel_size if m.expert_tensor_parallel_size is not None else m.tensor_model_parallel_size
     return (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
-            m.virtual_pipeline_model_parallel_size)
+            m.virtual_pipeline_model_parallel_size, m.expert_model_parallel_size, etp)
 
 
 def current_layout() -> Layout | None:
-    """The (TP, PP, CP, VP) sizes of megatron-core's parallel state in this process; None when it has none."""
+    """The (TP, PP, CP, VP, EP, ETP) sizes of megatron-core's parallel state in this process; None when it has
+    none."""
     from megatron.core import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():
         return None
     return (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-            ps.get_context_parallel_world_size(), ps.get_virtual_pipeline_model_parallel_world_size())
+            ps.get_context_parallel_world_size(), ps.get_virtual_pipeline_model_parallel_world_size(),
+            ps.get_expert_model_parallel_world_size(), ps.get_expert_tensor_parallel_world_size())
 
 
 def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
@@ -78,19 +81,21 @@ def initialize(cfg: "ConfigContainer", device: torch.device, seed: int) -> None:
     current, wanted = current_layout(), layout(cfg)
     if current is not None and current != wanted:
         raise MegatronBridgeError(
-            f"megatron-core's parallel state already exists with (TP, PP, CP, VP) = {current}, but the config asks "
-            f"for {wanted}: call megatron_bridge.engines.megatron_core.parallel_state.destroy() first")
+            f"megatron-core's parallel state already exists with (TP, PP, CP, VP, EP, ETP) = {current}, but the "
+            f"config asks for {wanted}: call megatron_bridge.engines.megatron_core.parallel_state.destroy() first")
     if current is None:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=m.tensor_model_parallel_size,
             pipeline_model_parallel_size=m.pipeline_model_parallel_size,
             virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
             context_parallel_size=m.context_parallel_size,
+            expert_model_parallel_size=m.expert_model_parallel_size,
+            expert_tensor_parallel_size=wanted[5],
             distributed_timeout_minutes=cfg.dist.distributed_timeout_minutes,
             order=MCORE_ORDER,
         )
-        log_rank_0(logger, "megatron-core parallel state: TP %d, PP %d, CP %d, DP %d", *wanted[:3],
-                   ps.get_data_parallel_world_size())
+        log_rank_0(logger, "megatron-core parallel state: TP %d, PP %d, CP %d, DP %d, EP %d, ETP %d", *wanted[:3],
+                   ps.get_data_parallel_world_size(), *wanted[4:])
         if m.virtual_pipeline_model_parallel_size is not None:
             log_rank_0(logger, "megatron-core virtual pipeline stages per rank: %d",
                        m.virtual_pipeline_model_parallel_size)

@@ -109,14 +109,54 @@ def transformer_config(model: "ModelConfig", device: torch.device, precision: di
         deterministic_mode=model.deterministic_mode,
         cuda_graph_modules=[],  # no CUDA graphs; 0.19.2's default "full" warns on every build that it is deprecated
     )
+    kwargs.update(moe_fields(model))
     kwargs.update(precision or {})
     return TransformerConfig(**kwargs)
 
 
-def layer_spec(model: "ModelConfig") -> Any:
-    """The transformer layer spec ``model.transformer_impl`` selects (megatron-core's local or TE spec)."""
+_MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_router_score_function",
+               "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_load_balancing_type",
+               "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
+               "moe_router_bias_update_rate", "moe_shared_expert_intermediate_size", "moe_layer_freq",
+               "moe_token_dispatcher_type", "moe_expert_capacity_factor", "expert_model_parallel_size")
+"""``ModelConfig`` fields passed to ``TransformerConfig`` under the same name (MoE models only)."""
+
+
+def moe_fields(model: "ModelConfig") -> dict[str, Any]:
+    """The ``TransformerConfig`` fields of an MoE model (none for a dense one): :data:`_MOE_FIELDS` as they are,
+    ``moe_ffn_hidden_size`` (None: ffn_hidden_size, as both engines read it), ``expert_tensor_parallel_size`` (None: TP,
+    megatron-core's default), router logits in float32 as the native
+    router computes them (``moe_router_dtype="fp32"``). With the local spec the experts are megatron-core's
+    ``SequentialMLP`` (one matmul per expert: its grouped ``GroupedMLP`` needs the ``grouped_gemm`` package) and the
+    permutation unfused (``moe_permute_fusion`` needs transformer-engine): ``moe_grouped_gemm`` and
+    ``moe_permute_fusion`` are kept only with the transformer-engine spec (they change speed, not numbers)."""
+    if not model.is_moe:
+        return {}
+    fields = {name: getattr(model, name) for name in _MOE_FIELDS}
+    te = model.transformer_impl == "transformer_engine"
+    fields.update(
+        moe_ffn_hidden_size=model.expert_ffn_hidden_size,
+        expert_tensor_parallel_size=model.expert_tensor_parallel_size,
+        moe_router_dtype="fp32",
+        moe_grouped_gemm=model.moe_grouped_gemm and te,
+        moe_permute_fusion=model.moe_permute_fusion and te,
+    )
+    if isinstance(fields["moe_layer_freq"], list):
+        fields["moe_layer_freq"] = list(fields["moe_layer_freq"])
+    return fields
+
+
+def layer_spec(model: "ModelConfig", config: Any = None, vp_stage: int | None = None,
+               pp_rank: int | None = None) -> Any:
+    """The transformer layer spec ``model.transformer_impl`` selects (megatron-core's local or TE spec); for an MoE
+    model the decoder block spec of pipeline rank ``pp_rank``'s stage ``vp_stage`` (dense and MoE layers as
+    ``moe_layer_freq`` places them; needs the ``TransformerConfig`` ``config``)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
+    if model.is_moe:
+        return gpt_layer_specs.get_gpt_decoder_block_spec(
+            config, use_transformer_engine=model.transformer_impl == "transformer_engine",
+            normalization=model.normalization, vp_stage=vp_stage, pp_rank=pp_rank)
     if model.transformer_impl == "transformer_engine":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=model.qk_layernorm)
     return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=model.qk_layernorm,
@@ -164,7 +204,7 @@ def _build_chunk(model: "ModelConfig", config: Any, device: torch.device, vp_sta
 
     gpt = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(model),
+        transformer_layer_spec=layer_spec(model, config, vp_stage, ps.get_pipeline_model_parallel_rank()),
         vocab_size=model.padded_vocab_size,
         max_sequence_length=model.seq_length,
         pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),

@@ -61,6 +61,14 @@ def _layer_rules(gated: bool) -> list[WeightRule]:
         ]
     rules += [WeightRule((f"{attn}{head_norm}.weight",), f"{mc}self_attention.{theirs}.weight")
               for head_norm, theirs in zip(n.HEAD_NORMS, ("q_layernorm", "k_layernorm"), strict=True)]
+    shared = f"{mlp}{n.SHARED_EXPERTS}."
+    rules += [
+        WeightRule((f"{mlp}{n.ROUTER}.weight",), f"{mc}mlp.router.weight"),
+        WeightRule((f"{mlp}{n.ROUTER}.expert_bias",), f"{mc}mlp.router.expert_bias"),
+        WeightRule((f"{shared}{n.GATE}.weight", f"{shared}{n.UP}.weight"), f"{mc}mlp.shared_experts.linear_fc1.weight",
+                   "concat"),
+        WeightRule((f"{shared}{n.DOWN}.weight",), f"{mc}mlp.shared_experts.linear_fc2.weight"),
+    ]
     return [WeightRule(tuple(f"{n.layer('*')}.{p}" for p in r.native), r.mcore, r.fusion) for r in rules]
 
 
@@ -112,10 +120,52 @@ def _split(rule: WeightRule, tensor: torch.Tensor, model: "ModelConfig") -> Sequ
     return torch.chunk(tensor, len(rule.native), dim=0) if rule.fusion == "concat" else (tensor,)
 
 
+_NATIVE_EXPERTS = re.compile(rf"{re.escape(n.LAYERS)}\.(\d+)\.{re.escape(n.MLP)}\.{re.escape(n.EXPERTS)}\.{n.GATE}$")
+_MCORE_EXPERT = re.compile(r"decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.linear_fc1\.weight$")
+
+
+def _experts_to_megatron_core(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The routed experts: native stacked ``gate/up [E, hidden, F]`` and ``down [E, F, hidden]`` (``x @ W``) →
+    megatron-core's ``SequentialMLP`` ``local_experts.e.linear_fc1.weight [2F, hidden]`` (gate rows, then up rows)
+    and ``linear_fc2.weight [hidden, F]`` per expert (``x @ W.T``)."""
+    out = {}
+    for key in state:
+        match = _NATIVE_EXPERTS.match(key)
+        if not match:
+            continue
+        prefix = key[: -len(n.GATE)]
+        gate, up, down = (state[prefix + w] for w in n.EXPERT_WEIGHTS)
+        mc = f"decoder.layers.{match.group(1)}.mlp.experts.local_experts"
+        for e in range(gate.shape[0]):
+            out[f"{mc}.{e}.linear_fc1.weight"] = torch.cat([gate[e].t(), up[e].t()]).contiguous()
+            out[f"{mc}.{e}.linear_fc2.weight"] = down[e].t().contiguous()
+    return out
+
+
+def _experts_to_native(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`_experts_to_megatron_core` (every expert of a layer must be in ``state``)."""
+    experts: dict[int, dict[int, str]] = {}
+    for key in state:
+        match = _MCORE_EXPERT.match(key)
+        if match:
+            experts.setdefault(int(match.group(1)), {})[int(match.group(2))] = key[: -len("linear_fc1.weight")]
+    out = {}
+    for layer, by_expert in experts.items():
+        prefixes = [by_expert[e] for e in range(len(by_expert))]
+        fc1 = [state[p + "linear_fc1.weight"] for p in prefixes]
+        gate = torch.stack([w[: w.shape[0] // 2].t() for w in fc1])
+        up = torch.stack([w[w.shape[0] // 2 :].t() for w in fc1])
+        down = torch.stack([state[p + "linear_fc2.weight"].t() for p in prefixes])
+        native = f"{n.mlp(layer)}.{n.EXPERTS}."
+        out.update({native + w: t.contiguous() for w, t in zip(n.EXPERT_WEIGHTS, (gate, up, down), strict=True)})
+    return out
+
+
 def native_to_megatron_core(state: dict[str, torch.Tensor], model: "ModelConfig") -> dict[str, torch.Tensor]:
     """A megatron-core ``GPTModel`` state dict (full tensors) from a native state dict (:func:`weight_rules`; a fused
-    tensor is keyed on its last native part, the others must be there too)."""
-    out = {}
+    tensor is keyed on its last native part, the others must be there too; the routed experts of MoE layers by
+    :func:`_experts_to_megatron_core`)."""
+    out = _experts_to_megatron_core(state)
     for rule in weight_rules(model):
         lead = _regex(rule.native[-1])
         for key in state:
@@ -129,7 +179,7 @@ def native_to_megatron_core(state: dict[str, torch.Tensor], model: "ModelConfig"
 def megatron_core_to_native(state: dict[str, torch.Tensor], model: "ModelConfig") -> dict[str, torch.Tensor]:
     """A native state dict from a megatron-core ``GPTModel`` state dict (full tensors, :func:`weight_rules`);
     megatron-core's ``_extra_state`` entries are dropped."""
-    out = {}
+    out = _experts_to_native(state)
     for rule in weight_rules(model):
         pattern = _regex(rule.mcore)
         for key, value in state.items():

@@ -107,5 +107,12 @@ class NativeEngine:
                 "parallelism the schedule runs the model stage by stage and the last stage computes the masked "
                 "next-token loss itself; use the default forward step or PP=1", ("model.pipeline_model_parallel_size",))
 
+    def moe_tracker(self, cfg: "ConfigContainer", chunks: list[nn.Module], device: torch.device,
+                    world_size: int) -> Any:
+        """:class:`~megatron_bridge.engines.native.moe_stats.MoETracker` over the native MoE layers of ``chunks``."""
+        from megatron_bridge.engines.native.moe_stats import MoETracker, moe_token_copies
+
+        return MoETracker.for_chunks(chunks, device, moe_token_copies(cfg), cfg.model)
+
     def destroy_groups(self) -> None:
         """Nothing: the native engine's groups are the device mesh's, destroyed with the default group."""

@@ -1,8 +1,8 @@
 """DeepSeek-V3 family recipes: Megatron-Bridge's DeepSeek-V3 (671B) and Moonlight-16B-A3B pretraining recipes
 (``recipes/deepseek/h100/deepseek_v3.py``, ``recipes/moonlight/h100/moonlight_16b.py`` at 067f987) with the models'
 Hugging Face shapes, and ``tiny_deepseek_v3``, the CPU-sized model. What they leave out here (multi-token
-prediction, Megatron-Bridge's MTP pipeline layouts, the flex/DeepEP dispatchers, transformer-engine kernels) and where
-their layouts do not validate yet (expert parallelism folded over TP) is docs/models/deepseek-v3.md."""
+prediction, the MTP stage of Megatron-Bridge's pipeline layouts, the flex/DeepEP dispatchers, transformer-engine
+kernels, bf16 parameters and the precision-aware optimizer) is docs/models/deepseek-v3.md."""
 
 from typing import Any
 
@@ -144,13 +144,11 @@ def moonlight_16b_pretrain_16gpu_h100_bf16_config(**overrides: Any) -> ConfigCon
 
 
 RECIPES = {
-    "deepseek_v3": RecipeInfo(deepseek_v3_pretrain_1024gpu_h100_bf16_config, 2048),
-    "deepseek_v3_32nodes": RecipeInfo(deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config, 512),
-    "moonlight_16b": RecipeInfo(moonlight_16b_pretrain_8gpu_h100_bf16_config, 16),
+    "deepseek_v3": RecipeInfo(deepseek_v3_pretrain_1024gpu_h100_bf16_config, 1024),
+    "deepseek_v3_32nodes": RecipeInfo(deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config, 256),
+    "moonlight_16b": RecipeInfo(moonlight_16b_pretrain_8gpu_h100_bf16_config, 8),
     "moonlight_16b_16gpu": RecipeInfo(moonlight_16b_pretrain_16gpu_h100_bf16_config, 16),
     "tiny_deepseek_v3": RecipeInfo(tiny_deepseek_v3_pretrain_config, 2),
 }
-"""The family's recipes (short name → function and the world size its layout is meant for). EP is carved out of
-DP × CP here (no MoE parallel folding over TP yet), so Megatron-Bridge's layouts keep their TP, PP and EP on twice
-their GPUs: DeepSeek-V3 TP2 PP16 EP64 on 2048 (DP 64), its 32-node TP2 PP8 EP32 on 512 (DP 32), Moonlight's 8-GPU
-TP2 EP8 on 16 (DP 8)."""
+"""The family's recipes (short name → function and the world size its layout is meant for: Megatron-Bridge's, EP
+folded over TP as there)."""

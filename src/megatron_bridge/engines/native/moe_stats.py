@@ -7,26 +7,26 @@ the aux-loss-free expert bias moves identically everywhere (Megatron-core update
 from counts reduced over the data-parallel ranks the same way).
 """
 
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from megatron_bridge.config.model import ModelConfig
+from megatron_bridge.engines.base import MoEStepStats
 from megatron_bridge.models.moe import MoELayer, moe_layers, set_aux_loss_scale, update_expert_bias
 
 
-@dataclass
-class MoEStepStats:
-    """What the MoE layers did in one optimizer step (global over all ranks)."""
+if TYPE_CHECKING:
+    from megatron_bridge.config.container import ConfigContainer
 
-    aux_loss: float | None = None
-    """Sum over MoE layers of each layer's mean auxiliary loss (load balancing + z-loss); None when both are off."""
-    layer_aux_loss: dict[int, float] = field(default_factory=dict)
-    """Mean auxiliary loss of each MoE layer, by layer index."""
-    tokens_per_expert: dict[int, list[float]] = field(default_factory=dict)
-    """Token-expert assignments each expert received in the step, by layer index (global batch)."""
+
+def moe_token_copies(cfg: "ConfigContainer") -> int:
+    """Ranks that route the same tokens: TP, or 1 when MoE parallel folding splits the TP group's tokens."""
+    from megatron_bridge.config.rules_moe import splits_tokens_over_tp
+
+    return 1 if splits_tokens_over_tp(cfg) else cfg.model.tensor_model_parallel_size
 
 
 class MoETracker:
@@ -42,7 +42,7 @@ class MoETracker:
         self.layers = layers
         self.device = device
         self.model_copies = model_copies
-        """Ranks that see the same tokens (TP): global counts are divided by it."""
+        """Ranks that route the same tokens (TP, or 1 under MoE parallel folding): global counts are divided by it."""
         self.layer_ids = sorted(layer_ids) if layer_ids is not None else sorted(idx for idx, _ in layers)
         """Global indices of every MoE layer of the model (on any pipeline stage)."""
         self.num_experts = num_experts or max((layer.router.num_experts for _, layer in layers), default=0)
