@@ -42,7 +42,7 @@ def exported_hf_config(family: ModelFamily, config: ModelConfig, *, dtype: str, 
         ids = valid_token_ids(token_ids, config.vocab_size)
         return {**ours, **{k: ids.get(k) for k in TOKEN_ID_KEYS}}
     theirs = _source_rendering(family, source, fmt)
-    out = dict(source)
+    out = {k: v for k, v in source.items() if k != "quantization_config"}  # exports write unquantized weights
     if fmt != rope_format_of(source):  # RoPE asked for in the other transformers format
         for key in ROPE_KEYS:
             out.pop(key, None)

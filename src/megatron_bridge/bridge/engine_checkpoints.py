@@ -189,8 +189,9 @@ def megatron_core_checkpoint_config(cfg: "ConfigContainer", caller: str = "a meg
     if bad:
         what = ", ".join(f"{path}={value!r}" for path, value, _ in bad)
         raise BridgeError(f"{caller}: {what}: not supported by model.engine='megatron_core' in this version (rule "
-                          "megatron_core_features, docs/training/engines.md), so its weights have no megatron-core "
-                          "layout; convert with engine='native' (the default), which trains this model")
+                          "megatron_core_features or megatron_core_mla, docs/training/engines.md), so its weights "
+                          "have no megatron-core layout; convert with engine='native' (the default), which trains "
+                          "this model")
     return out_cfg
 
 

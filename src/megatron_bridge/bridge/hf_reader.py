@@ -154,7 +154,8 @@ class HFWeightsReader:
         """``tensor``, after checking it holds no NaN/Inf (unless allowed)."""
         if self.allow_non_finite or not tensor.is_floating_point():
             return tensor
-        bad = int((~torch.isfinite(tensor)).sum())
+        values = tensor.float() if tensor.element_size() == 1 else tensor  # fp8: torch has no isfinite for it
+        bad = int((~torch.isfinite(values)).sum())
         if bad:
             raise BridgeError(f"tensor {name!r} of {str(self.folder / shard)!r} holds {bad} NaN/Inf value(s) of "
                               f"{tensor.numel()}: the checkpoint is corrupt or diverged; use another one, or set "

@@ -117,12 +117,12 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name in self.stacked:
             stacked = self.stacked[name]
-            parts = [self.reader.get(hf) for hf in stacked.hf_names]
+            parts = [self.family.read_hf_tensor(self.reader, hf) for hf in stacked.hf_names]
             tensor = track(torch.stack([p.transpose(-1, -2) if stacked.transpose else p for p in parts]))
             return tensor.to(self.dtype) if self.dtype is not None else tensor
         if name not in self.names:
             raise KeyError(name)
-        tensor = self.reader.get(self.names[name])
+        tensor = self.family.read_hf_tensor(self.reader, self.names[name])
         if self.dtype is not None and tensor.dtype != self.dtype:
             tensor = track(tensor.to(self.dtype))
         rows = self.shapes[name][0]

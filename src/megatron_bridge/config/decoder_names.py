@@ -34,6 +34,21 @@ QKV = (Q_PROJ, K_PROJ, V_PROJ)
 PROJECTIONS = (*QKV, O_PROJ)
 HEAD_NORMS = ("q_norm", "k_norm")
 """Per-head norms (``model.qk_layernorm``) of the query and key heads."""
+# inside a multi-latent attention (model.multi_latent_attention; Hugging Face's DeepseekV3Attention names)
+MLA_Q_DOWN, MLA_Q_NORM, MLA_Q_UP = "q_a_proj", "q_a_layernorm", "q_b_proj"
+MLA_KV_DOWN, MLA_KV_NORM, MLA_KV_UP = "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj"
+
+
+def mla_modules(cfg: "ModelConfig") -> tuple[str, ...]:
+    """The submodules of one multi-latent attention, in build order: the query path (``q_proj`` without a query
+    latent, else ``q_a_proj``, ``q_a_layernorm``, ``q_b_proj``), the key/value path and the output projection."""
+    q = (Q_PROJ,) if cfg.q_lora_rank is None else (MLA_Q_DOWN, MLA_Q_NORM, MLA_Q_UP)
+    return (*q, MLA_KV_DOWN, MLA_KV_NORM, MLA_KV_UP, O_PROJ)
+
+
+def mla_parameters(cfg: "ModelConfig") -> list[str]:
+    """The parameter names inside one multi-latent attention (every submodule has one ``weight``, no biases)."""
+    return [f"{name}.weight" for name in mla_modules(cfg)]
 # inside a dense MLP and the shared expert
 GATE, UP, DOWN = "gate_proj", "up_proj", "down_proj"
 MLP_PROJECTIONS = (GATE, UP, DOWN)
@@ -74,7 +89,8 @@ def _mlp_names(cfg: "ModelConfig", prefix: str, moe: bool) -> list[str]:
 def _layer_names(cfg: "ModelConfig", i: int, moe: bool) -> list[str]:
     attn = attention(i)
     norms = [f"{attn}.{n}" for n in HEAD_NORMS] if cfg.qk_layernorm else []
-    return [layer(i), f"{layer(i)}.{ATTENTION_NORM}", attn, *(f"{attn}.{n}" for n in PROJECTIONS), *norms,
+    inner = mla_modules(cfg) if cfg.multi_latent_attention else PROJECTIONS
+    return [layer(i), f"{layer(i)}.{ATTENTION_NORM}", attn, *(f"{attn}.{n}" for n in inner), *norms,
             f"{layer(i)}.{MLP_NORM}", *_mlp_names(cfg, mlp(i), moe)]
 
 

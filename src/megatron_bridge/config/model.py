@@ -108,6 +108,23 @@ class ModelConfig(DeclaredFields):
     the query/key/value and output projections' biases together, independently of the MLP (mlp_bias)."""
     add_qkv_bias: bool = False
     """Add biases to the query/key/value projections (Qwen2)."""
+    multi_latent_attention: bool = False
+    """Multi-latent attention (DeepSeek-V2/V3, megatron-core's ``MLATransformerConfig`` field): queries through a
+    low-rank ``q_lora_rank`` latent (or one projection when q_lora_rank is None), keys and values through one shared
+    ``kv_lora_rank`` latent plus one RoPE key head shared by all heads (``models/mla.py``). The fields below set its
+    widths; kv_channels and num_query_groups are not used by it."""
+    q_lora_rank: int | None = 512
+    """MLA: rank of the query latent (Hugging Face's ``q_lora_rank``); None projects queries directly (Moonlight,
+    DeepSeek-V2-Lite). megatron-core's default."""
+    kv_lora_rank: int = 512
+    """MLA: rank of the shared key/value latent (``kv_lora_rank``)."""
+    qk_head_dim: int = 128
+    """MLA: width of the no-RoPE part of each query/key head (Hugging Face's ``qk_nope_head_dim``); a head is
+    qk_head_dim + qk_pos_emb_head_dim wide (megatron-core's meaning)."""
+    qk_pos_emb_head_dim: int = 64
+    """MLA: width of the RoPE part of each query head and of the one shared RoPE key head (``qk_rope_head_dim``)."""
+    v_head_dim: int = 128
+    """MLA: width of each value head (``v_head_dim``); the output projection reads heads × v_head_dim."""
     share_embeddings_and_output_weights: bool = False
     """Tie the output layer to the input embedding."""
     init_method_std: float = 0.02
@@ -207,6 +224,13 @@ class ModelConfig(DeclaredFields):
     (default) applies the softmax to the k selected logits, so the k probabilities sum to 1 (HF's norm_topk_prob)."""
     moe_router_topk_scaling_factor: float | None = None
     """Multiply the routing probabilities by this factor (DeepSeek's routed_scaling_factor); None leaves them."""
+    moe_router_num_groups: int | None = None
+    """Group-limited routing (DeepSeek-V3; megatron-core's field, Hugging Face's ``n_group``): the experts form this
+    many equal groups of consecutive ids, and a token picks its top-k only inside the moe_router_group_topk groups
+    with the highest group scores (a group's score: the sum of its two highest biased scores). None: no groups."""
+    moe_router_group_topk: int | None = None
+    """Group-limited routing: how many groups a token may use (megatron-core's field, Hugging Face's
+    ``topk_group``); set together with moe_router_num_groups."""
     moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "none"] = "aux_loss"
     """Load-balancing loss: "aux_loss" (Switch Transformer loss over the micro-batch's tokens), "seq_aux_loss"
     (the same loss per sequence, averaged over the sequences) or "none"."""
@@ -265,6 +289,11 @@ class ModelConfig(DeclaredFields):
         freq = self.window_attn_skip_freq
         windowed = freq is None or (freq[layer_idx] == 1 if isinstance(freq, list) else (layer_idx + 1) % freq != 0)
         return self.window_size[0] + 1 if windowed else None
+
+    @property
+    def rope_head_dim(self) -> int:
+        """Width RoPE rotates in each head: qk_pos_emb_head_dim with multi-latent attention, else head_dim."""
+        return self.qk_pos_emb_head_dim if self.multi_latent_attention else self.head_dim
 
     @property
     def has_attention_output_bias(self) -> bool:

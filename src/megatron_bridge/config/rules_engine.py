@@ -83,6 +83,21 @@ def _mcore_cp(cfg: "ConfigContainer", world_size: int) -> None:
          "parallelism runs everywhere)", "model.context_parallel_size", "model.transformer_impl")
 
 
+@rule("megatron_core_mla", ("model.multi_latent_attention", "model.transformer_impl"),
+      "With engine='megatron_core', no multi-latent attention: megatron-core 0.19.2's local attention cannot build it "
+      "and this version maps no MLA config to its transformer-engine spec.")
+def _mcore_mla(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.engine != "megatron_core" or not m.multi_latent_attention:
+        return
+    fail("model.multi_latent_attention=True with model.engine='megatron_core': megatron-core 0.19.2's local "
+         "(transformer-engine-free) DotProductAttention takes no k_channels/v_channels, so its MLASelfAttention cannot "
+         "be built on the local spec (it needs TEDotProductAttention on a GPU), and this version maps neither "
+         "MLATransformerConfig (model.q_lora_rank, model.kv_lora_rank, model.qk_head_dim, model.qk_pos_emb_head_dim, "
+         "model.v_head_dim) nor the MLA weights; set model.engine='native'", "model.multi_latent_attention",
+         "model.engine")
+
+
 def _engine_ckpt_format(cfg: "ConfigContainer") -> str:
     """The checkpoint format of the megatron-core engine: ``fsdp_dtensor`` under Megatron FSDP (megatron-core's
     optimizer has no other sharding type there), else megatron-core's ``torch_dist``."""
@@ -107,6 +122,8 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     checks: list[tuple[bool, str, object, str]] = [
         (m.has_attention_output_bias != m.add_bias_linear, "model.attention_output_bias", m.attention_output_bias,
          "None"),
+        # megatron-core scores a group by its top moe_router_topk // group_topk experts, this library by its top 2
+        (m.moe_router_num_groups is not None, "model.moe_router_num_groups", m.moe_router_num_groups, "None"),
         (m.rope_scaling and m.rope_low_freq_factor != 1.0, "model.rope_low_freq_factor", m.rope_low_freq_factor,
          "1.0"),
         (m.rope_scaling and m.rope_high_freq_factor != 4.0, "model.rope_high_freq_factor", m.rope_high_freq_factor,
@@ -133,7 +150,10 @@ model that sets them cannot be written (the others only refuse training on that 
 def megatron_core_weight_problems(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of the settings of rule ``megatron_core_features`` in :data:`MEGATRON_CORE_WEIGHT_FIELDS`
     that ``cfg`` sets: what stops a conversion into a megatron-core checkpoint."""
-    return [problem for problem in _unsupported(cfg) if problem[0] in MEGATRON_CORE_WEIGHT_FIELDS]
+    problems = [problem for problem in _unsupported(cfg) if problem[0] in MEGATRON_CORE_WEIGHT_FIELDS]
+    if cfg.model.multi_latent_attention:  # rule megatron_core_mla: no MLA weight layout on that engine here
+        problems.append(("model.multi_latent_attention", True, "False"))
+    return problems
 
 
 @rule("megatron_core_features", ("model.engine",),

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
 
 ARCHITECTURE_RULES = ("field_types", "positive_sizes", "model_head_dim", "tensor_parallel_heads", "rope_scaling",
+                      "multi_latent_attention",
                       "cpu_offloading_weights", "cpu_offloading_num_layers", "transformer_impl_available")
 """The rules a model config must pass to be built at all (``LlamaModel`` enforces them); transformer_impl_available
 lives in :mod:`.rules_engine`."""
@@ -86,6 +87,41 @@ def _yarn(cfg: "ConfigContainer", world_size: int) -> None:
         if not getattr(m, name) > 0:
             fail(f"model.{name}={getattr(m, name)!r} must be > 0 with model.position_embedding_type='yarn'",
                  f"model.{name}")
+
+
+_MLA_SIZES = ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+_MLA_NOT_WITH = (("window_size", "None"), ("qk_layernorm", "False"), ("add_qkv_bias", "False"),
+                 ("attention_output_bias", "False"))
+
+
+@rule("multi_latent_attention", ("model.multi_latent_attention", "model.q_lora_rank", "model.kv_lora_rank",
+                                 "model.qk_head_dim", "model.qk_pos_emb_head_dim", "model.v_head_dim",
+                                 "model.cp_comm_type"),
+      "With model.multi_latent_attention: q_lora_rank > 0 or None, kv_lora_rank, qk_head_dim, v_head_dim > 0, "
+      "qk_pos_emb_head_dim even and > 0; no sliding window, q/k norm or attention biases; native context parallelism "
+      "with cp_comm_type='all_gather' only.")
+def _mla(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if not m.multi_latent_attention:
+        return
+    if m.q_lora_rank is not None and not positive(m.q_lora_rank):
+        fail(f"model.q_lora_rank={m.q_lora_rank!r} must be > 0, or None to project queries directly",
+             "model.q_lora_rank")
+    for name in _MLA_SIZES:
+        if not positive(getattr(m, name)):
+            fail(f"model.{name}={getattr(m, name)!r} must be > 0 with model.multi_latent_attention", f"model.{name}")
+    if m.qk_pos_emb_head_dim % 2:
+        fail(f"model.qk_pos_emb_head_dim={m.qk_pos_emb_head_dim} must be even (RoPE rotates pairs)",
+             "model.qk_pos_emb_head_dim")
+    for name, fix in _MLA_NOT_WITH:
+        value = m.has_attention_output_bias if name == "attention_output_bias" else getattr(m, name)
+        if value:
+            fail(f"model.{name}={value!r} is not built with model.multi_latent_attention (DeepSeek's attention has "
+                 f"none): set model.{name}={fix}", f"model.{name}")
+    if m.engine == "native" and m.context_parallel_size > 1 and m.cp_comm_type != "all_gather":
+        fail(f"model.cp_comm_type={m.cp_comm_type!r} with model.multi_latent_attention and context parallelism: ring "
+             "attention is not built for MLA's softmax scale and value width; set model.cp_comm_type='all_gather'",
+             "model.cp_comm_type")
 
 
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),

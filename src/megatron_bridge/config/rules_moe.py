@@ -53,6 +53,25 @@ def _sizes(cfg: "ConfigContainer", world_size: int) -> None:
              "model.moe_router_topk_scaling_factor")
 
 
+@rule("moe_router_groups", ("model.moe_router_num_groups", "model.moe_router_group_topk"),
+      "Group-limited routing: moe_router_num_groups and moe_router_group_topk set together, the groups divide "
+      "num_moe_experts, 1 <= group_topk <= num_groups, and the kept groups hold at least moe_router_topk experts.")
+def _groups(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    groups, keep = m.moe_router_num_groups, m.moe_router_group_topk
+    if groups is None and keep is None:
+        return
+    if groups is None or keep is None:
+        fail(f"model.moe_router_num_groups={groups!r} and model.moe_router_group_topk={keep!r}: set both "
+             "(group-limited routing) or neither", "model.moe_router_num_groups", "model.moe_router_group_topk")
+    if m.num_moe_experts is None or not positive(groups) or m.num_moe_experts % groups:
+        fail(f"model.moe_router_num_groups={groups!r} must be > 0 and divide model.num_moe_experts="
+             f"{m.num_moe_experts!r}", "model.moe_router_num_groups")
+    if not 1 <= keep <= groups or keep * (m.num_moe_experts // groups) < m.moe_router_topk:
+        fail(f"model.moe_router_group_topk={keep!r} must be in 1..{groups} and its groups must hold at least "
+             f"model.moe_router_topk={m.moe_router_topk} experts", "model.moe_router_group_topk")
+
+
 @rule("moe_losses", ("model.moe_aux_loss_coeff", "model.moe_z_loss_coeff", "model.moe_router_bias_update_rate",
                      "model.moe_router_load_balancing_type"),
       "moe_aux_loss_coeff, moe_z_loss_coeff and moe_router_bias_update_rate are >= 0; an aux-loss coefficient > 0 "

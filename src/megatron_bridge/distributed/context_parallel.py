@@ -37,8 +37,9 @@ def context_parallel_rank(cfg: "ConfigContainer", rank: int) -> int:
 
 def _attention_modules(model: nn.Module) -> list[nn.Module]:
     from megatron_bridge.models.llama import LlamaAttention
+    from megatron_bridge.models.mla import MultiLatentAttention
 
-    return [m for m in model.modules() if isinstance(m, LlamaAttention)]
+    return [m for m in model.modules() if isinstance(m, (LlamaAttention, MultiLatentAttention))]
 
 
 def _routers(model: nn.Module) -> list[nn.Module]:

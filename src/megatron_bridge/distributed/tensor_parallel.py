@@ -33,6 +33,9 @@ group (expert-parallel experts stay plain), the shared expert column/row-wise. W
 the layer gathers the sequence on entry and keeps its rank's part on exit; with EP > 1 (MoE parallel folding) each
 TP rank routes its own tokens, and only the shared expert gathers the sequence.
 
+An attention block with its own split (multi-latent attention, ``models/mla.py``) names its submodules' styles
+(``tensor_parallel_styles``) and reads its local head count from its projections' outputs.
+
 Attention modules whose query projection is column-wise get their head counts (``num_heads``, ``num_kv_heads``)
 divided by TP, so the model's reshapes use the local heads.
 """
@@ -194,10 +197,14 @@ def _layer_plan(name: str, layer: nn.Module, sp: bool) -> dict[str, ParallelStyl
         plan[attn] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
                                         desired_input_layouts=(Replicate(), None, None))
         plan[mlp] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    plan.update({f"{attn}.{proj}": ColwiseParallel() for proj in n.QKV})
-    plan[f"{attn}.{n.O_PROJ}"] = RowwiseParallel(output_layouts=stream)
+    block = getattr(layer, n.ATTENTION)
+    if hasattr(block, "tensor_parallel_styles"):  # an attention block with its own split (models/mla.py)
+        plan.update({f"{attn}.{sub}": _block_style(style, sp) for sub, style in block.tensor_parallel_styles().items()})
+    else:
+        plan.update({f"{attn}.{proj}": ColwiseParallel() for proj in n.QKV})
+        plan[f"{attn}.{n.O_PROJ}"] = RowwiseParallel(output_layouts=stream)
     for head_norm in n.HEAD_NORMS:
-        if getattr(getattr(layer, n.ATTENTION), head_norm, None) is not None:
+        if getattr(block, head_norm, None) is not None:
             plan[f"{attn}.{head_norm}"] = head_sharded_norm()
     module = getattr(layer, n.MLP)
     if isinstance(module, MoELayer):
@@ -209,6 +216,16 @@ def _layer_plan(name: str, layer: nn.Module, sp: bool) -> dict[str, ParallelStyl
             plan[f"{mlp}.{proj}"] = ColwiseParallel()
     plan[f"{mlp}.{n.DOWN}"] = RowwiseParallel(output_layouts=stream)
     return plan
+
+
+def _block_style(style: str, sp: bool) -> ParallelStyle:
+    """The style an attention block names for a submodule (``tensor_parallel_styles``): column-wise, row-wise into
+    the residual stream's layout, or replicated over the TP group."""
+    if style == "colwise":
+        return ColwiseParallel()
+    if style == "rowwise":
+        return RowwiseParallel(output_layouts=Shard(1) if sp else Replicate())
+    return ReplicateParallel()
 
 
 class ReplicateParams(ParallelStyle):

@@ -47,6 +47,8 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     if config.has_attention_output_bias:
         attn += h
     qk_norms = 2 * d if config.qk_layernorm else 0
+    if config.multi_latent_attention:
+        attn, qk_norms = mla_projection_parameters(config), mla_norm_parameters(config)
 
     n_fc1 = 2 if config.activation == "swiglu" else 1
     mlp = n_fc1 * h * f + f * h
@@ -58,6 +60,31 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
         layer_attention=2 * norm + attn + qk_norms, layer_attention_norms=2 * norm + qk_norms, layer_mlp=mlp,
         final_norm=norm, num_layers=config.num_layers,
     )
+
+
+def mla_projection_parameters(config: ModelConfig) -> int:
+    """The projection weights of one multi-latent attention (``models/mla.py``): the query path (``q_proj``, or
+    ``q_a_proj`` and ``q_b_proj``), ``kv_a_proj_with_mqa``, ``kv_b_proj`` and ``o_proj``."""
+    h, nq, q_rank, kv_rank = config.hidden_size, config.num_attention_heads, config.q_lora_rank, config.kv_lora_rank
+    qk, rope, v = config.qk_head_dim + config.qk_pos_emb_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim
+    q = h * nq * qk if q_rank is None else h * q_rank + q_rank * nq * qk
+    return q + h * (kv_rank + rope) + kv_rank * nq * (config.qk_head_dim + v) + nq * v * h
+
+
+def mla_norm_parameters(config: ModelConfig) -> int:
+    """The latent norms of one multi-latent attention (``q_a_layernorm`` when there is a query latent,
+    ``kv_a_layernorm``): replicated over tensor-parallel ranks like the other norms."""
+    return (config.q_lora_rank or 0) + config.kv_lora_rank
+
+
+def _mla_forward_flops(config: ModelConfig, attention_keys: int) -> float:
+    """Forward matmul FLOPs per token of every layer's multi-latent attention: its projections
+    (:func:`mla_projection_parameters`, ``2`` per weight) and the scores and values over ``attention_keys`` keys summed
+    over the layers (``2 * nq * (qk_head_dim + qk_pos_emb_head_dim)`` and ``2 * nq * v_head_dim`` per key)."""
+    nq = config.num_attention_heads
+    qk = config.qk_head_dim + config.qk_pos_emb_head_dim
+    return (config.num_layers * 2 * mla_projection_parameters(config)
+            + 2 * nq * (qk + config.v_head_dim) * attention_keys)
 
 
 def moe_mlp_parameters(config: ModelConfig, experts: int | None = None) -> int:
@@ -95,7 +122,8 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
 
     Counted (``2*m*n*k`` per matmul, per token, times ``batch_size * seq_length`` tokens):
 
-    * q/k/v/o projections with grouped-query attention: ``2*h*d*(2*nq + 2*nkv)``;
+    * q/k/v/o projections with grouped-query attention: ``2*h*d*(2*nq + 2*nkv)``; multi-latent attention counts its
+      own projections and head widths (:func:`_mla_forward_flops`);
     * attention scores ``Q K^T`` and attention over values: ``2 * (2*k*d*nq)`` over ``k`` keys per query. With full
       attention ``k = s``: the full ``s x s`` matrix is counted, not the causal half: that is what the kernels compute
       (the mask is applied to a full product in the math path) and what Megatron's classic formula and
@@ -129,7 +157,9 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
         shared = config.moe_shared_expert_intermediate_size or 0
         moe_mlp = 2 * h * e + config.moe_router_topk * 3 * 2 * h * fe + 3 * 2 * h * shared
     logits = 2 * h * config.padded_vocab_size
-    forward_per_token = (config.num_layers * projections + 2 * 2 * d * nq * attention_keys
-                         + (config.num_layers - n_moe) * mlp
+    attention = config.num_layers * projections + 2 * 2 * d * nq * attention_keys
+    if config.multi_latent_attention:
+        attention = _mla_forward_flops(config, attention_keys)
+    forward_per_token = (attention + (config.num_layers - n_moe) * mlp
                          + n_moe * moe_mlp + logits)
     return float(3 * forward_per_token * batch_size * s)

@@ -83,7 +83,7 @@ def build_norm(config: ModelConfig, dim: int, *, device: torch.device | str | No
 
 
 def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
-    """RoPE inverse frequencies ``base ** (-2i / head_dim)`` (float32, shape ``[head_dim // 2]``).
+    """RoPE inverse frequencies ``base ** (-2i / d)`` (float32, shape ``[d // 2]``), ``d = config.rope_head_dim``.
 
     With ``config.rope_scaling`` the Llama 3.1 rule is applied: with ``L = rope_original_max_position_embeddings``,
     frequencies whose wavelength ``2*pi/f`` is shorter than ``L / high_freq_factor`` are kept, those longer than
@@ -91,7 +91,7 @@ def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None)
     ``smooth = (L / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``:
     ``f' = (1 - smooth) * f / factor + smooth * f``. Values are computed in float64 and rounded once to float32.
     """
-    dim = config.head_dim
+    dim = config.rope_head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
     inv_freq = 1.0 / (config.rotary_base**exponents)
     if config.position_embedding_type == "yarn":
@@ -132,7 +132,7 @@ def _yarn_inv_freq(config: ModelConfig, inv_freq: torch.Tensor) -> torch.Tensor:
     are interpolated (divided by the factor), those rotating more than ``yarn_beta_fast`` times keep their frequency,
     with a linear ramp between (bounds rounded outward with yarn_correction_range_round_to_int), as transformers'
     ``_compute_yarn_parameters``; the ramp is computed in float32 like it."""
-    dim, base = config.head_dim, config.rotary_base
+    dim, base = config.rope_head_dim, config.rotary_base
     original = config.yarn_original_max_position_embeddings
 
     def correction_dim(rotations: float) -> float:

@@ -17,6 +17,7 @@ from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.models.attention import causal_attention
 from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, build_norm
+from megatron_bridge.models.mla import MultiLatentAttention
 from megatron_bridge.models.moe import GroupedExperts, MoELayer, TopKRouter
 from megatron_bridge.models.validation import validate_model_config
 from megatron_bridge.utils.logging import get_logger, warn_once
@@ -112,7 +113,11 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.input_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
-        self.self_attn = LlamaAttention(config, dtype=dtype, window=config.attention_window(layer_idx))
+        self.self_attn: LlamaAttention | MultiLatentAttention
+        if config.multi_latent_attention:
+            self.self_attn = MultiLatentAttention(config, dtype=dtype, linear=_linear)
+        else:
+            self.self_attn = LlamaAttention(config, dtype=dtype, window=config.attention_window(layer_idx))
         self.post_attention_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.mlp: LlamaMLP | MoELayer
         if config.moe_layer_pattern()[layer_idx]:

@@ -18,6 +18,9 @@ Routing (Megatron-core's rules, per token, on float32 logits ``z``):
   selected p as they are;
 * ``sigmoid``: s = sigmoid(z), top-k of s (+ bias), the selected s divided by their sum when k > 1.
 
+With ``moe_router_num_groups`` the top-k is taken only among the experts of each token's ``moe_router_group_topk``
+best groups (:func:`limit_to_groups`; DeepSeek-V3's group-limited routing).
+
 The expert bias shifts only the choice of experts, never the probabilities. ``moe_router_topk_scaling_factor``
 multiplies the probabilities. The expert outputs are weighted by the probabilities and summed per token.
 
@@ -120,6 +123,22 @@ def switch_aux_loss(scores: torch.Tensor, counts: torch.Tensor, topk: int, coeff
     return per_group.mean()
 
 
+def limit_to_groups(select: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """Group-limited routing (``moe_router_num_groups``/``moe_router_group_topk``): ``select [T, E]`` with the
+    experts outside each token's ``moe_router_group_topk`` best groups set to ``-inf``; a group's score is the sum of
+    its two highest ``select`` values (Hugging Face's ``DeepseekV3TopkRouter``; megatron-core sums the top
+    ``topk // group_topk``, the same two for DeepSeek-V3's 8 of 4 groups). Unchanged without groups."""
+    groups, keep = config.moe_router_num_groups, config.moe_router_group_topk
+    if not groups or keep is None or keep >= groups:
+        return select
+    t, e = select.shape
+    grouped = select.view(t, groups, e // groups)
+    group_scores = grouped.topk(min(2, e // groups), dim=-1).values.sum(dim=-1)
+    chosen = torch.topk(group_scores, keep, dim=-1, sorted=False).indices
+    mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen, True)
+    return grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view(t, e)
+
+
 def route(logits: torch.Tensor, config: ModelConfig,
           expert_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k routing of float32 ``logits [T, E]`` (module docstring).
@@ -132,7 +151,7 @@ def route(logits: torch.Tensor, config: ModelConfig,
     if config.moe_router_score_function == "sigmoid":
         scores = torch.sigmoid(logits)
         select = scores if expert_bias is None else scores + expert_bias
-        idx = torch.topk(select, k, dim=-1).indices
+        idx = torch.topk(limit_to_groups(select, config), k, dim=-1).indices
         probs = scores.gather(-1, idx)
         if k > 1:
             probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
@@ -141,11 +160,11 @@ def route(logits: torch.Tensor, config: ModelConfig,
         full = torch.softmax(logits, dim=-1)
         if config.moe_router_pre_softmax:
             select = full if expert_bias is None else full + expert_bias
-            idx = torch.topk(select, k, dim=-1).indices
+            idx = torch.topk(limit_to_groups(select, config), k, dim=-1).indices
             probs = full.gather(-1, idx)
         else:
             select = logits if expert_bias is None else logits + expert_bias
-            idx = torch.topk(select, k, dim=-1).indices
+            idx = torch.topk(limit_to_groups(select, config), k, dim=-1).indices
             probs = torch.softmax(logits.gather(-1, idx), dim=-1)
     if config.moe_router_topk_scaling_factor is not None:
         probs = probs * config.moe_router_topk_scaling_factor
@@ -484,6 +503,7 @@ __all__ = [
     "SharedExpertMLP",
     "TopKRouter",
     "grouped_mm",
+    "limit_to_groups",
     "moe_layers",
     "route",
     "set_aux_loss_scale",

@@ -8,6 +8,8 @@ Counted per token of one block of the local engine (``a`` = compute-dtype bytes,
 * attention: the q/k/v input ``h``, q, k, v as saved by ``scaled_dot_product_attention`` (``(nq + 2 nkv) d``;
   with all-gather CP (``cp_comm_type``) the gathered keys and values cover the whole sequence, ``× cp``), its
   output and the output projection's input copy (``2 nq d``), times ``a`` — head dimensions divide by TP;
+* multi-latent attention instead: its input, the latents, the up-projected keys/values, q, k, v, its output and the
+  output projection's input (:func:`_mla_per_token`), plus the latent norms' fp32 input and output;
 * MLP: its input ``h`` and, for SwiGLU, gate, silu(gate), up and their product (``4 f``; GELU ``2 f``), times ``a``;
   MoE layers route each token to ``moe_router_topk`` experts of width ``moe_ffn_hidden_size``: the token copies
   and the expert intermediates, the expert outputs in fp32 (the weighted sum), the router's fp32 scores and the int64
@@ -29,7 +31,7 @@ its output (``2 h`` per token in the residual dtype). ``model.cpu_offloading`` m
 """
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from megatron_bridge.engines.memory import DTYPE_BYTES
 from megatron_bridge.perf.layout import Layout, RankStages, cfg_get, chunks_in_flight, pipeline_ranks
@@ -79,6 +81,19 @@ def recompute_mode(cfg: "ConfigContainer", backend: str) -> tuple[str, int | Non
     return "none", None
 
 
+def _mla_per_token(m: Any, a: int, tp: int) -> tuple[float, float, float, float]:
+    """Multi-latent attention's saved tensors per token (``models/mla.py``): the query and key widths (what
+    ``nq``/``nkv`` mean for selective recompute), the attention bytes (its input, the latents with the shared RoPE key,
+    ``kv_b_proj``'s output, q, k, v as SDPA saves them, its output and the output projection's input copy; head
+    dimensions divide by TP) and the latent norms' fp32 input and output."""
+    heads = m.num_attention_heads / tp
+    qk, v = heads * (m.qk_head_dim + m.qk_pos_emb_head_dim), heads * m.v_head_dim
+    q_rank = m.q_lora_rank or 0
+    latents = q_rank + m.kv_lora_rank + m.qk_pos_emb_head_dim
+    attn = a * (m.hidden_size + latents + heads * (m.qk_head_dim + m.v_head_dim) + 2 * qk + 3 * v)
+    return qk, qk, attn, 8 * (q_rank + m.kv_lora_rank)
+
+
 def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> dict[str, float]:
     """Bytes per token of one block: full, and as kept by each recompute mode."""
     m = cfg.model
@@ -88,6 +103,9 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
     norms = 16 * h / sp + (8 * (nq + nkv) if m.qk_layernorm else 0)
     gathered = layout.cp if cfg_get(m, "cp_comm_type", "all_gather") == "all_gather" else 1  # ring: one shard
     attn = a * (h + nq + 2 * nkv * gathered + 2 * nq)
+    if cfg_get(m, "multi_latent_attention", False):
+        nq, nkv, attn, latent_norms = _mla_per_token(m, a, tp)
+        norms += latent_norms
     experts = int(cfg_get(m, "num_moe_experts", 0))
     f = m.ffn_hidden_size / tp
     width = 4 if m.activation == "swiglu" else 2

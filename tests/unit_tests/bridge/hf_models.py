@@ -14,6 +14,12 @@ _BASE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "nu
 _LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                  "original_max_position_embeddings": 64}
 
+_DEEPSEEK = {"num_key_value_heads": 4, "num_hidden_layers": 3, "first_k_dense_replace": 1, "kv_lora_rank": 12,
+             "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6, "n_routed_experts": 8,
+             "num_experts_per_tok": 2, "moe_intermediate_size": 16, "n_shared_experts": 1, "rms_norm_eps": 1e-6}
+"""DeepSeek-V3's shape at test size: MLA (kv latent 12, heads 8 + 4 RoPE, values 6), a dense first layer, 8 experts
+of width 16 top-2 with a shared expert."""
+
 VARIANTS: dict[str, tuple[str, dict]] = {
     "llama3": ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
                          "max_position_embeddings": 256}),
@@ -36,6 +42,14 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "mistral-full": ("mistral", {"sliding_window": None}),
     "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
                             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    "deepseek-v3": ("deepseek_v3", {**_DEEPSEEK, "q_lora_rank": 16, "n_group": 2, "topk_group": 1,
+                                    "routed_scaling_factor": 2.5, "max_position_embeddings": 64, "rope_parameters": {
+                                        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.707,
+                                        "mscale_all_dim": 0.5, "original_max_position_embeddings": 16,
+                                        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}}),
+    "moonlight": ("deepseek_v3", {**_DEEPSEEK, "q_lora_rank": None, "n_group": 1, "topk_group": 1,
+                                  "num_experts_per_tok": 3, "n_shared_experts": 2, "routed_scaling_factor": 2.446,
+                                  "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
     "qwen3-moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                                 "norm_topk_prob": True, "mlp_only_layers": [0]}),
 }
@@ -48,7 +62,7 @@ def hf_config(variant: str):  # noqa: ANN201  (a transformers config)
     from megatron_bridge.config.families import get_family
 
     family, extra = VARIANTS[variant]
-    return AutoConfig.for_model(get_family(family).hf_model_type, **_BASE, **extra)
+    return AutoConfig.for_model(get_family(family).hf_model_type, **{**_BASE, **extra})
 
 
 def hf_model(variant: str, seed: int = 0):  # noqa: ANN201
@@ -63,6 +77,9 @@ def hf_model(variant: str, seed: int = 0):  # noqa: ANN201
                 param.copy_(1.0 + 0.1 * torch.randn_like(param))
             elif name.endswith("bias"):
                 param.copy_(0.05 * torch.randn_like(param))
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's expert bias: choice only, so make it count
+                buffer.copy_(0.1 * torch.randn_like(buffer))
     return model.eval()
 
 

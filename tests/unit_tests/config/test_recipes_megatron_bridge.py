@@ -42,6 +42,8 @@ _LOW_PRECISION = (1_168_251, 768, 1, 2000, None, 2000, 32, 6e-4, 6e-6, True, 500
 _BF16 = (None, False)  # bf16_mixed (no FP8/FP4), not deterministic
 _COMMON = (300_000, 32, 2, 500, None, 500, 32, 3e-4, 3e-5, True, 500, 4096, *_BF16)  # _pretrain_common's values
 _COHORT = (100, 1024, 1, 40, 100, 500, 32, 3e-4, 3e-5, False, 50, 4096, *_BF16)  # the 16-GPU convergence recipes
+_DEEPSEEK_V3 = (1_000_000, 4096, 1, 2000, None, 2000, 32, 3e-4, 3e-5, False, 2000, 4096, *_BF16)
+"""recipes/deepseek/h100/deepseek_v3.py's training values (both layouts); moonlight/h100/moonlight_16b.py below."""
 MB_VALUES: dict[str, tuple] = {
     "llama3_8b": (2, 1, 1, None, 2, 1, False, *_LLAMA, 8192, *_BF16),
     "llama3_8b_16k": (16, 4, 2, None, 2, 1, True, *_LLAMA, 16384, *_BF16),
@@ -67,6 +69,12 @@ MB_VALUES: dict[str, tuple] = {
     "qwen3_30b_a3b": (16, 1, 1, None, 1, 16, False, *_COHORT),
     "qwen3_235b_a22b": (256, 4, 16, None, 2, 8, True, 300_000, 32, 1, 500, None, 500, 32, 3e-4, 3e-5, True, 500,
                         4096, *_BF16),
+    "deepseek_v3": (1024, 2, 16, None, 1, 64, True, *_DEEPSEEK_V3),
+    "deepseek_v3_32nodes": (256, 2, 8, None, 1, 32, True, *_DEEPSEEK_V3),
+    "moonlight_16b": (8, 2, 1, None, 1, 8, True, 500_000, 2048, 1, 2000, 500_000, 2000, 32, 3e-4, 3e-5, False,
+                      2000, 4096, *_BF16),
+    "moonlight_16b_16gpu": (16, 1, 1, None, 1, 8, False, 100, 1024, 2, 40, 100, 2000, 32, 3e-4, 3e-5, False, 50,
+                            4096, *_BF16),
 }
 """Megatron-Bridge's values at ``MB_COMMIT``, in ``FIELDS`` order (``gpus``: the world size the recipe is for)."""
 _FP8_8B = (2, 1, 1, None, 2, 1, False, *_LOW_PRECISION, 8192)

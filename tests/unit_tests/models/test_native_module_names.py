@@ -20,6 +20,10 @@ def test_names_of_recipe_models(recipe: str) -> None:
     {"activation": "gelu"},
     {"qk_layernorm": True, "share_embeddings_and_output_weights": True},
     {"num_moe_experts": 4, "moe_router_topk": 2, "moe_shared_expert_intermediate_size": 32, "moe_layer_freq": 2},
+    {"multi_latent_attention": True, "q_lora_rank": 16, "kv_lora_rank": 8, "qk_head_dim": 8,
+     "qk_pos_emb_head_dim": 4, "v_head_dim": 8},
+    {"multi_latent_attention": True, "q_lora_rank": None, "kv_lora_rank": 8, "qk_head_dim": 8,
+     "qk_pos_emb_head_dim": 4, "v_head_dim": 8},
 ])
 def test_names_follow_the_config(changes: dict) -> None:
     model = tiny(**changes)

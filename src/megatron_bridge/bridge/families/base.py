@@ -77,6 +77,8 @@ class ModelFamily:
     """Whether the family has per-head q/k RMSNorm (Qwen3)."""
     moe: ClassVar[bool] = False
     """Whether the family's models are mixtures of experts (a dense family never matches an MoE config)."""
+    mla: ClassVar[bool] = False
+    """Whether the family's attention is multi-latent attention (``model.multi_latent_attention``)."""
     hf_defaults: ClassVar[dict[str, Any]] = {}
     """transformers' class defaults for keys a config.json may omit (max_position_embeddings, rms_norm_eps, ...)."""
     fixed_hf_values: ClassVar[dict[str, tuple[Any, ...]]] = {
@@ -149,7 +151,8 @@ class ModelFamily:
     def matches(self, config: ModelConfig) -> bool:
         """Whether this family can express ``config`` (used to pick the family of one of our checkpoints)."""
         return (config.normalization == "RMSNorm" and config.activation == "swiglu"
-                and config.qk_layernorm == self.qk_layernorm and config.is_moe == self.moe)
+                and config.qk_layernorm == self.qk_layernorm and config.is_moe == self.moe
+                and config.multi_latent_attention == self.mla)
 
     def config_to_hf(self, config: ModelConfig, *, rope_format: RopeFormat = "rope_parameters",
                      dtype: str = "float32") -> dict[str, Any]:
@@ -209,6 +212,11 @@ class ModelFamily:
     def layer_weight_names(self, config: ModelConfig) -> list[str]:
         """Names inside one decoder layer (identical on both sides for the Llama-style families)."""
         return n.dense_layer_parameters(config)
+
+    def read_hf_tensor(self, reader: Any, name: str) -> Any:
+        """HF tensor ``name`` as the model takes it, from ``reader`` (a ``bridge.hf_reader.HFWeightsReader``): the
+        stored tensor; a family with stored encodings (DeepSeek-V3's fp8 blocks) decodes them here."""
+        return reader.get(name)
 
     def ignorable_hf_weight(self, name: str, config: ModelConfig) -> bool:
         """HF tensors that are dropped on import: RoPE ``inv_freq`` buffers of old checkpoints, and a stray output
