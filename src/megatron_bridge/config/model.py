@@ -82,6 +82,14 @@ class ModelConfig(DeclaredFields):
     yarn_correction_range_round_to_int: bool = True
     """YaRN: round the interpolation ramp's bounds to whole dimensions (Hugging Face's ``truncate``, default True;
     GPT-OSS sets False)."""
+    rotary_base_local: float | None = None
+    """RoPE base of the window (local) layers, those attention_window gives a window (Megatron-Bridge Gemma 3's
+    ``rotary_base_local``; Hugging Face's ``rope_parameters["sliding_attention"]``, legacy ``rope_local_base_freq``):
+    plain RoPE, without rope_scaling, YaRN or seq_len_interpolation_factor. None: rotary_base in every layer."""
+    seq_len_interpolation_factor: float | None = None
+    """Linear RoPE scaling (megatron-core's field; Hugging Face's ``rope_type: linear``, ``factor``): positions are
+    divided by it, i.e. the inverse frequencies of the rotary_base RoPE. With rotary_base_local set it scales only the
+    full-attention (global) layers, as Gemma 3 4B and up. None: no linear scaling."""
     max_position_embeddings: int | None = None
     """Longest sequence the positional encoding is meant for (Hugging Face's max_position_embeddings, e.g. 131072
     for Llama 3.1); None means seq_length. Only recorded and exported; training uses seq_length."""

@@ -116,6 +116,7 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
          "model.rope_original_max_position_embeddings", m.rope_original_max_position_embeddings, "8192"),
         (m.expert_model_parallel_size > 1, "model.expert_model_parallel_size", m.expert_model_parallel_size, "1"),
         (m.position_embedding_type != "rope", "model.position_embedding_type", m.position_embedding_type, "'rope'"),
+        (m.rotary_base_local is not None, "model.rotary_base_local", m.rotary_base_local, "None"),
         (m.recompute_granularity is not None, "model.recompute_granularity", m.recompute_granularity, "None"),
         (m.cpu_offloading, "model.cpu_offloading", m.cpu_offloading, "False"),
         (m.init_model_with_meta_device, "model.init_model_with_meta_device", m.init_model_with_meta_device, "False"),

@@ -88,6 +88,31 @@ def _yarn(cfg: "ConfigContainer", world_size: int) -> None:
                  f"model.{name}")
 
 
+@rule("per_layer_rope", ("model.rotary_base_local", "model.seq_len_interpolation_factor", "model.window_size"),
+      "model.rotary_base_local > 0 and only with model.window_size (it is the window layers' RoPE); "
+      "model.seq_len_interpolation_factor > 0, not with rope_scaling or YaRN.")
+def _per_layer_rope(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.rotary_base_local is not None:
+        if not m.rotary_base_local > 0:
+            fail(f"model.rotary_base_local={m.rotary_base_local!r} must be > 0 (the window layers' RoPE base, e.g. "
+                 "10000.0), or None", "model.rotary_base_local")
+        if m.window_size is None:
+            fail(f"model.rotary_base_local={m.rotary_base_local!r} without model.window_size: no layer has a window, "
+                 "so no layer would use it; set model.window_size (and window_attn_skip_freq) or "
+                 "model.rotary_base_local=None", "model.rotary_base_local", "model.window_size")
+    factor = m.seq_len_interpolation_factor
+    if factor is not None:
+        if not factor > 0:
+            fail(f"model.seq_len_interpolation_factor={factor!r} must be > 0 (linear RoPE scaling), or None",
+                 "model.seq_len_interpolation_factor")
+        if m.rope_scaling or m.position_embedding_type == "yarn":
+            fail(f"model.seq_len_interpolation_factor={factor!r} with model.rope_scaling={m.rope_scaling} and "
+                 f"model.position_embedding_type={m.position_embedding_type!r}: one RoPE scaling at a time; set "
+                 "model.seq_len_interpolation_factor=None, or model.rope_scaling=False and "
+                 "position_embedding_type='rope'", "model.seq_len_interpolation_factor")
+
+
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),
       "Without model.kv_channels, hidden_size is divisible by num_attention_heads; the head width is even (RoPE).")
 def _head_dim(cfg: "ConfigContainer", world_size: int) -> None:

@@ -111,6 +111,8 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype: torch.dtype) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.uses_local_rope = config.rotary_base_local is not None and config.attention_window(layer_idx) is not None
+        """Whether this layer takes the window layers' RoPE (``model.rotary_base_local``)."""
         self.input_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.self_attn = LlamaAttention(config, dtype=dtype, window=config.attention_window(layer_idx))
         self.post_attention_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
@@ -269,12 +271,13 @@ class LlamaModel(nn.Module):
             )
 
         hidden_states = self.embed_tokens(input_ids) if self.embed_tokens is not None else input_ids
-        cos, sin = self.rotary_emb(position_ids)
+        rope = self.rotary_emb(position_ids)
+        local_rope = self.rotary_emb(position_ids, local=True) if self.rotary_emb.has_local else rope
         for idx, layer in enumerate(self.decoder_layers()):
             offload = idx < self.num_offloaded_layers
             ctx = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()) if offload else nullcontext()
             with ctx:
-                hidden_states = layer(hidden_states, cos, sin)
+                hidden_states = layer(hidden_states, *(local_rope if layer.uses_local_rope else rope))
         if self.norm is None:
             dtype = self.stage_output_dtype
             return hidden_states if dtype is None or hidden_states.dtype == dtype else hidden_states.to(dtype)

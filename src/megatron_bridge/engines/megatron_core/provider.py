@@ -24,8 +24,9 @@ activation="swiglu" / "gelu"                ``gated_linear_unit=True, activation
 params_dtype, pipeline_dtype (None:         ``TransformerConfig`` bf16/fp16, dtypes, FP8/FP4 fields
 params_dtype), mixed precision              (:mod:`.precision`); bf16/fp16 chunks in ``Float16Module``
 padded_vocab_size, seq_length               ``GPTModel(vocab_size=..., max_sequence_length=...)``
-rotary_base, rope_scaling(_factor)          ``GPTModel(position_embedding_type="rope", rotary_base=...,
-                                            rope_scaling=..., rope_scaling_factor=...)``
+rotary_base, rope_scaling(_factor),         ``GPTModel(position_embedding_type="rope", rotary_base=...,
+seq_len_interpolation_factor                rope_scaling=..., rope_scaling_factor=...,
+                                            seq_len_interpolation_factor=...)``
 share_embeddings_and_output_weights         ``GPTModel(share_embeddings_and_output_weights=...)``
 transformer_impl                            layer spec: ``get_gpt_layer_local_spec`` ("local") or
                                             ``get_gpt_layer_with_transformer_engine_spec``
@@ -174,6 +175,7 @@ def _build_chunk(model: "ModelConfig", config: Any, device: torch.device, vp_sta
         rotary_base=model.rotary_base,
         rope_scaling=model.rope_scaling,
         rope_scaling_factor=model.rope_scaling_factor,
+        seq_len_interpolation_factor=model.seq_len_interpolation_factor,
         vp_stage=vp_stage,
     )
     gpt.register_forward_pre_hook(accept_native_call, with_kwargs=True)  # custom steps of the native model's form
