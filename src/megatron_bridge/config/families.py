@@ -47,6 +47,7 @@ FAMILY_PACKAGES: dict[str, str] = {
     "qwen3_moe": "megatron_bridge.families.qwen3_moe",
     "mistral": "megatron_bridge.families.mistral",
     "mixtral": "megatron_bridge.families.mixtral",
+    "gemma3": "megatron_bridge.families.gemma3",
 }
 """Every registered family: ``model.family`` value → its folder's package. Adding a family adds one line here."""
 

@@ -105,8 +105,21 @@ class ModelConfig(DeclaredFields):
     """Normalization layer type."""
     layernorm_epsilon: float = 1e-5
     """Epsilon of the normalization layers."""
-    activation: Literal["swiglu", "gelu"] = "swiglu"
-    """MLP activation: SwiGLU (gated, Llama) or GELU (ungated, GPT-2)."""
+    layernorm_zero_centered_gamma: bool = False
+    """Norm scales stored centred on zero: every norm (the per-head q/k norms too) computes ``norm(x) * (1 + w)``
+    and initializes ``w`` to 0 (megatron-core's field; Gemma's RMSNorm)."""
+    post_norms: bool = False
+    """Four norms per layer (Gemma 2 and 3): besides the norms before the attention and the MLP, one on the
+    attention's output and one on the MLP's output before each residual add (``decoder_names.POST_NORMS``)."""
+    scale_embeddings_by_sqrt_hidden: bool = False
+    """Multiply the input embeddings by sqrt(hidden_size), the factor rounded to the model dtype first (Gemma;
+    Megatron-Bridge's Gemma3LanguageModelEmbedding)."""
+    softmax_scale: float | None = None
+    """Scale of the attention logits (megatron-core's field); None: 1 / sqrt(head width). Gemma 3 sets
+    query_pre_attn_scalar ** -0.5. Applied to the queries after RoPE (so every attention path gets it)."""
+    activation: Literal["swiglu", "gelu", "geglu"] = "swiglu"
+    """MLP activation: SwiGLU (gated SiLU, Llama), GELU (ungated, exact erf GELU, GPT-2) or GeGLU (gated GELU with the
+    tanh approximation, Gemma's ``gelu_pytorch_tanh``; megatron-core's ``fast_gelu``)."""
     qk_layernorm: bool = False
     """Apply an RMSNorm to queries and keys per head before RoPE (Qwen3)."""
     add_bias_linear: bool = False
@@ -258,6 +271,11 @@ class ModelConfig(DeclaredFields):
     engine builds only "local". Differs from Megatron-Bridge, whose recipes default to "transformer_engine"."""
     params_dtype: DType = "float32"
     """Storage dtype of the master weights. Mixed-precision presets keep float32 and compute in bf16/fp16."""
+
+    @property
+    def gated_linear_unit(self) -> bool:
+        """Whether the MLP is gated (SwiGLU or GeGLU: gate, up and down projections; megatron-core's field)."""
+        return self.activation in ("swiglu", "geglu")
 
     @property
     def head_dim(self) -> int:

@@ -188,7 +188,8 @@ def _layer_plan(name: str, layer: nn.Module, sp: bool) -> dict[str, ParallelStyl
     """The auto plan of one decoder layer ``name``: its norms, attention and MLP (dense or MoE)."""
     stream = Shard(1) if sp else Replicate()
     attn, mlp = f"{name}.{n.ATTENTION}", f"{name}.{n.MLP}"
-    plan: dict[str, ParallelStyle] = {f"{name}.{norm}": _norm_style(sp) for norm in (n.ATTENTION_NORM, n.MLP_NORM)}
+    norms = (n.ATTENTION_NORM, n.MLP_NORM, *(post for post in n.POST_NORMS if getattr(layer, post, None) is not None))
+    plan: dict[str, ParallelStyle] = {f"{name}.{norm}": _norm_style(sp) for norm in norms}
     if sp:
         plan[attn] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
                                         desired_input_layouts=(Replicate(), None, None))

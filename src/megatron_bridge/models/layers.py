@@ -14,7 +14,8 @@ from megatron_bridge.config.model import ModelConfig
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (Llama): ``x / sqrt(mean(x**2) + eps) * weight``, computed in float32."""
+    """Root-mean-square norm (Llama): ``x / sqrt(mean(x**2) + eps) * weight``, computed in float32; with
+    ``zero_centered`` (Gemma) the scale is ``1 + weight`` and ``weight`` starts at zero."""
 
     def __init__(
         self,
@@ -23,21 +24,24 @@ class RMSNorm(nn.Module):
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        zero_centered: bool = False,
     ) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.full((dim,), 0.0 if zero_centered else 1.0, device=device, dtype=dtype))
 
     def reset_parameters(self) -> None:
-        """Set the scale to ones."""
+        """Set the scale to ones (the weight to zeros when zero-centred)."""
         with torch.no_grad():
-            self.weight.fill_(1.0)
+            self.weight.fill_(0.0 if self.zero_centered else 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize over the last dimension; the result has the dtype of ``x``."""
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        scale = 1.0 + self.weight.float() if self.zero_centered else self.weight.float()
+        return (x32 * scale).to(x.dtype)
 
     def extra_repr(self) -> str:
         """Shape and epsilon, for ``print(model)``."""
@@ -54,21 +58,24 @@ class LayerNorm(nn.Module):
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        zero_centered: bool = False,
     ) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.full((dim,), 0.0 if zero_centered else 1.0, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
 
     def reset_parameters(self) -> None:
-        """Set the scale to ones and the shift to zeros."""
+        """Set the scale to ones (the weight to zeros when zero-centred) and the shift to zeros."""
         with torch.no_grad():
-            self.weight.fill_(1.0)
+            self.weight.fill_(0.0 if self.zero_centered else 1.0)
             self.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize over the last dimension; the result has the dtype of ``x``."""
-        out = F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), self.bias.float(), self.eps)
+        weight = 1.0 + self.weight.float() if self.zero_centered else self.weight.float()
+        out = F.layer_norm(x.float(), (x.shape[-1],), weight, self.bias.float(), self.eps)
         return out.to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -79,7 +86,8 @@ class LayerNorm(nn.Module):
 def build_norm(config: ModelConfig, dim: int, *, device: torch.device | str | None, dtype: torch.dtype) -> nn.Module:
     """The normalization layer named by ``config.normalization`` over ``dim`` features."""
     cls = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
-    return cls(dim, config.layernorm_epsilon, device=device, dtype=dtype)
+    return cls(dim, config.layernorm_epsilon, device=device, dtype=dtype,
+               zero_centered=config.layernorm_zero_centered_gamma)
 
 
 def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None, *,

@@ -64,8 +64,12 @@ class LlamaAttention(nn.Module):
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_layernorm:
-            self.q_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype)
-            self.k_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype)
+            zero = config.layernorm_zero_centered_gamma
+            self.q_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype, zero_centered=zero)
+            self.k_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype, zero_centered=zero)
+        scale = config.softmax_scale
+        self.query_scale = 1.0 if scale is None else scale * math.sqrt(d)
+        """Factor on the queries after RoPE, so that SDPA's own ``1/sqrt(head_dim)`` makes ``model.softmax_scale``."""
         self.context_parallel: Callable[..., torch.Tensor] | None = None
         """Set by ``apply_context_parallel`` (CP > 1): causal attention of the local zig-zag queries over the whole
         sequence (:class:`megatron_bridge.distributed.cp_attention.ContextParallelAttention`)."""
@@ -79,6 +83,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin)
+        if self.query_scale != 1.0:
+            q = q * self.query_scale
         if self.context_parallel is not None:
             out = self.context_parallel(q, k, v, window=self.window)
         else:
@@ -87,12 +93,15 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """Feed-forward block: SwiGLU ``down(silu(gate(x)) * up(x))`` or GELU ``down(gelu(up(x)))``."""
+    """Feed-forward block: SwiGLU ``down(silu(gate(x)) * up(x))``, GeGLU ``down(gelu_tanh(gate(x)) * up(x))`` or
+    GELU ``down(gelu(up(x)))``."""
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
         super().__init__()
         h, f, bias = config.hidden_size, config.ffn_hidden_size, config.add_bias_linear
-        self.gated = config.activation == "swiglu"
+        self.gated = config.gated_linear_unit
+        self.gate_act: Callable[[torch.Tensor], torch.Tensor] = \
+            _gelu_tanh if config.activation == "geglu" else F.silu
         self.gate_proj: nn.Linear | None = _linear(h, f, bias, dtype=dtype) if self.gated else None
         self.up_proj = _linear(h, f, bias, dtype=dtype)
         self.down_proj = _linear(f, h, bias, dtype=dtype, output_projection=True)
@@ -100,13 +109,19 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[b, s, hidden] -> [b, s, hidden]``."""
         if self.gate_proj is not None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(self.gate_act(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(F.gelu(self.up_proj(x)))
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 class LlamaDecoderLayer(nn.Module):
     """One pre-norm decoder block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; the MLP is a
-    :class:`~megatron_bridge.models.moe.MoELayer` on the layers ``config.moe_layer_pattern()`` marks."""
+    :class:`~megatron_bridge.models.moe.MoELayer` on the layers ``config.moe_layer_pattern()`` marks. With
+    ``config.post_norms`` (Gemma) the attention's and the MLP's outputs are normalized too before each residual add:
+    ``x + post_norm(attn(norm(x)))``."""
 
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype: torch.dtype) -> None:
         super().__init__()
@@ -115,17 +130,29 @@ class LlamaDecoderLayer(nn.Module):
         """Whether this layer takes the window layers' RoPE (``model.rotary_base_local``)."""
         self.input_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.self_attn = LlamaAttention(config, dtype=dtype, window=config.attention_window(layer_idx))
+        self.post_self_attn_layernorm: nn.Module | None = None
+        self.post_mlp_layernorm: nn.Module | None = None
+        if config.post_norms:
+            self.post_self_attn_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.post_attention_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.mlp: LlamaMLP | MoELayer
         if config.moe_layer_pattern()[layer_idx]:
             self.mlp = MoELayer(config, dtype=dtype, linear=_linear)
         else:
             self.mlp = LlamaMLP(config, dtype=dtype)
+        if config.post_norms:
+            self.post_mlp_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``[b, s, hidden] -> [b, s, hidden]``."""
-        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin)
-        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        attn = self.self_attn(self.input_layernorm(hidden_states), cos, sin)
+        if self.post_self_attn_layernorm is not None:
+            attn = self.post_self_attn_layernorm(attn)
+        hidden_states = hidden_states + attn
+        mlp = self.mlp(self.post_attention_layernorm(hidden_states))
+        if self.post_mlp_layernorm is not None:
+            mlp = self.post_mlp_layernorm(mlp)
+        return hidden_states + mlp
 
 
 class LlamaModel(nn.Module):
@@ -271,6 +298,10 @@ class LlamaModel(nn.Module):
             )
 
         hidden_states = self.embed_tokens(input_ids) if self.embed_tokens is not None else input_ids
+        if self.embed_tokens is not None and self.config.scale_embeddings_by_sqrt_hidden:
+            # The factor rounded to the embedding's dtype first, as Gemma (transformers' ScaledWordEmbedding) does.
+            scale = torch.tensor(math.sqrt(self.config.hidden_size), dtype=torch.float32, device=hidden_states.device)
+            hidden_states = hidden_states * scale.to(hidden_states.dtype)
         rope = self.rotary_emb(position_ids)
         local_rope = self.rotary_emb(position_ids, local=True) if self.rotary_emb.has_local else rope
         for idx, layer in enumerate(self.decoder_layers()):

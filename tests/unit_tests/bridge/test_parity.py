@@ -33,7 +33,7 @@ def _import_logits(folder) -> torch.Tensor:  # noqa: ANN001
     return our_logits(AutoBridge.from_hf_pretrained(folder).to_megatron_model(wrap_with_ddp=False)[0], TOKENS)
 
 
-@pytest.mark.support_cells("llama:hf", "qwen3:hf", "qwen3_moe:hf", "mistral:hf", "mixtral:hf")
+@pytest.mark.support_cells("llama:hf", "qwen3:hf", "qwen3_moe:hf", "mistral:hf", "mixtral:hf", "gemma3:hf")
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_import_matches_hf_logits(variant, tmp_path) -> None:  # noqa: ANN001
     model = hf_model(variant)
