@@ -37,6 +37,8 @@ Q_PROJ, K_PROJ, V_PROJ, O_PROJ = "q_proj", "k_proj", "v_proj", "o_proj"
 QKV = (Q_PROJ, K_PROJ, V_PROJ)
 """The column-wise input projections, in the order megatron-core fuses them."""
 PROJECTIONS = (*QKV, O_PROJ)
+SINKS = "sinks"
+"""The attention's per-head sink logits (a parameter of the attention, ``model.softmax_type="learnable"``)."""
 HEAD_NORMS = ("q_norm", "k_norm")
 """Per-head norms (``model.qk_layernorm``) of the query and key heads."""
 # inside a dense MLP and the shared expert
@@ -111,6 +113,8 @@ def dense_layer_parameters(cfg: "ModelConfig") -> list[str]:
         out.append(f"{ATTENTION}.{O_PROJ}.bias")
     if cfg.qk_layernorm:
         out += [f"{ATTENTION}.{n}.weight" for n in HEAD_NORMS]
+    if cfg.softmax_type == "learnable":
+        out.append(f"{ATTENTION}.{SINKS}")
     for proj in MLP_PROJECTIONS:
         out.append(f"{MLP}.{proj}.weight")
         if cfg.add_bias_linear:

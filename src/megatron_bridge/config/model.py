@@ -117,6 +117,10 @@ class ModelConfig(DeclaredFields):
     softmax_scale: float | None = None
     """Scale of the attention logits (megatron-core's field); None: 1 / sqrt(head width). Gemma 3 sets
     query_pre_attn_scalar ** -0.5. Applied to the queries after RoPE (so every attention path gets it)."""
+    softmax_type: Literal["vanilla", "off-by-one", "learnable"] = "vanilla"
+    """Attention softmax (megatron-core's field): "vanilla"; "off-by-one" joins a zero logit to every query's softmax
+    (dropped after it); "learnable" joins one learned logit per head, the attention's ``sinks`` parameter (GPT-OSS's
+    attention sinks, initialized to zero)."""
     activation: Literal["swiglu", "gelu", "geglu"] = "swiglu"
     """MLP activation: SwiGLU (gated SiLU, Llama), GELU (ungated, exact erf GELU, GPT-2) or GeGLU (gated GELU with the
     tanh approximation, Gemma's ``gelu_pytorch_tanh``; megatron-core's ``fast_gelu``)."""

@@ -113,6 +113,26 @@ def _per_layer_rope(cfg: "ConfigContainer", world_size: int) -> None:
                  "position_embedding_type='rope'", "model.seq_len_interpolation_factor")
 
 
+@rule("attention_sinks", ("model.softmax_type", "model.context_parallel_size", "model.tensor_model_parallel_size"),
+      "Attention sinks (model.softmax_type 'off-by-one' or 'learnable') on the native engine without context "
+      "parallelism (its attention over the gathered sequence has no sink column) or tensor parallelism (the sinks are "
+      "not split over the heads yet).")
+def _attention_sinks(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.softmax_type == "vanilla" or m.engine != "native":
+        return  # the megatron-core engine refuses sinks itself (rule megatron_core_features)
+    if m.context_parallel_size > 1:
+        fail(f"model.softmax_type={m.softmax_type!r} with model.context_parallel_size={m.context_parallel_size}: "
+             "context parallelism's attention over the gathered sequence has no sink column in this version; set "
+             "model.context_parallel_size=1 (or model.softmax_type='vanilla')", "model.context_parallel_size",
+             "model.softmax_type")
+    if m.tensor_model_parallel_size > 1:
+        fail(f"model.softmax_type={m.softmax_type!r} with model.tensor_model_parallel_size="
+             f"{m.tensor_model_parallel_size}: the per-head sinks are not split over the tensor-parallel heads in "
+             "this version; set model.tensor_model_parallel_size=1 (or model.softmax_type='vanilla')",
+             "model.tensor_model_parallel_size", "model.softmax_type")
+
+
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),
       "Without model.kv_channels, hidden_size is divisible by num_attention_heads; the head width is even (RoPE).")
 def _head_dim(cfg: "ConfigContainer", world_size: int) -> None:

@@ -49,6 +49,7 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     if config.has_attention_output_bias:
         attn += h
     qk_norms = 2 * d if config.qk_layernorm else 0
+    sinks = nq if config.softmax_type == "learnable" else 0  # one per head; TP keeps them whole (rule attention_sinks)
 
     n_fc1 = 2 if config.gated_linear_unit else 1
     mlp = n_fc1 * h * f + f * h
@@ -57,7 +58,8 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     vocab = config.padded_vocab_size
     return ParameterBreakdown(
         embedding=vocab * h, output=0 if config.share_embeddings_and_output_weights else vocab * h,
-        layer_attention=layer_norms + attn + qk_norms, layer_attention_norms=layer_norms + qk_norms, layer_mlp=mlp,
+        layer_attention=layer_norms + attn + qk_norms + sinks, layer_attention_norms=layer_norms + qk_norms + sinks,
+        layer_mlp=mlp,
         final_norm=norm, num_layers=config.num_layers,
     )
 
@@ -102,7 +104,8 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
       attention ``k = s``: the full ``s x s`` matrix is counted, not the causal half: that is what the kernels compute
       (the mask is applied to a full product in the math path) and what Megatron's classic formula and
       ``torch.utils.flop_counter`` count. A sliding-window layer (:meth:`ModelConfig.attention_window`) counts only
-      the attended keys, ``k = min(W, s)`` (what a banded kernel computes);
+      the attended keys, ``k = min(W, s)`` (what a banded kernel computes); attention sinks
+      (``model.softmax_type``) add one key per query, the sink column the SDPA path computes;
     * MLP: 3 matmuls ``h x f`` for SwiGLU, 2 for GELU;
     * MoE layers (``config.moe_layer_pattern()``): the router ``2*h*E`` plus only the **active** experts,
       ``moe_router_topk`` SwiGLU experts ``3 * 2*h*moe_ffn_hidden_size``, plus the shared expert
@@ -123,6 +126,8 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
 
     projections = 2 * h * d * (2 * nq + 2 * nkv)
     attention_keys = sum(min(config.attention_window(i) or s, s) for i in range(config.num_layers))
+    if config.softmax_type != "vanilla":
+        attention_keys += config.num_layers  # the sink column, one more key per query as SDPA computes it
     mlp = (3 if config.gated_linear_unit else 2) * 2 * h * f
     n_moe = sum(config.moe_layer_pattern())
     moe_mlp = 0

@@ -70,6 +70,14 @@ class LlamaAttention(nn.Module):
         scale = config.softmax_scale
         self.query_scale = 1.0 if scale is None else scale * math.sqrt(d)
         """Factor on the queries after RoPE, so that SDPA's own ``1/sqrt(head_dim)`` makes ``model.softmax_scale``."""
+        self.sinks: nn.Parameter | None = None
+        """Per-head sink logits (``model.softmax_type="learnable"``); "off-by-one" uses the zeros buffer
+        ``zero_sinks`` instead."""
+        if config.softmax_type == "learnable":
+            self.sinks = nn.Parameter(torch.empty(self.num_heads, device="meta", dtype=dtype))
+        elif config.softmax_type == "off-by-one":
+            self.register_buffer("zero_sinks", torch.zeros(self.num_heads, device="meta", dtype=dtype),
+                                 persistent=False)
         self.context_parallel: Callable[..., torch.Tensor] | None = None
         """Set by ``apply_context_parallel`` (CP > 1): causal attention of the local zig-zag queries over the whole
         sequence (:class:`megatron_bridge.distributed.cp_attention.ContextParallelAttention`)."""
@@ -88,8 +96,14 @@ class LlamaAttention(nn.Module):
         if self.context_parallel is not None:
             out = self.context_parallel(q, k, v, window=self.window)
         else:
-            out = causal_attention(q, k, v, self.window)
+            out = causal_attention(q, k, v, self.window, sinks=self._sink_logits())
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+
+
+    def _sink_logits(self) -> torch.Tensor | None:
+        if self.sinks is not None:
+            return self.sinks
+        return getattr(self, "zero_sinks", None)
 
 
 class LlamaMLP(nn.Module):
@@ -263,6 +277,11 @@ class LlamaModel(nn.Module):
                 module.reset_parameters(std)
             elif isinstance(module, GroupedExperts):
                 module.reset_parameters(std, out_std)
+            elif isinstance(module, LlamaAttention):
+                if module.sinks is not None:
+                    module.sinks.zero_()
+                if hasattr(module, "zero_sinks"):
+                    module.zero_sinks.zero_()
 
     def forward(
         self,

@@ -170,6 +170,8 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
     "per_layer_rope": (_set(model__rotary_base_local=10000.0), 1, "model.rotary_base_local",
                        _set(model__rotary_base_local=10000.0, model__window_size=(7, 0), model__window_attn_skip_freq=2,
                             model__seq_len_interpolation_factor=8.0)),
+    "attention_sinks": (_set(model__softmax_type="learnable", model__context_parallel_size=2), 2,
+                        "model.context_parallel_size", _set(model__softmax_type="learnable")),
     "model_head_dim": (_set(model__hidden_size=130), 1, "model.num_attention_heads",
                        _set(model__hidden_size=130, model__kv_channels=32)),
     "rope_scaling": (_set(model__rope_scaling=True, model__rope_low_freq_factor=5.0), 1, "model.rope_high_freq_factor",
