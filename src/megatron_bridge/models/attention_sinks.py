@@ -3,9 +3,11 @@ and is dropped after it, so a query may give part of its attention to nothing.
 
 The sink runs inside SDPA as an explicit extra key column: the queries get one more dimension holding
 ``sink / scale`` (per head), the keys a zero there and one extra key that is zero but for a one in it, the values a
-zero row for that key (and a zero column, dropped from the output). The extra key's score is then exactly the sink logit, every other score is unchanged, and
-the output is ``softmax([scores, sink])[..., :-1] @ v``, as transformers' GPT-OSS ``eager_attention_forward``
-computes it; gradients reach the sinks through the queries' extra dimension.
+zero row for that key (and a zero column, dropped from the output). The extra key's score is then exactly the sink
+logit, every other score is unchanged, and the output is ``softmax([scores, sink])[..., :-1] @ v``, as transformers'
+GPT-OSS ``eager_attention_forward`` computes it; gradients reach the sinks through the queries' extra dimension.
+On CPU at 1024 tokens (8 heads of 64) it costs about 1.4x the plain causal kernel (an explicit mask instead of the
+causal flag); a log-sum-exp rescale of the fused kernel's output would cost less (not done yet).
 """
 
 import torch
