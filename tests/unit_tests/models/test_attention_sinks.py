@@ -72,3 +72,15 @@ def test_learnable_sinks_are_parameters_counted_with_their_flops() -> None:
     vanilla = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4)
     extra = num_floating_point_operations(cfg, 1) - num_floating_point_operations(vanilla, 1)
     assert extra == 3 * 2 * 2 * cfg.head_dim * 4 * cfg.num_layers * cfg.seq_length  # one more key per query
+
+
+def test_sinks_of_a_model_learn() -> None:
+    """Every layer's sinks get a gradient through the model's loss (window and full layers alike)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, softmax_type="learnable",
+                      window_size=(7, 0), window_attn_skip_freq=2)
+    model = LlamaModel(cfg)
+    tokens = torch.randint(0, 256, (2, 20))
+    model(tokens, labels=tokens).mean().backward()
+    for layer in model.layers:
+        assert layer.self_attn.sinks.grad is not None and layer.self_attn.sinks.grad.abs().min() > 0
