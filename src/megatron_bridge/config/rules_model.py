@@ -113,19 +113,18 @@ def _per_layer_rope(cfg: "ConfigContainer", world_size: int) -> None:
                  "position_embedding_type='rope'", "model.seq_len_interpolation_factor")
 
 
-@rule("attention_sinks", ("model.softmax_type", "model.context_parallel_size", "model.tensor_model_parallel_size"),
-      "Attention sinks (model.softmax_type 'off-by-one' or 'learnable') on the native engine without context "
-      "parallelism (its attention over the gathered sequence has no sink column) or tensor parallelism (the sinks are "
+@rule("attention_sinks", ("model.softmax_type", "model.cp_comm_type", "model.tensor_model_parallel_size"),
+      "Attention sinks (model.softmax_type 'off-by-one' or 'learnable') on the native engine: context parallelism "
+      "with cp_comm_type='all_gather' only (ring attention has no sink column), no tensor parallelism (the sinks are "
       "not split over the heads yet).")
 def _attention_sinks(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if m.softmax_type == "vanilla" or m.engine != "native":
         return  # the megatron-core engine refuses sinks itself (rule megatron_core_features)
-    if m.context_parallel_size > 1:
-        fail(f"model.softmax_type={m.softmax_type!r} with model.context_parallel_size={m.context_parallel_size}: "
-             "context parallelism's attention over the gathered sequence has no sink column in this version; set "
-             "model.context_parallel_size=1 (or model.softmax_type='vanilla')", "model.context_parallel_size",
-             "model.softmax_type")
+    if m.context_parallel_size > 1 and m.cp_comm_type != "all_gather":
+        fail(f"model.softmax_type={m.softmax_type!r} with model.cp_comm_type={m.cp_comm_type!r}: ring attention "
+             "(torch's context_parallel) has no sink column; set model.cp_comm_type='all_gather' (its attention over "
+             "the gathered sequence joins the sinks)", "model.cp_comm_type", "model.softmax_type")
     if m.tensor_model_parallel_size > 1:
         fail(f"model.softmax_type={m.softmax_type!r} with model.tensor_model_parallel_size="
              f"{m.tensor_model_parallel_size}: the per-head sinks are not split over the tensor-parallel heads in "

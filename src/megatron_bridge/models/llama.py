@@ -94,7 +94,7 @@ class LlamaAttention(nn.Module):
         if self.query_scale != 1.0:
             q = q * self.query_scale
         if self.context_parallel is not None:
-            out = self.context_parallel(q, k, v, window=self.window)
+            out = self.context_parallel(q, k, v, window=self.window, sinks=self._sink_logits())
         else:
             out = causal_attention(q, k, v, self.window, sinks=self._sink_logits())
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
