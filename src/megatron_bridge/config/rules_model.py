@@ -113,10 +113,9 @@ def _per_layer_rope(cfg: "ConfigContainer", world_size: int) -> None:
                  "position_embedding_type='rope'", "model.seq_len_interpolation_factor")
 
 
-@rule("attention_sinks", ("model.softmax_type", "model.cp_comm_type", "model.tensor_model_parallel_size"),
+@rule("attention_sinks", ("model.softmax_type", "model.cp_comm_type"),
       "Attention sinks (model.softmax_type 'off-by-one' or 'learnable') on the native engine: context parallelism "
-      "with cp_comm_type='all_gather' only (ring attention has no sink column), no tensor parallelism (the sinks are "
-      "not split over the heads yet).")
+      "with cp_comm_type='all_gather' only (ring attention has no sink column).")
 def _attention_sinks(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if m.softmax_type == "vanilla" or m.engine != "native":
@@ -125,11 +124,6 @@ def _attention_sinks(cfg: "ConfigContainer", world_size: int) -> None:
         fail(f"model.softmax_type={m.softmax_type!r} with model.cp_comm_type={m.cp_comm_type!r}: ring attention "
              "(torch's context_parallel) has no sink column; set model.cp_comm_type='all_gather' (its attention over "
              "the gathered sequence joins the sinks)", "model.cp_comm_type", "model.softmax_type")
-    if m.tensor_model_parallel_size > 1:
-        fail(f"model.softmax_type={m.softmax_type!r} with model.tensor_model_parallel_size="
-             f"{m.tensor_model_parallel_size}: the per-head sinks are not split over the tensor-parallel heads in "
-             "this version; set model.tensor_model_parallel_size=1 (or model.softmax_type='vanilla')",
-             "model.tensor_model_parallel_size", "model.softmax_type")
 
 
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),

@@ -11,6 +11,7 @@ from contextlib import nullcontext
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
 from megatron_bridge.config.model import ModelConfig
@@ -100,10 +101,18 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
+    def reset_parameters(self) -> None:
+        """Zero the sinks, the attention's own parameter (its projections and norms reset themselves)."""
+        with torch.no_grad():
+            if self.sinks is not None:
+                self.sinks.zero_()
+            if hasattr(self, "zero_sinks"):
+                self.zero_sinks.zero_()
+
     def _sink_logits(self) -> torch.Tensor | None:
-        if self.sinks is not None:
-            return self.sinks
-        return getattr(self, "zero_sinks", None)
+        """This rank's heads' sink logits (tensor parallelism splits the ``sinks`` over the heads as a DTensor)."""
+        sinks = self.sinks if self.sinks is not None else getattr(self, "zero_sinks", None)
+        return sinks.to_local() if isinstance(sinks, DTensor) else sinks
 
 
 class LlamaMLP(nn.Module):
@@ -278,10 +287,7 @@ class LlamaModel(nn.Module):
             elif isinstance(module, GroupedExperts):
                 module.reset_parameters(std, out_std)
             elif isinstance(module, LlamaAttention):
-                if module.sinks is not None:
-                    module.sinks.zero_()
-                if hasattr(module, "zero_sinks"):
-                    module.zero_sinks.zero_()
+                module.reset_parameters()
 
     def forward(
         self,

@@ -1,6 +1,7 @@
 """The tiny Mistral (a 32-token sliding window on 64-token sequences), Mixtral (8 experts, top-2), Qwen3 (q/k norm),
 Qwen3-MoE and Gemma 3 (five 32-token window layers with their own RoPE base to one full layer, post-norms, GeGLU)
-train on every parallel layout the library has, each step's loss within 1e-5 (relative) of one process
+train on every parallel layout the library has (and so does the tiny Mistral with learnable attention sinks),
+each step's loss within 1e-5 (relative) of one process
 on the same global batch, and resume bit-exact. One 2-rank torchrun launch runs every case (``pretrain()`` reuses the
 launch's process group); the launching process computes one single-process reference per family.
 
@@ -33,8 +34,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("tiny_llama", {"family": "qwen3", "qk_layernorm": True}),
     "qwen3_moe": ("tiny_moe", {"family": "qwen3_moe", "qk_layernorm": True, "expert_tensor_parallel_size": 1}),
     "gemma3": ("tiny_gemma3", {}),
+    "sinks": ("tiny_mistral", {"softmax_type": "learnable"}),
 }
-"""Family → the tiny recipe and the model fields that make it the family's (Qwen3: the tiny Llama with q/k norm)."""
+"""Family → the tiny recipe and the model fields that make it the family's (Qwen3: the tiny Llama with q/k norm);
+"sinks" is no family but the shared attention's sinks (GPT-OSS's), on the tiny Mistral's window layers."""
 MOE = ("mixtral", "qwen3_moe")
 TIED = ("gemma3",)
 """Families with tied embeddings: PP=2 is refused by rule ``pipeline_tied_embeddings`` (checked here)."""
