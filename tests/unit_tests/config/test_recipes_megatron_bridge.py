@@ -60,6 +60,7 @@ MB_VALUES: dict[str, tuple] = {
     "llama31_405b_deterministic": (256, 8, 8, 2, 4, 1, True, *_LLAMA, 131072, None, True),
     "llama32_1b": (1, 1, 1, None, 1, 1, False, *_LLAMA, 8192, *_BF16),
     "llama32_3b": (1, 1, 1, None, 1, 1, False, *_LLAMA, 8192, *_BF16),
+    "gemma3_1b": (1, 1, 1, None, 1, 1, False, *_LLAMA, 32768, *_BF16),
     "qwen3_600m": (1, 1, 1, None, 1, 1, False, *_COMMON),
     "qwen3_1p7b": (1, 1, 1, None, 1, 1, False, *_COMMON),
     "qwen3_4b": (2, 2, 1, None, 1, 1, False, *_COMMON),
