@@ -1,10 +1,11 @@
 """The defaults of a launch without ``-ng`` (and without ``-mr`` on a machine without GPUs), and the world-size
 check that names the flag.
 
-Without ``-ng`` the launcher runs the smallest world size the recipe's layout allows: TP × PP × lcm(CP, EP)
-(expert parallelism is carved out of the data × context-parallel ranks), provided the machine at hand has that many
-GPUs (or, without CUDA, CPU cores). Without ``-mr`` on a machine without GPUs the recipe is ``tiny_llama``:
-Megatron-Bridge's default, llama3_8b, needs GPUs. Both choices are said in one line (:func:`resolve_defaults`).
+Without ``-ng`` the launcher runs the smallest world size the recipe's layout allows: PP × lcm(TP × CP, EP × ETP)
+(expert parallelism is folded over the data × context × tensor-parallel ranks of a stage), provided the machine at
+hand has that many GPUs (or, without CUDA, CPU cores). Without ``-mr`` on a machine without GPUs the recipe is
+``tiny_llama``: Megatron-Bridge's default, llama3_8b, needs GPUs. Both choices are said in one line
+(:func:`resolve_defaults`).
 """
 
 import argparse
@@ -13,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.rules_moe import expert_tensor_parallel_size
 from megatron_bridge.errors import LaunchError
 
 
@@ -51,15 +53,17 @@ def this_machine() -> Machine:
 
 
 def smallest_world_size(cfg: ConfigContainer) -> int:
-    """TP × PP × lcm(CP, EP): the fewest processes the config's layout runs on (1 for sizes that are not positive;
-    ``validate()`` names those)."""
+    """PP × lcm(TP × CP, EP × ETP): the fewest processes the config's layout runs on (EP × ETP divides DP × CP × TP:
+    MoE parallel folding, rule ``expert_parallel_layout``; TP × PP × lcm(CP, EP) without TP); 1 for sizes that are
+    not positive (``validate()`` names those)."""
     m = cfg.model
     sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
              m.expert_model_parallel_size)
     if not all(isinstance(s, int) and s > 0 for s in sizes):
         return 1
     tp, pp, cp, ep = sizes
-    return tp * pp * math.lcm(cp, ep)
+    etp = expert_tensor_parallel_size(cfg) if ep > 1 else 1
+    return pp * math.lcm(tp * cp, ep * etp if isinstance(etp, int) and etp > 0 else ep)
 
 
 def layout_text(cfg: ConfigContainer) -> str:
@@ -78,8 +82,8 @@ def check_world_size(cfg: ConfigContainer, num_gpus: int) -> None:
         return
     lower = need * (num_gpus // need)
     fix = f"-ng {need * (num_gpus // need + 1)}" + (f" or -ng {lower}" if lower else "")
-    raise LaunchError(f"-ng {num_gpus}: the world size must be a multiple of {need} ({layout_text(cfg)}; TP × PP × "
-                      f"lcm(CP, EP)): give {fix}, or change -tp/-pp/-cp/-ep")
+    raise LaunchError(f"-ng {num_gpus}: the world size must be a multiple of {need} ({layout_text(cfg)}; PP × "
+                      f"lcm(TP × CP, EP × ETP)): give {fix}, or change -tp/-pp/-cp/-ep")
 
 
 def default_world_size(cfg: ConfigContainer, recipe: str, machine: Machine | None) -> tuple[int, str]:

@@ -28,6 +28,7 @@ def test_smallest_world_size_is_tp_pp_lcm_cp_ep() -> None:
     assert smallest_world_size(build_config(_args("--recipe", "tiny_llama", "-tp", "2", "-pp", "2"))) == 4
     assert smallest_world_size(build_config(_args("--recipe", "tiny_moe", "-cp", "2", "-ep", "4"))) == 4
     assert smallest_world_size(build_config(_args("--recipe", "tiny_moe", "-cp", "2", "-ep", "3"))) == 6
+    assert smallest_world_size(build_config(_args("-mr", "moonlight_16b"))) == 8  # TP2 EP8: EP folded over TP
 
 
 def test_bare_command_on_a_cpu_machine_picks_tiny_llama_on_one_rank() -> None:
