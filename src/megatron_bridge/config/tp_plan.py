@@ -62,9 +62,9 @@ def check_attention_split(attention: str, styles: dict[str, str | None], heads: 
 
 
 def check_mla_split(attention: str, plan: dict[str, str], cfg: "ModelConfig") -> None:
-    """A multi-latent attention is split whole or not at all: its head-producing projections (``q_proj`` or
-    ``q_b_proj``, and ``kv_b_proj``) all ``colwise`` with ``o_proj`` ``rowwise``, heads divisible by TP; its latent
-    down-projections and norms are never split (megatron-core keeps them whole).
+    """A multi-latent attention is split whole or not at all: its head-producing projections (the query projection
+    or up-projection, and the key/value up-projection) all ``colwise`` with the output projection ``rowwise``, heads
+    divisible by TP; its latent down-projections and norms are never split (megatron-core keeps them whole).
 
     Raises:
         ConfigValidationError: the attention is split partly, a latent module is split, or heads do not divide.
