@@ -30,7 +30,7 @@ FUNCTIONAL_S: dict[str, float] = {
     "checkpoint/test_any_to_any.py": 36,
     "checkpoint/test_resume_pretrain.py": 32,
     "context_parallel/test_cp_attention.py": 11,
-    "families/test_family_layouts.py": 45,
+    "families/test_family_layouts.py": 65,
     "families/test_deepseek_v3_layouts.py": 40,
     "context_parallel/test_cp_pretrain.py": 115,
     "distributed/test_ddp_two_ranks.py": 147,  # the launch shared with 4 other files (launcher.py's TWO_RANKS)

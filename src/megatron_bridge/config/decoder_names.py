@@ -27,11 +27,18 @@ ATTENTION_NORM = "input_layernorm"
 ATTENTION = "self_attn"
 MLP_NORM = "post_attention_layernorm"
 MLP = "mlp"
+ATTENTION_OUTPUT_NORM = "post_self_attn_layernorm"
+"""With ``model.post_norms``: the norm on the attention's output (Hugging Face Gemma's ``post_attention_layernorm``)."""
+MLP_OUTPUT_NORM = "post_mlp_layernorm"
+"""With ``model.post_norms``: the norm on the MLP's output (Hugging Face Gemma's ``post_feedforward_layernorm``)."""
+POST_NORMS = (ATTENTION_OUTPUT_NORM, MLP_OUTPUT_NORM)
 # inside the attention
 Q_PROJ, K_PROJ, V_PROJ, O_PROJ = "q_proj", "k_proj", "v_proj", "o_proj"
 QKV = (Q_PROJ, K_PROJ, V_PROJ)
 """The column-wise input projections, in the order megatron-core fuses them."""
 PROJECTIONS = (*QKV, O_PROJ)
+SINKS = "sinks"
+"""The attention's per-head sink logits (a parameter of the attention, ``model.softmax_type="learnable"``)."""
 HEAD_NORMS = ("q_norm", "k_norm")
 """Per-head norms (``model.qk_layernorm``) of the query and key heads."""
 # inside a multi-latent attention (model.multi_latent_attention; Hugging Face's DeepseekV3Attention names)
@@ -77,7 +84,7 @@ def mlp(i: int | str) -> str:
 
 def _mlp_names(cfg: "ModelConfig", prefix: str, moe: bool) -> list[str]:
     if not moe:
-        gate = [GATE] if cfg.activation == "swiglu" else []
+        gate = [GATE] if cfg.activation in ("swiglu", "geglu") else []
         return [prefix] + [f"{prefix}.{n}" for n in (*gate, UP, DOWN)]
     names = [prefix, f"{prefix}.{ROUTER}", f"{prefix}.{EXPERTS}"]
     if cfg.moe_shared_expert_intermediate_size:
@@ -90,8 +97,9 @@ def _layer_names(cfg: "ModelConfig", i: int, moe: bool) -> list[str]:
     attn = attention(i)
     norms = [f"{attn}.{n}" for n in HEAD_NORMS] if cfg.qk_layernorm else []
     inner = mla_modules(cfg) if cfg.multi_latent_attention else PROJECTIONS
+    post = [f"{layer(i)}.{n}" for n in POST_NORMS] if cfg.post_norms else []
     return [layer(i), f"{layer(i)}.{ATTENTION_NORM}", attn, *(f"{attn}.{n}" for n in inner), *norms,
-            f"{layer(i)}.{MLP_NORM}", *_mlp_names(cfg, mlp(i), moe)]
+            *post[:1], f"{layer(i)}.{MLP_NORM}", *_mlp_names(cfg, mlp(i), moe), *post[1:]]
 
 
 def native_module_names(cfg: "ModelConfig") -> list[str]:
@@ -121,6 +129,8 @@ def dense_layer_parameters(cfg: "ModelConfig") -> list[str]:
         out.append(f"{ATTENTION}.{O_PROJ}.bias")
     if cfg.qk_layernorm:
         out += [f"{ATTENTION}.{n}.weight" for n in HEAD_NORMS]
+    if cfg.softmax_type == "learnable":
+        out.append(f"{ATTENTION}.{SINKS}")
     for proj in MLP_PROJECTIONS:
         out.append(f"{MLP}.{proj}.weight")
         if cfg.add_bias_linear:

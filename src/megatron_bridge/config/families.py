@@ -48,6 +48,7 @@ FAMILY_PACKAGES: dict[str, str] = {
     "mistral": "megatron_bridge.families.mistral",
     "mixtral": "megatron_bridge.families.mixtral",
     "deepseek_v3": "megatron_bridge.families.deepseek_v3",
+    "gemma3": "megatron_bridge.families.gemma3",
 }
 """Every registered family: ``model.family`` value → its folder's package. Adding a family adds one line here."""
 

@@ -82,6 +82,14 @@ class ModelConfig(DeclaredFields):
     yarn_correction_range_round_to_int: bool = True
     """YaRN: round the interpolation ramp's bounds to whole dimensions (Hugging Face's ``truncate``, default True;
     GPT-OSS sets False)."""
+    rotary_base_local: float | None = None
+    """RoPE base of the window (local) layers, those attention_window gives a window (Megatron-Bridge Gemma 3's
+    ``rotary_base_local``; Hugging Face's ``rope_parameters["sliding_attention"]``, legacy ``rope_local_base_freq``):
+    plain RoPE, without rope_scaling, YaRN or seq_len_interpolation_factor. None: rotary_base in every layer."""
+    seq_len_interpolation_factor: float | None = None
+    """Linear RoPE scaling (megatron-core's field; Hugging Face's ``rope_type: linear``, ``factor``): positions are
+    divided by it, i.e. the inverse frequencies of the rotary_base RoPE. With rotary_base_local set it scales only the
+    full-attention (global) layers, as Gemma 3 4B and up. None: no linear scaling."""
     max_position_embeddings: int | None = None
     """Longest sequence the positional encoding is meant for (Hugging Face's max_position_embeddings, e.g. 131072
     for Llama 3.1); None means seq_length. Only recorded and exported; training uses seq_length."""
@@ -97,8 +105,25 @@ class ModelConfig(DeclaredFields):
     """Normalization layer type."""
     layernorm_epsilon: float = 1e-5
     """Epsilon of the normalization layers."""
-    activation: Literal["swiglu", "gelu"] = "swiglu"
-    """MLP activation: SwiGLU (gated, Llama) or GELU (ungated, GPT-2)."""
+    layernorm_zero_centered_gamma: bool = False
+    """Norm scales stored centred on zero: every norm (the per-head q/k norms too) computes ``norm(x) * (1 + w)``
+    and initializes ``w`` to 0 (megatron-core's field; Gemma's RMSNorm)."""
+    post_norms: bool = False
+    """Four norms per layer (Gemma 2 and 3): besides the norms before the attention and the MLP, one on the
+    attention's output and one on the MLP's output before each residual add (``decoder_names.POST_NORMS``)."""
+    scale_embeddings_by_sqrt_hidden: bool = False
+    """Multiply the input embeddings by sqrt(hidden_size), the factor rounded to the model dtype first (Gemma;
+    Megatron-Bridge's Gemma3LanguageModelEmbedding)."""
+    softmax_scale: float | None = None
+    """Scale of the attention logits (megatron-core's field); None: 1 / sqrt(head width). Gemma 3 sets
+    query_pre_attn_scalar ** -0.5. Applied to the queries after RoPE (so every attention path gets it)."""
+    softmax_type: Literal["vanilla", "off-by-one", "learnable"] = "vanilla"
+    """Attention softmax (megatron-core's field): "vanilla"; "off-by-one" joins a zero logit to every query's softmax
+    (dropped after it); "learnable" joins one learned logit per head, the attention's ``sinks`` parameter (GPT-OSS's
+    attention sinks, initialized to zero)."""
+    activation: Literal["swiglu", "gelu", "geglu"] = "swiglu"
+    """MLP activation: SwiGLU (gated SiLU, Llama), GELU (ungated, exact erf GELU, GPT-2) or GeGLU (gated GELU with the
+    tanh approximation, Gemma's ``gelu_pytorch_tanh``; megatron-core's ``fast_gelu``)."""
     qk_layernorm: bool = False
     """Apply an RMSNorm to queries and keys per head before RoPE (Qwen3)."""
     add_bias_linear: bool = False
@@ -275,6 +300,11 @@ class ModelConfig(DeclaredFields):
     engine builds only "local". Differs from Megatron-Bridge, whose recipes default to "transformer_engine"."""
     params_dtype: DType = "float32"
     """Storage dtype of the master weights. Mixed-precision presets keep float32 and compute in bf16/fp16."""
+
+    @property
+    def gated_linear_unit(self) -> bool:
+        """Whether the MLP is gated (SwiGLU or GeGLU: gate, up and down projections; megatron-core's field)."""
+        return self.activation in ("swiglu", "geglu")
 
     @property
     def head_dim(self) -> int:

@@ -116,7 +116,11 @@ def _fail_unsupported(bad: list[tuple[str, object, str]], where: str, alternativ
 def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     """(field, value, fix) of every setting the megatron-core engine does not build in this version. megatron-core's
     Llama 3.1 RoPE scaling takes only the factor (low/high frequency factors 1 and 4, original context 8192 fixed);
-    its add_bias_linear sets the attention output projection and MLP biases together."""
+    its add_bias_linear sets the attention output projection and MLP biases together. Gemma's pieces are refused by
+    name: megatron-core's local layer spec has no post-norms, no scaled embedding and no per-layer RoPE, and its torch
+    norms refuse zero-centred scales (Megatron-Bridge builds them with its own Gemma 3 spec on transformer-engine).
+    Attention sinks (softmax_type) are refused: megatron-core 0.19.2's local attention allocates its softmax offset
+    on the current CUDA device (Megatron-LM PR 6270 is open), and transformer-engine needs cuDNN >= 9.18 for them."""
     m, c = cfg.model, cfg.checkpoint
     ckpt_io = bool(c.save or c.load or c.pretrained_checkpoint)
     checks: list[tuple[bool, str, object, str]] = [
@@ -131,6 +135,11 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (m.rope_scaling and m.rope_original_max_position_embeddings != 8192,
          "model.rope_original_max_position_embeddings", m.rope_original_max_position_embeddings, "8192"),
         (m.position_embedding_type != "rope", "model.position_embedding_type", m.position_embedding_type, "'rope'"),
+        (m.rotary_base_local is not None, "model.rotary_base_local", m.rotary_base_local, "None"),
+        (m.layernorm_zero_centered_gamma, "model.layernorm_zero_centered_gamma", True, "False"),
+        (m.post_norms, "model.post_norms", True, "False"),
+        (m.softmax_type != "vanilla", "model.softmax_type", m.softmax_type, "'vanilla'"),
+        (m.scale_embeddings_by_sqrt_hidden, "model.scale_embeddings_by_sqrt_hidden", True, "False"),
         (m.recompute_granularity is not None, "model.recompute_granularity", m.recompute_granularity, "None"),
         (m.cpu_offloading, "model.cpu_offloading", m.cpu_offloading, "False"),
         (m.init_model_with_meta_device, "model.init_model_with_meta_device", m.init_model_with_meta_device, "False"),
@@ -142,7 +151,8 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     return [(path, value, fix) for bad, path, value, fix in checks if bad]
 
 
-MEGATRON_CORE_WEIGHT_FIELDS = ("model.attention_output_bias",)
+MEGATRON_CORE_WEIGHT_FIELDS = ("model.attention_output_bias", "model.post_norms", "model.softmax_type",
+                               "model.layernorm_zero_centered_gamma", "model.scale_embeddings_by_sqrt_hidden")
 """The fields of rule ``megatron_core_features`` that change the model's weights: a megatron-core checkpoint of a
 model that sets them cannot be written (the others only refuse training on that engine)."""
 

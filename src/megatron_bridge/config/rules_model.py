@@ -91,14 +91,15 @@ def _yarn(cfg: "ConfigContainer", world_size: int) -> None:
 
 _MLA_SIZES = ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 _MLA_NOT_WITH = (("window_size", "None"), ("qk_layernorm", "False"), ("add_qkv_bias", "False"),
-                 ("attention_output_bias", "False"))
+                 ("attention_output_bias", "False"), ("softmax_type", "'vanilla'"))
 
 
 @rule("multi_latent_attention", ("model.multi_latent_attention", "model.q_lora_rank", "model.kv_lora_rank",
                                  "model.qk_head_dim", "model.qk_pos_emb_head_dim", "model.v_head_dim",
                                  "model.cp_comm_type"),
       "With model.multi_latent_attention: q_lora_rank > 0 or None, kv_lora_rank, qk_head_dim, v_head_dim > 0, "
-      "qk_pos_emb_head_dim even and > 0; no sliding window, q/k norm or attention biases; native context parallelism "
+      "qk_pos_emb_head_dim even and > 0; no sliding window, q/k norm, attention biases or sinks; native context "
+      "parallelism "
       "with cp_comm_type='all_gather' only.")
 def _mla(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
@@ -115,13 +116,51 @@ def _mla(cfg: "ConfigContainer", world_size: int) -> None:
              "model.qk_pos_emb_head_dim")
     for name, fix in _MLA_NOT_WITH:
         value = m.has_attention_output_bias if name == "attention_output_bias" else getattr(m, name)
-        if value:
+        if value and value != "vanilla":
             fail(f"model.{name}={value!r} is not built with model.multi_latent_attention (DeepSeek's attention has "
                  f"none): set model.{name}={fix}", f"model.{name}")
     if m.engine == "native" and m.context_parallel_size > 1 and m.cp_comm_type != "all_gather":
         fail(f"model.cp_comm_type={m.cp_comm_type!r} with model.multi_latent_attention and context parallelism: ring "
              "attention is not built for MLA's softmax scale and value width; set model.cp_comm_type='all_gather'",
              "model.cp_comm_type")
+
+
+@rule("per_layer_rope", ("model.rotary_base_local", "model.seq_len_interpolation_factor", "model.window_size"),
+      "model.rotary_base_local > 0 and only with model.window_size (it is the window layers' RoPE); "
+      "model.seq_len_interpolation_factor > 0, not with rope_scaling or YaRN.")
+def _per_layer_rope(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.rotary_base_local is not None:
+        if not m.rotary_base_local > 0:
+            fail(f"model.rotary_base_local={m.rotary_base_local!r} must be > 0 (the window layers' RoPE base, e.g. "
+                 "10000.0), or None", "model.rotary_base_local")
+        if m.window_size is None:
+            fail(f"model.rotary_base_local={m.rotary_base_local!r} without model.window_size: no layer has a window, "
+                 "so no layer would use it; set model.window_size (and window_attn_skip_freq) or "
+                 "model.rotary_base_local=None", "model.rotary_base_local", "model.window_size")
+    factor = m.seq_len_interpolation_factor
+    if factor is not None:
+        if not factor > 0:
+            fail(f"model.seq_len_interpolation_factor={factor!r} must be > 0 (linear RoPE scaling), or None",
+                 "model.seq_len_interpolation_factor")
+        if m.rope_scaling or m.position_embedding_type == "yarn":
+            fail(f"model.seq_len_interpolation_factor={factor!r} with model.rope_scaling={m.rope_scaling} and "
+                 f"model.position_embedding_type={m.position_embedding_type!r}: one RoPE scaling at a time; set "
+                 "model.seq_len_interpolation_factor=None, or model.rope_scaling=False and "
+                 "position_embedding_type='rope'", "model.seq_len_interpolation_factor")
+
+
+@rule("attention_sinks", ("model.softmax_type", "model.cp_comm_type"),
+      "Attention sinks (model.softmax_type 'off-by-one' or 'learnable') on the native engine: context parallelism "
+      "with cp_comm_type='all_gather' only (ring attention has no sink column).")
+def _attention_sinks(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.softmax_type == "vanilla" or m.engine != "native":
+        return  # the megatron-core engine refuses sinks itself (rule megatron_core_features)
+    if m.context_parallel_size > 1 and m.cp_comm_type != "all_gather":
+        fail(f"model.softmax_type={m.softmax_type!r} with model.cp_comm_type={m.cp_comm_type!r}: ring attention "
+             "(torch's context_parallel) has no sink column; set model.cp_comm_type='all_gather' (its attention over "
+             "the gathered sequence joins the sinks)", "model.cp_comm_type", "model.softmax_type")
 
 
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),

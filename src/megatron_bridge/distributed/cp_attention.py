@@ -23,6 +23,7 @@ from megatron_bridge.data.zigzag import gathered_positions, query_blocks, zigzag
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models import attention
 from megatron_bridge.models.attention import band_mask
+from megatron_bridge.models.attention_sinks import sdpa_with_sink
 
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup, cp_rank: int,
-                         segment_ids: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+                         segment_ids: torch.Tensor | None = None, window: int | None = None,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of this rank's zig-zag queries over the whole sequence (module docstring).
 
     Args:
@@ -86,6 +88,9 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
         cp_rank: this rank's index in ``group``.
         segment_ids: optional local segment ids ``[b, s_local]``; a query attends only to keys of its segment.
         window: optional sliding window (tokens including the query's own; :mod:`megatron_bridge.models.attention`).
+        sinks: optional per-head sink logits ``[heads]`` (:mod:`megatron_bridge.models.attention_sinks`); each rank's
+            queries join them to their softmax, so their gradient is this rank's part (summed over CP by the
+            data-parallel gradient reduction).
 
     Returns:
         ``[b, heads, s_local, d]``, equal to the rows of one-process causal attention at this rank's positions.
@@ -107,8 +112,11 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
         if seg_seq is not None and segment_ids is not None:
             same = segment_ids[:, rows, None] == seg_seq[:, None, : block.kv_len]
             mask = (mask[None] & same)[:, None]
-        outs.append(F.scaled_dot_product_attention(q[:, :, rows], k_seq[:, :, : block.kv_len],
-                                                   v_seq[:, :, : block.kv_len], attn_mask=mask, enable_gqa=gqa))
+        q_rows, k_rows, v_rows = q[:, :, rows], k_seq[:, :, : block.kv_len], v_seq[:, :, : block.kv_len]
+        if sinks is not None:
+            outs.append(sdpa_with_sink(q_rows, k_rows, v_rows, mask, sinks, gqa))
+        else:
+            outs.append(F.scaled_dot_product_attention(q_rows, k_rows, v_rows, attn_mask=mask, enable_gqa=gqa))
     return torch.cat(outs, dim=2)
 
 
@@ -147,9 +155,11 @@ class ContextParallelAttention:
         self.comm_type = comm_type
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 segment_ids: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+                 segment_ids: torch.Tensor | None = None, window: int | None = None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of the local zig-zag queries over the whole sequence (within ``window`` tokens when
-        given; ring attention has no window: rule ``attention_window``)."""
+        given, with the per-head ``sinks`` when given; ring attention has neither: rules ``attention_window`` and
+        ``attention_sinks``)."""
         if self.comm_type == "p2p":
             if segment_ids is not None:
                 raise ConfigValidationError(
@@ -158,7 +168,7 @@ class ContextParallelAttention:
                     ("model.cp_comm_type",),
                 )
             return ring_attention(q, k, v, self.mesh)
-        return all_gather_attention(q, k, v, self.group, self.rank, segment_ids, window)
+        return all_gather_attention(q, k, v, self.group, self.rank, segment_ids, window, sinks)
 
     def __repr__(self) -> str:
         return f"ContextParallelAttention(size={self.size}, rank={self.rank}, comm_type={self.comm_type!r})"

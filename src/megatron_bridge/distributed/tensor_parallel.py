@@ -192,7 +192,8 @@ def _layer_plan(name: str, layer: nn.Module, sp: bool) -> dict[str, ParallelStyl
     """The auto plan of one decoder layer ``name``: its norms, attention and MLP (dense or MoE)."""
     stream = Shard(1) if sp else Replicate()
     attn, mlp = f"{name}.{n.ATTENTION}", f"{name}.{n.MLP}"
-    plan: dict[str, ParallelStyle] = {f"{name}.{norm}": _norm_style(sp) for norm in (n.ATTENTION_NORM, n.MLP_NORM)}
+    norms = (n.ATTENTION_NORM, n.MLP_NORM, *(post for post in n.POST_NORMS if getattr(layer, post, None) is not None))
+    plan: dict[str, ParallelStyle] = {f"{name}.{norm}": _norm_style(sp) for norm in norms}
     if sp:
         plan[attn] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
                                         desired_input_layouts=(Replicate(), None, None))
@@ -365,6 +366,26 @@ def divide_attention_heads(model: nn.Module, plan: dict[str, Any], tp: int) -> i
     return changed
 
 
+def shard_attention_sinks(model: nn.Module, tp_mesh: DeviceMesh) -> int:
+    """Split the per-head attention sinks (``model.softmax_type``) of the attention modules whose heads TP divided:
+    the ``sinks`` parameter becomes a ``Shard(0)`` DTensor (each rank's heads; the attention reads its local part),
+    an off-by-one module's ``zero_sinks`` buffer keeps its rank's heads. Returns how many modules changed."""
+    changed = 0
+    for module in model.modules():
+        sinks = getattr(module, n.SINKS, None)
+        buffer = getattr(module, "zero_sinks", None)
+        if not hasattr(module, "num_heads") or (sinks is None and buffer is None):
+            continue
+        if sinks is not None and not isinstance(sinks, DTensor) and sinks.shape[0] != module.num_heads:
+            sharded = distribute_tensor(sinks.data, tp_mesh, [Shard(0)], src_data_rank=None)
+            module.register_parameter(n.SINKS, nn.Parameter(sharded, requires_grad=sinks.requires_grad))
+            changed += 1
+        if buffer is not None and buffer.shape[0] != module.num_heads:
+            module.register_buffer("zero_sinks", buffer[: module.num_heads].clone(), persistent=False)
+            changed += 1
+    return changed
+
+
 def enable_async_tp(tp_mesh: DeviceMesh) -> bool:
     """``fsdp2.enable_async_tensor_parallel``: inductor micro-pipeline TP plus symmetric memory for the TP group.
 
@@ -411,6 +432,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, cfg: "ConfigCon
     heads = divide_attention_heads(model, plan, tp)
     on_meta = any(p.is_meta for p in model.parameters())
     parallelize_module(model, tp_mesh, plan, src_data_rank=None if on_meta else 0)
+    shard_attention_sinks(model, tp_mesh)
     tied = install_tied_output(model, sequence_parallel=sp)
     if cfg.fsdp2.enable_async_tensor_parallel:
         enable_async_tp(tp_mesh)

@@ -9,6 +9,8 @@ at ``i - W + 1 .. i``, W tokens including itself; megatron-core writes the same 
 import torch
 from torch.nn import functional as F
 
+from megatron_bridge.models.attention_sinks import sdpa_with_sink
+
 
 def band_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """``[len(q_pos), len(k_pos)]`` boolean mask: key ``j`` is visible to query ``i`` when it is not in the future
@@ -19,9 +21,12 @@ def band_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> t
     return mask
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of ``q`` ``[b, heads, s, d]`` over ``k``/``v`` ``[b, kv_heads, s, d]`` (grouped-query when
-    ``kv_heads < heads``), optionally within a sliding ``window`` of tokens.
+    ``kv_heads < heads``), optionally within a sliding ``window`` of tokens, optionally with one sink logit per head
+    (``sinks`` ``[heads]``: :mod:`megatron_bridge.models.attention_sinks`, SDPA with the explicit mask and a sink
+    column on every path).
 
     Without a window, or with one at least as long as the sequence, this is SDPA's own causal path; with a shorter
     window, SDPA with the band mask, in query blocks once the sequence is :data:`BLOCKED_MIN_RATIO` windows long or
@@ -29,12 +34,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     """
     gqa = k.shape[1] != q.shape[1]
     s = q.shape[2]
-    if window is None or window >= s:
+    if (window is None or window >= s) and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    if s < BLOCKED_MIN_RATIO * window:
+    if window is None or s < BLOCKED_MIN_RATIO * window:
         pos = torch.arange(s, device=q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=band_mask(pos, pos, window), enable_gqa=gqa)
-    return _blocked_window_attention(q, k, v, window, gqa)
+        mask = band_mask(pos, pos, window)
+        if sinks is not None:
+            return sdpa_with_sink(q, k, v, mask, sinks, gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return _blocked_window_attention(q, k, v, window, gqa, sinks)
 
 
 BLOCKED_MIN_RATIO = 2
@@ -43,7 +51,7 @@ shorter ones in one SDPA call with the band mask."""
 
 
 def _blocked_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
-                              gqa: bool) -> torch.Tensor:
+                              gqa: bool, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Window attention in blocks of ``window`` queries, each over the ``2 * window`` keys that end with its own block
     (the keys before the sequence are padding, masked out): one SDPA call over ``[b * blocks, heads, W, 2W]``, about
     ``2 * W`` keys per query instead of the whole sequence."""
@@ -56,8 +64,11 @@ def _blocked_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     mask = band_mask(local + window, torch.arange(2 * window, device=q.device), window)
     mask = mask.expand(b, blocks, 1, window, 2 * window).clone()
     mask[:, 0, :, :, :window] = False  # block 0's first half is padding before the sequence
-    out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=mask.view(b * blocks, 1, window, -1),
-                                         enable_gqa=gqa)
+    mask = mask.view(b * blocks, 1, window, -1)
+    if sinks is not None:
+        out = sdpa_with_sink(q_blocks, k_blocks, v_blocks, mask, sinks, gqa)
+    else:
+        out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=mask, enable_gqa=gqa)
     return out.view(b, blocks, h, window, d).transpose(1, 2).reshape(b, h, blocks * window, d)[:, :, :s]
 
 

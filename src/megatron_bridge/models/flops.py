@@ -14,7 +14,8 @@ class ParameterBreakdown:
     output: int
     """The output layer (``lm_head``); 0 when tied to the embedding."""
     layer_attention: int
-    """One decoder block without its MLP: the two norms, the q/k/v/o projections (biases, q/k norms)."""
+    """One decoder block without its MLP: its norms (two, four with post_norms), the q/k/v/o projections (biases, q/k
+    norms)."""
     layer_attention_norms: int
     """Of ``layer_attention``: the norm weights (replicated over tensor-parallel ranks)."""
     layer_mlp: int
@@ -40,6 +41,7 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     h, f, d = config.hidden_size, config.ffn_hidden_size, config.head_dim
     nq, nkv = config.num_attention_heads, config.num_kv_heads
     norm = 2 * h if config.normalization == "LayerNorm" else h
+    layer_norms = (4 if config.post_norms else 2) * norm
 
     attn = h * nq * d + 2 * h * nkv * d + nq * d * h
     if config.add_qkv_bias:
@@ -49,15 +51,17 @@ def parameter_breakdown(config: ModelConfig) -> ParameterBreakdown:
     qk_norms = 2 * d if config.qk_layernorm else 0
     if config.multi_latent_attention:
         attn, qk_norms = mla_projection_parameters(config), mla_norm_parameters(config)
+    sinks = nq if config.softmax_type == "learnable" else 0  # one per head; TP keeps them whole (rule attention_sinks)
 
-    n_fc1 = 2 if config.activation == "swiglu" else 1
+    n_fc1 = 2 if config.gated_linear_unit else 1
     mlp = n_fc1 * h * f + f * h
     if config.add_bias_linear:
         mlp += n_fc1 * f + h
     vocab = config.padded_vocab_size
     return ParameterBreakdown(
         embedding=vocab * h, output=0 if config.share_embeddings_and_output_weights else vocab * h,
-        layer_attention=2 * norm + attn + qk_norms, layer_attention_norms=2 * norm + qk_norms, layer_mlp=mlp,
+        layer_attention=layer_norms + attn + qk_norms + sinks, layer_attention_norms=layer_norms + qk_norms + sinks,
+        layer_mlp=mlp,
         final_norm=norm, num_layers=config.num_layers,
     )
 
@@ -128,7 +132,8 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
       attention ``k = s``: the full ``s x s`` matrix is counted, not the causal half: that is what the kernels compute
       (the mask is applied to a full product in the math path) and what Megatron's classic formula and
       ``torch.utils.flop_counter`` count. A sliding-window layer (:meth:`ModelConfig.attention_window`) counts only
-      the attended keys, ``k = min(W, s)`` (what a banded kernel computes);
+      the attended keys, ``k = min(W, s)`` (what a banded kernel computes); attention sinks
+      (``model.softmax_type``) add one key per query, the sink column the SDPA path computes;
     * MLP: 3 matmuls ``h x f`` for SwiGLU, 2 for GELU;
     * MoE layers (``config.moe_layer_pattern()``): the router ``2*h*E`` plus only the **active** experts,
       ``moe_router_topk`` SwiGLU experts ``3 * 2*h*moe_ffn_hidden_size``, plus the shared expert
@@ -149,7 +154,9 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
 
     projections = 2 * h * d * (2 * nq + 2 * nkv)
     attention_keys = sum(min(config.attention_window(i) or s, s) for i in range(config.num_layers))
-    mlp = (3 if config.activation == "swiglu" else 2) * 2 * h * f
+    if config.softmax_type != "vanilla":
+        attention_keys += config.num_layers  # the sink column, one more key per query as SDPA computes it
+    mlp = (3 if config.gated_linear_unit else 2) * 2 * h * f
     n_moe = sum(config.moe_layer_pattern())
     moe_mlp = 0
     if n_moe:

@@ -14,7 +14,8 @@ from megatron_bridge.config.model import ModelConfig
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (Llama): ``x / sqrt(mean(x**2) + eps) * weight``, computed in float32."""
+    """Root-mean-square norm (Llama): ``x / sqrt(mean(x**2) + eps) * weight``, computed in float32; with
+    ``zero_centered`` (Gemma) the scale is ``1 + weight`` and ``weight`` starts at zero."""
 
     def __init__(
         self,
@@ -23,21 +24,24 @@ class RMSNorm(nn.Module):
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        zero_centered: bool = False,
     ) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.full((dim,), 0.0 if zero_centered else 1.0, device=device, dtype=dtype))
 
     def reset_parameters(self) -> None:
-        """Set the scale to ones."""
+        """Set the scale to ones (the weight to zeros when zero-centred)."""
         with torch.no_grad():
-            self.weight.fill_(1.0)
+            self.weight.fill_(0.0 if self.zero_centered else 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize over the last dimension; the result has the dtype of ``x``."""
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        scale = 1.0 + self.weight.float() if self.zero_centered else self.weight.float()
+        return (x32 * scale).to(x.dtype)
 
     def extra_repr(self) -> str:
         """Shape and epsilon, for ``print(model)``."""
@@ -54,21 +58,24 @@ class LayerNorm(nn.Module):
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        zero_centered: bool = False,
     ) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.full((dim,), 0.0 if zero_centered else 1.0, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
 
     def reset_parameters(self) -> None:
-        """Set the scale to ones and the shift to zeros."""
+        """Set the scale to ones (the weight to zeros when zero-centred) and the shift to zeros."""
         with torch.no_grad():
-            self.weight.fill_(1.0)
+            self.weight.fill_(0.0 if self.zero_centered else 1.0)
             self.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize over the last dimension; the result has the dtype of ``x``."""
-        out = F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), self.bias.float(), self.eps)
+        weight = 1.0 + self.weight.float() if self.zero_centered else self.weight.float()
+        out = F.layer_norm(x.float(), (x.shape[-1],), weight, self.bias.float(), self.eps)
         return out.to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -79,11 +86,17 @@ class LayerNorm(nn.Module):
 def build_norm(config: ModelConfig, dim: int, *, device: torch.device | str | None, dtype: torch.dtype) -> nn.Module:
     """The normalization layer named by ``config.normalization`` over ``dim`` features."""
     cls = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
-    return cls(dim, config.layernorm_epsilon, device=device, dtype=dtype)
+    return cls(dim, config.layernorm_epsilon, device=device, dtype=dtype,
+               zero_centered=config.layernorm_zero_centered_gamma)
 
 
-def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
+def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None, *,
+                  local: bool = False) -> torch.Tensor:
     """RoPE inverse frequencies ``base ** (-2i / d)`` (float32, shape ``[d // 2]``), ``d = config.rope_head_dim``.
+
+    ``local``: those of the window layers, plain RoPE of base ``config.rotary_base_local`` (Gemma 3's local RoPE).
+    ``config.seq_len_interpolation_factor`` divides the (global) frequencies (linear scaling, Hugging Face's
+    ``rope_type: linear``).
 
     With ``config.rope_scaling`` the Llama 3.1 rule is applied: with ``L = rope_original_max_position_embeddings``,
     frequencies whose wavelength ``2*pi/f`` is shorter than ``L / high_freq_factor`` are kept, those longer than
@@ -93,7 +106,11 @@ def rope_inv_freq(config: ModelConfig, device: torch.device | str | None = None)
     """
     dim = config.rope_head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
+    if local:
+        return (1.0 / (config.rotary_base_local**exponents)).to(torch.float32)
     inv_freq = 1.0 / (config.rotary_base**exponents)
+    if config.seq_len_interpolation_factor is not None:
+        inv_freq = inv_freq / config.seq_len_interpolation_factor
     if config.position_embedding_type == "yarn":
         return _yarn_inv_freq(config, inv_freq).to(torch.float32)
     if config.rope_scaling:
@@ -153,7 +170,9 @@ def _yarn_inv_freq(config: ModelConfig, inv_freq: torch.Tensor) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Produces the RoPE cos/sin tables for given positions from a non-persistent float32 ``inv_freq`` buffer.
 
-    The buffer is not saved in checkpoints and is recomputed by :meth:`reset_parameters` (e.g. after
+    With ``config.rotary_base_local`` a second buffer, ``inv_freq_local``, holds the window layers' frequencies
+    (:meth:`forward` with ``local=True``).
+    The buffers are not saved in checkpoints and are recomputed by :meth:`reset_parameters` (e.g. after
     ``to_empty``). If the module was cast to a low-precision dtype (``model.to(torch.bfloat16)`` casts buffers
     too), the frequencies are recomputed in float32 on the fly so positions stay exact.
     """
@@ -162,24 +181,31 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.config = config
         self.register_buffer("inv_freq", rope_inv_freq(config, device=device), persistent=False)
+        self.has_local = config.rotary_base_local is not None
+        """Whether the window layers have their own RoPE (``inv_freq_local``)."""
+        if self.has_local:
+            self.register_buffer("inv_freq_local", rope_inv_freq(config, device=device, local=True), persistent=False)
 
     def reset_parameters(self) -> None:
-        """Recompute ``inv_freq`` in place on its current device."""
+        """Recompute the frequency buffers in place on their current device."""
         with torch.no_grad():
-            fresh = rope_inv_freq(self.config, device=self.inv_freq.device)
-            if self.inv_freq.dtype == torch.float32:
-                self.inv_freq.copy_(fresh)
-            else:
-                self.inv_freq = fresh
+            for name in ("inv_freq", "inv_freq_local") if self.has_local else ("inv_freq",):
+                buffer = getattr(self, name)
+                fresh = rope_inv_freq(self.config, device=buffer.device, local=name == "inv_freq_local")
+                if buffer.dtype == torch.float32:
+                    buffer.copy_(fresh)
+                else:
+                    setattr(self, name, fresh)
 
-    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of shape ``[b, 1, s, head_dim]`` in float32 for ``position_ids`` of shape ``[b, s]``."""
-        inv_freq = self.inv_freq
+    def forward(self, position_ids: torch.Tensor, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of shape ``[b, 1, s, head_dim]`` in float32 for ``position_ids`` of shape ``[b, s]``; those of
+        the window layers' RoPE with ``local`` (only when ``config.rotary_base_local`` is set)."""
+        inv_freq = self.inv_freq_local if local else self.inv_freq
         if inv_freq.dtype != torch.float32:
-            inv_freq = rope_inv_freq(self.config, device=inv_freq.device)
+            inv_freq = rope_inv_freq(self.config, device=inv_freq.device, local=local)
         freqs = position_ids.to(torch.float32)[..., None] * inv_freq.to(position_ids.device)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :, :]
-        factor = rope_attention_factor(self.config)
+        factor = 1.0 if local else rope_attention_factor(self.config)
         if factor == 1.0:
             return emb.cos(), emb.sin()
         return emb.cos() * factor, emb.sin() * factor

@@ -11,6 +11,7 @@ from contextlib import nullcontext
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
 from megatron_bridge.config.model import ModelConfig
@@ -65,8 +66,20 @@ class LlamaAttention(nn.Module):
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_layernorm:
-            self.q_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype)
-            self.k_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype)
+            zero = config.layernorm_zero_centered_gamma
+            self.q_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype, zero_centered=zero)
+            self.k_norm = RMSNorm(d, config.layernorm_epsilon, device="meta", dtype=dtype, zero_centered=zero)
+        scale = config.softmax_scale
+        self.query_scale = 1.0 if scale is None else scale * math.sqrt(d)
+        """Factor on the queries after RoPE, so that SDPA's own ``1/sqrt(head_dim)`` makes ``model.softmax_scale``."""
+        self.sinks: nn.Parameter | None = None
+        """Per-head sink logits (``model.softmax_type="learnable"``); "off-by-one" uses the zeros buffer
+        ``zero_sinks`` instead."""
+        if config.softmax_type == "learnable":
+            self.sinks = nn.Parameter(torch.empty(self.num_heads, device="meta", dtype=dtype))
+        elif config.softmax_type == "off-by-one":
+            self.register_buffer("zero_sinks", torch.zeros(self.num_heads, device="meta", dtype=dtype),
+                                 persistent=False)
         self.context_parallel: Callable[..., torch.Tensor] | None = None
         """Set by ``apply_context_parallel`` (CP > 1): causal attention of the local zig-zag queries over the whole
         sequence (:class:`megatron_bridge.distributed.cp_attention.ContextParallelAttention`)."""
@@ -80,20 +93,39 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin)
+        if self.query_scale != 1.0:
+            q = q * self.query_scale
         if self.context_parallel is not None:
-            out = self.context_parallel(q, k, v, window=self.window)
+            out = self.context_parallel(q, k, v, window=self.window, sinks=self._sink_logits())
         else:
-            out = causal_attention(q, k, v, self.window)
+            out = causal_attention(q, k, v, self.window, sinks=self._sink_logits())
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
+    def reset_parameters(self) -> None:
+        """Zero the sinks, the attention's own parameter (its projections and norms reset themselves)."""
+        with torch.no_grad():
+            if self.sinks is not None:
+                self.sinks.zero_()
+            if hasattr(self, "zero_sinks"):
+                self.zero_sinks.zero_()
+
+    def _sink_logits(self) -> torch.Tensor | None:
+        """This rank's heads' sink logits (tensor parallelism splits the ``sinks`` over the heads as a DTensor)."""
+        sinks = self.sinks if self.sinks is not None else getattr(self, "zero_sinks", None)
+        return sinks.to_local() if isinstance(sinks, DTensor) else sinks
+
+
 class LlamaMLP(nn.Module):
-    """Feed-forward block: SwiGLU ``down(silu(gate(x)) * up(x))`` or GELU ``down(gelu(up(x)))``."""
+    """Feed-forward block: SwiGLU ``down(silu(gate(x)) * up(x))``, GeGLU ``down(gelu_tanh(gate(x)) * up(x))`` or
+    GELU ``down(gelu(up(x)))``."""
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
         super().__init__()
         h, f, bias = config.hidden_size, config.ffn_hidden_size, config.add_bias_linear
-        self.gated = config.activation == "swiglu"
+        self.gated = config.gated_linear_unit
+        self.gate_act: Callable[[torch.Tensor], torch.Tensor] = \
+            _gelu_tanh if config.activation == "geglu" else F.silu
         self.gate_proj: nn.Linear | None = _linear(h, f, bias, dtype=dtype) if self.gated else None
         self.up_proj = _linear(h, f, bias, dtype=dtype)
         self.down_proj = _linear(f, h, bias, dtype=dtype, output_projection=True)
@@ -101,34 +133,54 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[b, s, hidden] -> [b, s, hidden]``."""
         if self.gate_proj is not None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(self.gate_act(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(F.gelu(self.up_proj(x)))
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 class LlamaDecoderLayer(nn.Module):
     """One pre-norm decoder block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; the MLP is a
-    :class:`~megatron_bridge.models.moe.MoELayer` on the layers ``config.moe_layer_pattern()`` marks."""
+    :class:`~megatron_bridge.models.moe.MoELayer` on the layers ``config.moe_layer_pattern()`` marks. With
+    ``config.post_norms`` (Gemma) the attention's and the MLP's outputs are normalized too before each residual add:
+    ``x + post_norm(attn(norm(x)))``."""
 
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype: torch.dtype) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.uses_local_rope = config.rotary_base_local is not None and config.attention_window(layer_idx) is not None
+        """Whether this layer takes the window layers' RoPE (``model.rotary_base_local``)."""
         self.input_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.self_attn: LlamaAttention | MultiLatentAttention
         if config.multi_latent_attention:
             self.self_attn = MultiLatentAttention(config, dtype=dtype, linear=_linear)
         else:
             self.self_attn = LlamaAttention(config, dtype=dtype, window=config.attention_window(layer_idx))
+        self.post_self_attn_layernorm: nn.Module | None = None
+        self.post_mlp_layernorm: nn.Module | None = None
+        if config.post_norms:
+            self.post_self_attn_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.post_attention_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
         self.mlp: LlamaMLP | MoELayer
         if config.moe_layer_pattern()[layer_idx]:
             self.mlp = MoELayer(config, dtype=dtype, linear=_linear)
         else:
             self.mlp = LlamaMLP(config, dtype=dtype)
+        if config.post_norms:
+            self.post_mlp_layernorm = build_norm(config, config.hidden_size, device="meta", dtype=dtype)
 
     def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``[b, s, hidden] -> [b, s, hidden]``."""
-        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin)
-        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        attn = self.self_attn(self.input_layernorm(hidden_states), cos, sin)
+        if self.post_self_attn_layernorm is not None:
+            attn = self.post_self_attn_layernorm(attn)
+        hidden_states = hidden_states + attn
+        mlp = self.mlp(self.post_attention_layernorm(hidden_states))
+        if self.post_mlp_layernorm is not None:
+            mlp = self.post_mlp_layernorm(mlp)
+        return hidden_states + mlp
 
 
 class LlamaModel(nn.Module):
@@ -239,6 +291,8 @@ class LlamaModel(nn.Module):
                 module.reset_parameters(std)
             elif isinstance(module, GroupedExperts):
                 module.reset_parameters(std, out_std)
+            elif isinstance(module, LlamaAttention):
+                module.reset_parameters()
 
     def forward(
         self,
@@ -274,12 +328,17 @@ class LlamaModel(nn.Module):
             )
 
         hidden_states = self.embed_tokens(input_ids) if self.embed_tokens is not None else input_ids
-        cos, sin = self.rotary_emb(position_ids)
+        if self.embed_tokens is not None and self.config.scale_embeddings_by_sqrt_hidden:
+            # The factor rounded to the embedding's dtype first, as Gemma (transformers' ScaledWordEmbedding) does.
+            scale = torch.tensor(math.sqrt(self.config.hidden_size), dtype=torch.float32, device=hidden_states.device)
+            hidden_states = hidden_states * scale.to(hidden_states.dtype)
+        rope = self.rotary_emb(position_ids)
+        local_rope = self.rotary_emb(position_ids, local=True) if self.rotary_emb.has_local else rope
         for idx, layer in enumerate(self.decoder_layers()):
             offload = idx < self.num_offloaded_layers
             ctx = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()) if offload else nullcontext()
             with ctx:
-                hidden_states = layer(hidden_states, cos, sin)
+                hidden_states = layer(hidden_states, *(local_rope if layer.uses_local_rope else rope))
         if self.norm is None:
             dtype = self.stage_output_dtype
             return hidden_states if dtype is None or hidden_states.dtype == dtype else hidden_states.to(dtype)

@@ -13,7 +13,8 @@ Counted per token of one block of the local engine (``a`` = compute-dtype bytes,
 * MLP: its input ``h`` and, for SwiGLU, gate, silu(gate), up and their product (``4 f``; GELU ``2 f``), times ``a``;
   MoE layers route each token to ``moe_router_topk`` experts of width ``moe_ffn_hidden_size``: the token copies
   and the expert intermediates, the expert outputs in fp32 (the weighted sum), the router's fp32 scores and the int64
-  routing indices (two more permutations with EP).
+  routing indices (two more permutations with EP); under MoE parallel folding (ETP 1, EP > 1, TP > 1) each TP rank
+  routes only its 1/TP of the tokens, so the routed terms divide by TP.
 
 Recompute (``model.recompute_granularity``, else the backend's ``activation_checkpointing``): "full" keeps only each
 block's input (residual dtype) plus one block recomputed during backward; ``recompute_method="block"`` does that for
@@ -107,15 +108,17 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
         norms += latent_norms
     experts = int(cfg_get(m, "num_moe_experts", 0))
     f = m.ffn_hidden_size / tp
-    width = 4 if m.activation == "swiglu" else 2
+    width = 4 if m.activation in ("swiglu", "geglu") else 2
     if experts:
         k = int(cfg_get(m, "moe_router_topk", 2))
         fe = int(cfg_get(m, "moe_ffn_hidden_size", m.ffn_hidden_size)) / layout.etp
         fs = int(cfg_get(m, "moe_shared_expert_intermediate_size", 0)) / tp
         # the gathered token copies, the expert intermediates, the expert outputs kept in fp32 for the weighted
-        # sum, and the int64 routing indices, order and token map (+ the two EP permutations)
+        # sum, and the int64 routing indices, order and token map (+ the two EP permutations); under MoE parallel
+        # folding (ETP 1, EP and TP > 1) each TP rank routes 1/TP of the tokens
+        routed = a / tp if layout.ep > 1 and tp > 1 and layout.etp == 1 else a
         indices = 8 * k * (3 + (2 if layout.ep > 1 else 0))
-        mlp = a * (h + k * (h + width * fe) + width * fs) + 4 * k * h + 8 * experts + indices
+        mlp = a * (h + width * fs) + routed * k * (h + width * fe) + (4 * k * h + 8 * experts + indices) * routed / a
         gate = a * k * fe
     else:
         mlp = a * (h + width * f)

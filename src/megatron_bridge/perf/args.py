@@ -222,7 +222,7 @@ def build_config(args: argparse.Namespace) -> ConfigContainer:
     name = recipe_name(args)
     cfg = get_recipe(name).fn()
     perf = perf_config(args)
-    base_gpus = RECIPES[name].world_size
+    base_gpus = get_recipe(name).world_size
     if perf is not None:
         perf.apply(cfg, args.compute_dtype or "bf16")
         base_gpus = perf.num_gpus

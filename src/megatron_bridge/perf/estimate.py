@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from megatron_bridge.config.gpus import GPU_MEMORY_GIB, find_gpu, known_gpus
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models.flops import num_floating_point_operations
+from megatron_bridge.perf.layout import Layout
 from megatron_bridge.perf.memory import MemoryEstimate, estimate_memory
 from megatron_bridge.perf.results import PEAK_TFLOPS
 
@@ -67,6 +68,15 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:10.3f}"
 
 
+def _expert_grid(lay: Layout) -> list[str]:
+    """With EP > 1, the folded expert groups of a stage: its tp × cp × dp ranks as etp × ep × edp."""
+    if lay.ep <= 1:
+        return []
+    split = "each TP rank routes 1/TP of the tokens" if lay.tp > 1 and lay.etp == 1 else "tokens replicated over TP"
+    return [f"experts: the {lay.tp * lay.cp * lay.dp} tp x cp x dp ranks of a stage fold as etp {lay.etp} x ep "
+            f"{lay.ep} x edp {lay.expert_shard_size} (expert state reduced over edp; {split})"]
+
+
 def memory_table(est: MemoryEstimate) -> list[str]:
     """The per-rank memory rows (GiB)."""
     lay, acts = est.layout, est.activations
@@ -75,6 +85,7 @@ def memory_table(est: MemoryEstimate) -> list[str]:
         f"layout: world {lay.world_size} = tp {lay.tp} x pp {lay.pp} x cp {lay.cp} x dp {lay.dp} (ep {lay.ep}, "
         f"vp {lay.vp}); backend {lay.backend}; {lay.num_microbatches} micro-batch(es) of {lay.micro_batch_size} x "
         f"{lay.seq_length} tokens",
+        *_expert_grid(lay),
         f"parameters: {est.params.model_total / 1e6:.2f}M in the model, {est.params.total / 1e6:.2f}M on the largest "
         f"rank before data-parallel sharding ({shard})",
         f"{'per-rank memory (GiB)':44s} {'estimate':>10s}",

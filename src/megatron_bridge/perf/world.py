@@ -2,10 +2,12 @@
 check that names the flag.
 
 Without ``-ng`` the launcher runs the smallest world size the recipe's layout allows: PP × lcm(TP × CP, EP × ETP)
-(expert parallelism is folded over the data × context × tensor-parallel ranks of a stage), provided the machine at
-hand has that many GPUs (or, without CUDA, CPU cores). Without ``-mr`` on a machine without GPUs the recipe is
-``tiny_llama``: Megatron-Bridge's default, llama3_8b, needs GPUs. Both choices are said in one line
-(:func:`resolve_defaults`).
+(expert parallelism folds over the TP × CP × DP ranks of a stage, ETP None meaning TP), provided the machine at hand
+has that many GPUs (or, without CUDA, CPU cores). With ``-ng N`` (and no ``-g``) that the recipe's layout cannot run
+on, Megatron-Bridge's per-GPU recipe of that model for exactly N H100s is used where one exists
+(``qwen3_30b_a3b`` at ``-ng 8``: ``qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config``, TP4 PP2 EP4), as its launcher
+picks the perf config of exactly ``-ng`` GPUs. Without ``-mr`` on a machine without GPUs the recipe is ``tiny_llama``:
+Megatron-Bridge's default, llama3_8b, needs GPUs. Both choices are said in one line (:func:`resolve_defaults`).
 """
 
 import argparse
@@ -14,7 +16,6 @@ import os
 from dataclasses import dataclass
 
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.config.rules_moe import expert_tensor_parallel_size
 from megatron_bridge.errors import LaunchError
 
 
@@ -53,26 +54,36 @@ def this_machine() -> Machine:
 
 
 def smallest_world_size(cfg: ConfigContainer) -> int:
-    """PP × lcm(TP × CP, EP × ETP): the fewest processes the config's layout runs on (EP × ETP divides DP × CP × TP:
-    MoE parallel folding, rule ``expert_parallel_layout``; TP × PP × lcm(CP, EP) without TP); 1 for sizes that are
-    not positive (``validate()`` names those)."""
+    """PP × lcm(TP × CP, EP × ETP): the fewest processes the config's layout runs on (1 for sizes that are not
+    positive; ``validate()`` names those). ETP None is TP (Megatron's default)."""
     m = cfg.model
+    etp = m.expert_tensor_parallel_size if m.expert_tensor_parallel_size is not None else m.tensor_model_parallel_size
     sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
-             m.expert_model_parallel_size)
+             m.expert_model_parallel_size, etp)
     if not all(isinstance(s, int) and s > 0 for s in sizes):
         return 1
-    tp, pp, cp, ep = sizes
-    etp = expert_tensor_parallel_size(cfg) if ep > 1 else 1
-    return pp * math.lcm(tp * cp, ep * etp if isinstance(etp, int) and etp > 0 else ep)
+    tp, pp, cp, ep, etp = sizes
+    return pp * math.lcm(tp * cp, ep * etp if m.is_moe else 1)
 
 
 def layout_text(cfg: ConfigContainer) -> str:
-    """``TP×PP×CP = 1×1×2`` (``×EP`` added when EP > 1)."""
+    """``TP×PP×CP = 1×1×2`` (``×EP`` and ``×ETP`` added when EP > 1)."""
     m = cfg.model
     names, sizes = "TP×PP×CP", [m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size]
     if m.expert_model_parallel_size != 1:
-        names, sizes = names + "×EP", [*sizes, m.expert_model_parallel_size]
+        etp = m.expert_tensor_parallel_size
+        names, sizes = names + "×EP×ETP", [*sizes, m.expert_model_parallel_size,
+                                           etp if etp is not None else m.tensor_model_parallel_size]
     return f"{names} = {'×'.join(str(s) for s in sizes)}"
+
+
+def per_gpu_recipe(recipe: str, num_gpus: int) -> str | None:
+    """Megatron-Bridge's per-GPU recipe of ``recipe`` for exactly ``num_gpus`` H100s
+    (``<recipe>_pretrain_<N>gpu_h100_bf16_config``, exported by :mod:`megatron_bridge.recipes`), None without one."""
+    import megatron_bridge.recipes as recipes
+
+    name = f"{recipe.removesuffix('_pretrain_config')}_pretrain_{num_gpus}gpu_h100_bf16_config"
+    return name if callable(getattr(recipes, name, None)) else None
 
 
 def check_world_size(cfg: ConfigContainer, num_gpus: int) -> None:
@@ -83,7 +94,7 @@ def check_world_size(cfg: ConfigContainer, num_gpus: int) -> None:
     lower = need * (num_gpus // need)
     fix = f"-ng {need * (num_gpus // need + 1)}" + (f" or -ng {lower}" if lower else "")
     raise LaunchError(f"-ng {num_gpus}: the world size must be a multiple of {need} ({layout_text(cfg)}; PP × "
-                      f"lcm(TP × CP, EP × ETP)): give {fix}, or change -tp/-pp/-cp/-ep")
+                      f"lcm(TP × CP, EP × ETP)): give {fix}, or change -tp/-pp/-cp/-ep/-et")
 
 
 def default_world_size(cfg: ConfigContainer, recipe: str, machine: Machine | None) -> tuple[int, str]:
@@ -109,7 +120,8 @@ def check_machine(cfg: ConfigContainer, machine: Machine) -> None:
 
 
 def resolve_defaults(args: argparse.Namespace, machine: Machine | None) -> str | None:
-    """Fill ``args.model_recipe_name`` (no ``-mr``/``--recipe``/``-m`` and no GPU on ``machine``) and
+    """Fill ``args.model_recipe_name`` (no ``-mr``/``--recipe``/``-m`` and no GPU on ``machine``; or Megatron-Bridge's
+    per-GPU recipe of exactly ``-ng`` GPUs when the recipe's layout cannot run on ``-ng`` and there is no ``-g``) and
     ``args.num_gpus`` (no ``-ng``) in place; return the one line that says what was chosen (None: nothing was).
     With ``-gn`` and no ``-ng`` the job is ``-gn`` × ``--nnodes`` processes, as given."""
     from megatron_bridge.perf.args import build_config, recipe_name
@@ -127,4 +139,11 @@ def resolve_defaults(args: argparse.Namespace, machine: Machine | None) -> str |
     elif args.num_gpus is None:
         args.num_gpus, line = default_world_size(build_config(args), recipe_name(args), machine)
         said.append(line)
+    elif args.gpu is None and args.num_gpus % smallest_world_size(build_config(args)):
+        recipe = recipe_name(args)
+        per_gpu = per_gpu_recipe(recipe, args.num_gpus)
+        if per_gpu is not None:
+            args.model_recipe_name, args.recipe = per_gpu, None
+            said.append(f"recipe {per_gpu}: Megatron-Bridge's {args.num_gpus}-GPU layout of {recipe} (-ng "
+                        f"{args.num_gpus}; {layout_text(build_config(args))})")
     return "launch.py: " + "; ".join(said) if said else None

@@ -10,6 +10,8 @@ package also holds the per-GPU names (``llama3_8b_pretrain_2gpu_h100_bf16_config
 and ``recipes.qwen.h100``, and the names of ``recipes.qwen`` (its GB200 Qwen3-MoE name).
 """
 
+import re
+
 from megatron_bridge.config.families import family_recipes
 from megatron_bridge.recipes.base import RecipeInfo
 from megatron_bridge.recipes.llama import (
@@ -73,7 +75,7 @@ _BUILT_IN: dict[str, RecipeInfo] = {
     "qwen3_14b": RecipeInfo(qwen3_14b_pretrain_config, 8),
     "qwen3_32b": RecipeInfo(qwen3_32b_pretrain_config, 16),
     "qwen3_30b_a3b": RecipeInfo(qwen3_30b_a3b_pretrain_config, 16),
-    "qwen3_235b_a22b": RecipeInfo(qwen3_235b_a22b_pretrain_config, 512),
+    "qwen3_235b_a22b": RecipeInfo(qwen3_235b_a22b_pretrain_config, 256),
 }
 """The recipes of this package; :func:`all_recipes` adds the family folders' ones."""
 _ALL: dict[str, RecipeInfo] = {}
@@ -89,9 +91,14 @@ def all_recipes() -> dict[str, RecipeInfo]:
     return _ALL
 
 
+_PER_GPU_NAME = re.compile(r"_pretrain_(\d+)gpu_\w+_config$")
+"""Megatron-Bridge's per-GPU recipe names (``qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config``): N GPUs."""
+
+
 def get_recipe(name: str) -> RecipeInfo:
-    """Look up a recipe by name (with or without the ``_pretrain_config`` suffix) or by its function's name
-    (``llama3_70b_pretrain_deterministic_config``)."""
+    """Look up a recipe by name (with or without the ``_pretrain_config`` suffix), by its function's name
+    (``llama3_70b_pretrain_deterministic_config``) or by a Megatron-Bridge per-GPU name this package exports
+    (``qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config``: its world size is the name's GPU count)."""
     from megatron_bridge.errors import ConfigValidationError
 
     key = name.removesuffix("_pretrain_config")
@@ -99,6 +106,9 @@ def get_recipe(name: str) -> RecipeInfo:
     by_function = {info.fn.__name__: info for info in recipes.values()}
     if key not in recipes and name in by_function:
         return by_function[name]
+    per_gpu = _PER_GPU_NAME.search(name)
+    if key not in recipes and per_gpu and callable(globals().get(name)):  # Megatron-Bridge's per-GPU names
+        return RecipeInfo(globals()[name], int(per_gpu.group(1)))
     if key not in recipes:
         raise ConfigValidationError(f"unknown recipe {name!r}; known: {sorted(recipes)}", ("recipe",))
     return recipes[key]

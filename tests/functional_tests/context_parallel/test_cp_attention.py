@@ -10,7 +10,9 @@ of its local q/k/v slices must equal the reference's rows at its positions withi
 (fp32; dv entries reach ~3 here and differ by up to ~1.2e-6 absolute: the gradient of a key sums the contributions of
 queries on other ranks in another order), with the plain causal mask and with a padding / end-of-document mask
 (``segment_ids``: three documents, then padding), and with a sliding window of 11 tokens (shorter than the sequence,
-longer than a zig-zag chunk) against the one-process window attention of ``megatron_bridge.models.attention``.
+longer than a zig-zag chunk) against the one-process window attention of ``megatron_bridge.models.attention``, and
+with attention sinks (4 per-head logits, with and without the window; the sinks' gradients summed over the CP ranks
+equal the one-process gradient).
 """
 
 import pytest
@@ -53,22 +55,33 @@ def _cp_mesh(cp: int):  # noqa: ANN202  (DeviceMesh)
 WINDOW = 11
 
 
-def _check(segment_ids: torch.Tensor | None, mesh, window: int | None = None) -> float:  # noqa: ANN001
+def _check(segment_ids: torch.Tensor | None, mesh, window: int | None = None,  # noqa: ANN001
+           with_sinks: bool = False) -> float:
     world, rank = mesh.size(), mesh.get_local_rank()
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(BATCH, HEADS, SEQ, DIM, generator=gen, requires_grad=True)
     k = torch.randn(BATCH, KV_HEADS, SEQ, DIM, generator=gen, requires_grad=True)
     v = torch.randn(BATCH, KV_HEADS, SEQ, DIM, generator=gen, requires_grad=True)
     grad_out = torch.randn(BATCH, HEADS, SEQ, DIM, generator=gen)
-    ref = causal_attention(q, k, v, segment_ids) if window is None else attention.causal_attention(q, k, v, window)
+    sinks = (2.0 * torch.randn(HEADS, generator=gen)).requires_grad_() if with_sinks else None
+    if window is None and sinks is None:
+        ref = causal_attention(q, k, v, segment_ids)
+    else:
+        ref = attention.causal_attention(q, k, v, window, sinks=sinks)
     ref.backward(grad_out)
 
     local = [zigzag_slice(t.detach(), world, rank, dim=2).requires_grad_() for t in (q, k, v)]
     seg = zigzag_slice(segment_ids, world, rank, dim=1) if segment_ids is not None else None
-    out = ContextParallelAttention(mesh, "all_gather")(*local, seg, window=window)
+    local_sinks = sinks.detach().clone().requires_grad_() if sinks is not None else None
+    out = ContextParallelAttention(mesh, "all_gather")(*local, seg, window=window, sinks=local_sinks)
     out.backward(zigzag_slice(grad_out, world, rank, dim=2))
     failures, worst = [], 0.0
     pairs = [("out", out, ref.detach())] + [(f"d{n}", p.grad, f.grad) for n, f, p in zip("qkv", (q, k, v), local)]
+    if sinks is not None:  # each rank holds its queries' part of the sinks' gradient: their sum is the reference's
+        dist.all_reduce(local_sinks.grad, group=mesh.get_group())
+        diff = (local_sinks.grad - sinks.grad).abs().max().item()
+        if diff > ATOL * max(1.0, sinks.grad.abs().max().item()):
+            failures.append(f"dsinks differs by {diff:.3g}")
     for name, got, full in pairs:
         want = zigzag_slice(full, world, rank, dim=2)
         diff = (got - want).abs().max().item()
@@ -87,12 +100,13 @@ def _run(cp: int) -> None:
     plain = _check(None, mesh)
     masked = _check(_segments(), mesh)
     windowed = _check(None, mesh, WINDOW)
+    sinks = max(_check(None, mesh, with_sinks=True), _check(None, mesh, WINDOW, with_sinks=True))
     # the functional form, without the mesh wrapper, gives the same output
     rank = mesh.get_local_rank()
     x = torch.randn(1, 2, SEQ // cp, 4, generator=torch.Generator().manual_seed(rank))
     assert all_gather_attention(x, x, x, mesh.get_group(), rank).shape == x.shape
     print(f"[cp attention] CP={cp} rank {dist.get_rank()} (CP rank {rank}): max diff plain {plain:.2e}, "
-          f"masked {masked:.2e}, window {windowed:.2e}")
+          f"masked {masked:.2e}, window {windowed:.2e}, sinks {sinks:.2e}")
 
 
 def test_cp2_attention_matches_one_process(launches: LaunchGroups | None) -> None:

@@ -52,6 +52,14 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                   "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
     "qwen3-moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                                 "norm_topk_prob": True, "mlp_only_layers": [0]}),
+    "gemma3": ("gemma3", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                          "layer_types": ["sliding_attention", "full_attention"],
+                          "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    "gemma3-linear-rope": ("gemma3", {"head_dim": 16, "sliding_window": 6, "query_pre_attn_scalar": 16,
+                                      "layer_types": ["full_attention", "sliding_attention"], "rope_parameters": {
+                                          "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
 }
 
 

@@ -60,6 +60,7 @@ MB_VALUES: dict[str, tuple] = {
     "llama31_405b_deterministic": (256, 8, 8, 2, 4, 1, True, *_LLAMA, 131072, None, True),
     "llama32_1b": (1, 1, 1, None, 1, 1, False, *_LLAMA, 8192, *_BF16),
     "llama32_3b": (1, 1, 1, None, 1, 1, False, *_LLAMA, 8192, *_BF16),
+    "gemma3_1b": (1, 1, 1, None, 1, 1, False, *_LLAMA, 32768, *_BF16),
     "qwen3_600m": (1, 1, 1, None, 1, 1, False, *_COMMON),
     "qwen3_1p7b": (1, 1, 1, None, 1, 1, False, *_COMMON),
     "qwen3_4b": (2, 2, 1, None, 1, 1, False, *_COMMON),
@@ -118,12 +119,9 @@ PER_GPU: dict[str, dict[str, str | tuple]] = {
 }
 """Megatron-Bridge's per-GPU pretraining names at ``MB_COMMIT`` for the Llama 3 and Qwen3 families, by our module
 (``megatron_bridge.recipes.<key>``): the short name it stands for, or its values in ``FIELDS`` order."""
-DIFFERENCES = {("qwen3_235b_a22b", "gpus"): 512, ("qwen3_235b_a22b", "global_batch_size"): 64,
-               ("qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config", "gpus"): 32,
-               ("qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_functional_config", "eval_interval"): None}
-"""Ours where we differ on purpose: EP is carved out of DP × CP here (docs/megatron-bridge-differences.md, MoE
-parallel folding), so the 235B layout needs DP 4 (the batch keeps Megatron-Bridge's 16 micro-batches per rank) and
-the 8-GPU 30B-A3B layout (EP4) DP 4; evaluation off is ``eval_interval=None`` here (0 there)."""
+DIFFERENCES = {("qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_functional_config", "eval_interval"): None}
+"""Ours where we differ on purpose: evaluation off is ``eval_interval=None`` here (0 there). (The MoE recipes run at
+Megatron-Bridge's own world sizes: EP folds over the TP × CP × DP ranks, as in megatron-core.)"""
 CAPABILITY = {"h100": (9, 0), "gb200": (10, 0)}
 """Compute capability of the GPU a recipe is laid out for: FP8/FP4 recipes validate against it (CUDA mocked, the
 boundary), MXFP8 (Blackwell only) against a Blackwell GPU whatever its name says."""
@@ -221,10 +219,21 @@ def test_per_gpu_modules_export_exactly_the_table(module: str) -> None:
     assert sorted(importlib.import_module(f"megatron_bridge.recipes.{module}").__all__) == sorted(PER_GPU[module])
 
 
-def test_differences_are_documented() -> None:
-    text = DOC.read_text()
-    assert "235B recipe keeps the layout on 512 GPUs (DP 4) with global batch 64" in text
-    assert "8-GPU Qwen3-30B-A3B layout (TP4 PP2 EP4) on 32 GPUs" in text
+def test_moe_recipes_validate_at_megatron_bridges_world_sizes() -> None:
+    """Issue 44: Megatron-Bridge's MoE layouts where EP exceeds data × context parallelism (EP folded over the TP
+    ranks) validate at its own world sizes, with its batch."""
+    from megatron_bridge.recipes.qwen.h100 import (
+        qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config,
+        qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config,
+    )
+
+    small = qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config()
+    small.validate(world_size=8)
+    assert small.data_parallel_size(8) == 1 and small.model.expert_model_parallel_size == 4
+    big = qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config()
+    big.validate(world_size=256)
+    assert big.data_parallel_size(256) == 2 and big.train.global_batch_size == 32
+    assert "MoE parallel folding: with `expert_tensor_parallel_size=1` EP is carved out" not in DOC.read_text()
 
 
 def test_megatron_bridge_import_path() -> None:
@@ -244,11 +253,13 @@ def test_megatron_bridge_import_path() -> None:
 
 
 # ------------------------------------------------------------------------------------------- flat perf recipes
-PERF_REFUSED = {"expert_parallel_layout": "EP carved out of DP × CP (MoE parallel folding)",
+PERF_REFUSED = {"expert_parallel_layout": "EP × ETP × PP larger than the world: megatron-core refuses these as well",
                 "fp8_local_compat": "FP8 with Megatron FSDP on the native engine",
                 "tensor_parallel_backend": "TP with Megatron FSDP on the native engine"}
 """Rules a perf config may fail here, each a row of docs/megatron-bridge-differences.md; NVFP4 ones also fail
-``fp8_requirements`` (no torchao NVFP4 training recipe on the native engine)."""
+``fp8_requirements`` (no torchao NVFP4 training recipe on the native engine). An MoE layout is refused only where
+megatron-core's own ``initialize_model_parallel`` refuses it too (the world size not divisible by ETP × EP × PP: 7
+Qwen3-235B-A22B configs at 64 GPUs with EP 32 and PP 4 or 8); EP folds over the TP × CP × DP ranks (issue 44)."""
 
 
 def _launch_args(name: str) -> argparse.Namespace:
@@ -291,7 +302,11 @@ def test_launched_perf_config_equals_megatron_bridges(name: str, monkeypatch: py
         cfg.validate(world_size=args.num_gpus)
     except ConfigValidationError as exc:
         allowed = set(PERF_REFUSED) | ({"fp8_requirements"} if args.compute_dtype == "nvfp4" else set())
-        assert set(re.findall(r"\[rule (\w+)\]", str(exc))) <= allowed, exc
+        rules = set(re.findall(r"\[rule (\w+)\]", str(exc)))
+        assert rules <= allowed, exc
+        if "expert_parallel_layout" in rules:  # megatron-core's initialize_model_parallel refuses it as well
+            etp = m.expert_tensor_parallel_size or m.tensor_model_parallel_size
+            assert args.num_gpus % (etp * m.expert_model_parallel_size * m.pipeline_model_parallel_size), name
     else:
         assert args.compute_dtype != "nvfp4", "NVFP4 has no torchao recipe: the native engine refuses it"
 

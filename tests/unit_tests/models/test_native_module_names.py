@@ -9,7 +9,7 @@ from megatron_bridge.models.llama import LlamaModel
 from megatron_bridge.recipes import get_recipe
 
 
-@pytest.mark.parametrize("recipe", ["tiny_llama", "tiny_moe", "qwen3_600m"])
+@pytest.mark.parametrize("recipe", ["tiny_llama", "tiny_moe", "qwen3_600m", "tiny_gemma3"])
 def test_names_of_recipe_models(recipe: str) -> None:
     model = get_recipe(recipe).fn().model
     model.num_layers = 2

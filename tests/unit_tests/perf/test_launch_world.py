@@ -23,12 +23,39 @@ def _args(*argv: str):  # noqa: ANN202
     return build_parser().parse_args(list(argv))
 
 
-def test_smallest_world_size_is_tp_pp_lcm_cp_ep() -> None:
+def test_smallest_world_size_is_pp_lcm_tp_cp_ep_etp() -> None:
+    """PP × lcm(TP × CP, EP × ETP): EP folds over the TP × CP × DP ranks of a stage (ETP None is TP)."""
     assert smallest_world_size(build_config(_args("-mr", "llama3_8b"))) == 2  # CP=2
     assert smallest_world_size(build_config(_args("--recipe", "tiny_llama", "-tp", "2", "-pp", "2"))) == 4
     assert smallest_world_size(build_config(_args("--recipe", "tiny_moe", "-cp", "2", "-ep", "4"))) == 4
     assert smallest_world_size(build_config(_args("--recipe", "tiny_moe", "-cp", "2", "-ep", "3"))) == 6
-    assert smallest_world_size(build_config(_args("-mr", "moonlight_16b"))) == 8  # TP2 EP8: EP folded over TP
+    folded = ("--recipe", "tiny_moe", "-tp", "2", "-ep", "2", "-et", "1")
+    assert smallest_world_size(build_config(_args(*folded))) == 2  # EP over the two TP ranks
+    assert smallest_world_size(build_config(_args(*folded, "-pp", "2"))) == 4
+    assert smallest_world_size(build_config(_args("--recipe", "tiny_moe", "-tp", "2", "-ep", "2"))) == 4  # ETP = TP
+    assert smallest_world_size(build_config(_args("-mr", "qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config"))) == 8
+
+
+def test_ng_the_recipe_cannot_run_takes_megatron_bridges_layout_of_exactly_ng_gpus() -> None:
+    """Issue 44: ``-mr qwen3_30b_a3b -ng 8`` (its generic layout is EP 16 on 16 GPUs) runs Megatron-Bridge's 8-GPU
+    recipe, TP4 PP2 EP4 with EP folded over the TP ranks, said in one line; a world the recipe runs on, or a -g perf
+    config, keeps the recipe; without a per-GPU recipe the world-size error stays."""
+    args = _args("-mr", "qwen3_30b_a3b", "-ng", "8")
+    line = resolve_defaults(args, None)
+    assert args.model_recipe_name == "qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config"
+    assert line == ("launch.py: recipe qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config: Megatron-Bridge's 8-GPU layout "
+                    "of qwen3_30b_a3b (-ng 8; TP×PP×CP×EP×ETP = 4×2×1×4×1)")
+    cfg = build_config(args)
+    check_world_size(cfg, 8)
+    cfg.validate(world_size=8)
+    kept = _args("-mr", "qwen3_30b_a3b", "-ng", "16")
+    assert resolve_defaults(kept, None) is None and kept.model_recipe_name == "qwen3_30b_a3b"
+    with_gpu = _args("-mr", "qwen3_30b_a3b", "-ng", "8", "-g", "h100")
+    assert resolve_defaults(with_gpu, None) is None and with_gpu.model_recipe_name == "qwen3_30b_a3b"
+    none = _args("-mr", "llama3_8b", "-ng", "3")
+    assert resolve_defaults(none, None) is None
+    with pytest.raises(LaunchError, match=r"^-ng 3: the world size must be a multiple of 2"):
+        check_world_size(build_config(none), 3)
 
 
 def test_bare_command_on_a_cpu_machine_picks_tiny_llama_on_one_rank() -> None:

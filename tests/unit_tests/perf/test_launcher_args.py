@@ -219,6 +219,21 @@ def test_dryrun_prints_validated_megatron_fsdp_yaml() -> None:
     assert "before data-parallel sharding (/8)" in out
 
 
+def test_dryrun_of_a_folded_moe_layout_prints_the_expert_groups() -> None:
+    """Issue 44: ``launch.py -mr qwen3_30b_a3b -ng 8 --dryrun`` runs Megatron-Bridge's 8-GPU layout (TP4 PP2 EP4,
+    EP folded over the TP ranks) and its per-rank estimate names the folded expert groups."""
+    out = subprocess.run([sys.executable, "scripts/performance/launch.py", "-mr", "qwen3_30b_a3b", "-ng", "8",
+                          "--dryrun"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    data = yaml.safe_load(out)
+    m = data["model"]
+    assert (m["tensor_model_parallel_size"], m["pipeline_model_parallel_size"], m["expert_model_parallel_size"],
+            m["expert_tensor_parallel_size"]) == (4, 2, 4, 1)
+    assert "# layout: world 8 = tp 4 x pp 2 x cp 1 x dp 1 (ep 4, vp 1)" in out
+    assert ("# experts: the 4 tp x cp x dp ranks of a stage fold as etp 1 x ep 4 x edp 1 (expert state reduced over "
+            "edp; each TP rank routes 1/TP of the tokens)") in out
+    assert "# per-rank memory (GiB)" in out and "peak" in out
+
+
 def test_results_mfu_and_compare(tmp_path: Path) -> None:
     cfg = _cfg("--recipe", "tiny_llama", "-c", "bf16")
     run = SimpleNamespace(step_times=[1.0, 1.0, 1.0, 0.5, 0.5], world_size=2, tokens_per_step=1000,

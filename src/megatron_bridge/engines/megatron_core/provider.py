@@ -20,12 +20,15 @@ overlap_p2p_comm, batch_p2p_comm,
 cp_comm_type (TE attention under CP),
 window_size, window_attn_skip_freq,
 deterministic_mode
-activation="swiglu" / "gelu"                ``gated_linear_unit=True, activation_func=F.silu`` / ``False, F.gelu``
+activation="swiglu" / "geglu" / "gelu"     ``gated_linear_unit=True, activation_func=F.silu`` / ``True, fast_gelu``
+                                            (tanh GELU) / ``False, F.gelu``
+softmax_scale                               ``TransformerConfig(softmax_scale=...)``
 params_dtype, pipeline_dtype (None:         ``TransformerConfig`` bf16/fp16, dtypes, FP8/FP4 fields
 params_dtype), mixed precision              (:mod:`.precision`); bf16/fp16 chunks in ``Float16Module``
 padded_vocab_size, seq_length               ``GPTModel(vocab_size=..., max_sequence_length=...)``
-rotary_base, rope_scaling(_factor)          ``GPTModel(position_embedding_type="rope", rotary_base=...,
-                                            rope_scaling=..., rope_scaling_factor=...)``
+rotary_base, rope_scaling(_factor),         ``GPTModel(position_embedding_type="rope", rotary_base=...,
+seq_len_interpolation_factor                rope_scaling=..., rope_scaling_factor=...,
+                                            seq_len_interpolation_factor=...)``
 share_embeddings_and_output_weights         ``GPTModel(share_embeddings_and_output_weights=...)``
 transformer_impl                            layer spec: ``get_gpt_layer_local_spec`` ("local") or
                                             ``get_gpt_layer_with_transformer_engine_spec``
@@ -67,9 +70,10 @@ def transformer_config(model: "ModelConfig", device: torch.device, precision: di
     (:func:`megatron_bridge.engines.megatron_core.precision.transformer_precision`) replaces the dtype fields and adds
     the
     bf16/fp16 and FP8/FP4 ones."""
+    from megatron.core.activations import fast_gelu
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    swiglu = model.activation == "swiglu"
+    activation_func = {"swiglu": F.silu, "geglu": fast_gelu}.get(model.activation, F.gelu)
     kwargs: dict[str, Any] = dict(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
@@ -80,8 +84,9 @@ def transformer_config(model: "ModelConfig", device: torch.device, precision: di
         normalization=model.normalization,
         layernorm_epsilon=model.layernorm_epsilon,
         qk_layernorm=model.qk_layernorm,
-        gated_linear_unit=swiglu,
-        activation_func=F.silu if swiglu else F.gelu,
+        gated_linear_unit=model.gated_linear_unit,
+        activation_func=activation_func,
+        softmax_scale=model.softmax_scale,
         add_bias_linear=model.add_bias_linear,
         add_qkv_bias=model.add_qkv_bias,
         hidden_dropout=0.0,
@@ -214,6 +219,7 @@ def _build_chunk(model: "ModelConfig", config: Any, device: torch.device, vp_sta
         rotary_base=model.rotary_base,
         rope_scaling=model.rope_scaling,
         rope_scaling_factor=model.rope_scaling_factor,
+        seq_len_interpolation_factor=model.seq_len_interpolation_factor,
         vp_stage=vp_stage,
     )
     gpt.register_forward_pre_hook(accept_native_call, with_kwargs=True)  # custom steps of the native model's form

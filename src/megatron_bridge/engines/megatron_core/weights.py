@@ -80,7 +80,7 @@ def weight_rules(model: "ModelConfig") -> list[WeightRule]:
         WeightRule((f"{n.FINAL_NORM}.bias",), "decoder.final_layernorm.bias"),
         WeightRule((f"{n.OUTPUT}.weight",), "output_layer.weight"),
     ]
-    return top + _layer_rules(model.activation == "swiglu")
+    return top + _layer_rules(model.gated_linear_unit)
 
 
 def _regex(pattern: str) -> re.Pattern[str]:

@@ -31,10 +31,8 @@ def qwen3_30b_a3b_pretrain_config(**overrides: Any) -> ConfigContainer:
     (experts 8 per rank), 16 GPUs, with its convergence values (100 steps of 1024 samples, 40 warmup steps,
     gradients reduced in bf16; :func:`~megatron_bridge.recipes.base.convergence_cohort`).
 
-    Megatron-Bridge's 8-GPU variant is TP4 PP2 EP4 with sequence parallelism: pass
-    ``tensor_model_parallel_size=4, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
-    sequence_parallel=True`` (and 32 GPUs here: EP is carved out of data-parallel × CP ranks, see
-    docs/training/moe.md).
+    Megatron-Bridge's 8-GPU variant (TP4 PP2 EP4 with sequence parallelism, EP folded over the TP ranks) is
+    :func:`qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config`.
     """
     model = qwen3_moe_model(48, 2048, 6144, 32, 768, expert_model_parallel_size=16)
     return apply_common_overrides(convergence_cohort(_mb_training(pretrain_common(model))), **overrides)
@@ -43,10 +41,9 @@ def qwen3_30b_a3b_pretrain_config(**overrides: Any) -> ConfigContainer:
 def qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config(**overrides: Any) -> ConfigContainer:
     """Qwen3-30B-A3B as Megatron-Bridge's 8-GPU H100 recipe (``qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config``): TP4
     PP2 EP4 with sequence parallelism, bfloat16 activations between stages, full recompute (uniform, 1 layer), its
-    ``_pretrain_common`` training values (300000 steps of 32 samples, micro-batch 2, 500 warmup steps).
-
-    It runs on 8 GPUs there (EP folded over TP × DP); here EP is carved out of DP × CP, so EP4 needs DP 4:
-    32 GPUs (docs/megatron-bridge-differences.md, MoE parallel folding)."""
+    ``_pretrain_common`` training values (300000 steps of 32 samples, micro-batch 2, 500 warmup steps). On 8 GPUs,
+    as there: with ``expert_tensor_parallel_size=1`` EP folds over the TP ranks of a stage (MoE parallel folding,
+    docs/training/moe.md), each TP rank routing its own sequence-parallel tokens."""
     model = qwen3_moe_model(48, 2048, 6144, 32, 768, tensor_model_parallel_size=4, pipeline_model_parallel_size=2,
                             expert_model_parallel_size=4, sequence_parallel=True, pipeline_dtype="bfloat16")
     model.recompute_granularity, model.recompute_method, model.recompute_num_layers = "full", "uniform", 1
@@ -59,18 +56,15 @@ def qwen3_235b_a22b_pretrain_config(**overrides: Any) -> ConfigContainer:
     parallelism, the embedding and the loss each counted as a layer in the pipeline split (94 + 2 = 16 stages × 6:
     the first stage holds the embedding and 5 layers, the last 5 layers and the output layer), bfloat16 activations
     between stages; Megatron-Bridge's ``_pretrain_common`` training values (300000 steps, micro-batch 1, 500
-    warmup steps) with its 16 micro-batches per data-parallel rank: global batch 32 at its DP 2, 64 at DP 4 here.
-
-    Megatron folds EP over TP × DP × CP (experts with ETP 1 use the TP ranks as expert-parallel ranks), so it runs
-    this layout on 256 GPUs (DP 2); here EP is carved out of DP × CP only, so EP8 needs DP × CP >= 8: 512 GPUs
-    (DP 4). On 256 GPUs pass ``expert_model_parallel_size=4``.
+    warmup steps) with its global batch 32: 16 micro-batches per data-parallel rank at DP 2 on 256 GPUs. EP folds
+    over the TP × CP × DP ranks of a stage (ETP 1: 16 ranks per stage, EP 8 × expert-data 2), as in megatron-core.
     """
     model = qwen3_moe_model(94, 4096, 12288, 64, 1536, tensor_model_parallel_size=4, pipeline_model_parallel_size=16,
                             context_parallel_size=2, expert_model_parallel_size=8, sequence_parallel=True,
                             account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True,
                             pipeline_dtype="bfloat16")
     cfg = _mb_training(pretrain_common(model))
-    cfg.train.global_batch_size, cfg.train.micro_batch_size = 64, 1  # 16 micro-batches per DP rank, as there
+    cfg.train.micro_batch_size = 1  # global batch 32: 16 micro-batches per DP rank at DP 2, as there
     return apply_common_overrides(cfg, **overrides)
 
 
