@@ -61,6 +61,34 @@ def check_attention_split(attention: str, styles: dict[str, str | None], heads: 
     return True
 
 
+def check_mla_split(attention: str, plan: dict[str, str], cfg: "ModelConfig") -> None:
+    """A multi-latent attention is split whole or not at all: its head-producing projections (the query projection
+    or up-projection, and the key/value up-projection) all ``colwise`` with the output projection ``rowwise``, heads
+    divisible by TP; its latent down-projections and norms are never split (megatron-core keeps them whole).
+
+    Raises:
+        ConfigValidationError: the attention is split partly, a latent module is split, or heads do not divide.
+    """
+    heads = [n.Q_PROJ if cfg.q_lora_rank is None else n.MLA_Q_UP, n.MLA_KV_UP]
+    styles = {p: plan.get(f"{attention}.{p}") for p in (*heads, n.O_PROJ)}
+    latents = [p for p in n.mla_modules(cfg) if p not in styles and plan.get(f"{attention}.{p}") in
+               ("colwise", "rowwise")]
+    if latents:
+        raise ConfigValidationError(f"fsdp2.tp_plan splits {attention}.{latents[0]}: the latent projections and norms "
+                                    "of multi-latent attention stay whole on every TP rank (leave them out)",
+                                    ("fsdp2.tp_plan",))
+    if all(styles[p] != "colwise" for p in heads) and styles[n.O_PROJ] != "rowwise":
+        return
+    if not (all(styles[p] == "colwise" for p in heads) and styles[n.O_PROJ] == "rowwise"):
+        raise ConfigValidationError(
+            f"fsdp2.tp_plan shards {attention} partly: {' and '.join(heads)} must be 'colwise' and {n.O_PROJ} "
+            "'rowwise' (heads are split over the TP group), or none of them sharded.", ("fsdp2.tp_plan",))
+    if cfg.num_attention_heads % cfg.tensor_model_parallel_size:
+        raise ConfigValidationError(f"{attention}: {cfg.num_attention_heads} heads are not divisible by "
+                                    f"model.tensor_model_parallel_size={cfg.tensor_model_parallel_size}.",
+                                    ("model.tensor_model_parallel_size",))
+
+
 def check_custom_plan(cfg: "ModelConfig", patterns: dict[str, str]) -> None:
     """Resolve ``fsdp2.tp_plan`` against the native model's module names and check every attention's split, as
     applying the plan will (rule ``tp_plan_matches_model`` of ``validate()``).
@@ -69,6 +97,10 @@ def check_custom_plan(cfg: "ModelConfig", patterns: dict[str, str]) -> None:
         ConfigValidationError: the plan matches no module, shards an attention partly, or heads do not divide by TP.
     """
     plan = {name: patterns[p] for name, p in match_patterns(native_module_names(cfg), patterns).items()}
+    if cfg.multi_latent_attention:
+        for i in range(cfg.num_layers):
+            check_mla_split(n.attention(i), plan, cfg)
+        return
     heads = {"num_heads": cfg.num_attention_heads, "num_kv_heads": cfg.num_kv_heads}
     for i in range(cfg.num_layers):
         attention = n.attention(i)

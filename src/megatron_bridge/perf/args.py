@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "memory estimate's device")
     what.add_argument("-ng", "--num_gpus", type=positive_int, default=None,
                       help="processes of the whole job (GPUs, or CPU ranks); default: the smallest world size the "
-                      "recipe's layout allows (TP x PP x lcm(CP, EP)) if this machine has that many")
+                      "recipe's layout allows (PP x lcm(TP x CP, EP x ETP)) if this machine has that many")
     what.add_argument("-gn", "--gpus_per_node", type=positive_int, default=None,
                       help="processes per node (Megatron-Bridge's flag); -ng must be a multiple of it, the job spans "
                       "-ng / -gn nodes (default: all -ng on one node)")

@@ -130,3 +130,18 @@ def test_megatron_core_checkpoints_of_mla_are_refused_before_any_weight() -> Non
 
     with pytest.raises(BridgeError, match=r"model.multi_latent_attention=True: .*megatron_core_mla"):
         megatron_core_checkpoint_config(ConfigContainer(model=_ours(16)))
+
+
+def test_custom_tp_plan_splits_mla_whole_or_not_at_all() -> None:
+    from megatron_bridge.config.tp_plan import check_custom_plan
+    from megatron_bridge.errors import ConfigValidationError
+
+    config = _ours(None, num_layers=1, tensor_model_parallel_size=2)
+    whole = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.kv_b_proj": "colwise",
+             "layers.*.self_attn.o_proj": "rowwise"}
+    check_custom_plan(config, whole)
+    check_custom_plan(config, {"layers.*.mlp.*": "colwise"})  # attention left whole
+    with pytest.raises(ConfigValidationError, match="shards layers.0.self_attn partly"):
+        check_custom_plan(config, {k: v for k, v in whole.items() if "kv_b" not in k})
+    with pytest.raises(ConfigValidationError, match="latent projections"):
+        check_custom_plan(config, {**whole, "layers.*.self_attn.kv_a_proj_with_mqa": "colwise"})
