@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from megatron_bridge.training.job import NO_RESTART_KEY, rendezvous_store
@@ -93,6 +94,24 @@ def note_stop_signal(signum: int) -> None:
         agent.forward_signal(signum)
 
 
+def catches(pid: int, signum: int) -> bool:
+    """True when process ``pid`` has a handler for ``signum`` (Linux: the ``SigCgt`` mask of /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _send(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
 def stop_signal() -> int | None:
     """The stop signal the launcher got (None without one)."""
     return _STOP_SIGNAL
@@ -114,14 +133,25 @@ def restart_policy_agent() -> type:
 
         def forward_signal(self, signum: int) -> None:
             """Send ``signum`` to every worker of this node that still runs."""
+            for pid in self._worker_pids():
+                _send(pid, signum)
+                self._forwarded = {*getattr(self, "_forwarded", set()), pid}
+
+        def forward_to_late_workers(self, signum: int) -> None:
+            """Workers started after the stop signal (it came during the rendezvous or a restart): send it to each
+            once it handles it (it would kill one still starting up); a worker never told would train on."""
+            for pid in self._worker_pids():
+                if pid not in getattr(self, "_forwarded", set()) and catches(pid, signum):
+                    _send(pid, signum)
+                    self._forwarded = {*getattr(self, "_forwarded", set()), pid}
+
+        def _worker_pids(self) -> list[int]:
             pcontext = getattr(self, "_pcontext", None)
-            for pid in (pcontext.pids().values() if pcontext is not None else ()):
-                try:
-                    os.kill(pid, signum)
-                except ProcessLookupError:
-                    pass
+            return list(pcontext.pids().values()) if pcontext is not None else []
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+            if _STOP_SIGNAL is not None:
+                self.forward_to_late_workers(_STOP_SIGNAL)
             handlers = getattr(getattr(self, "_pcontext", None), "subprocess_handlers", None) or {}
             await_first_error({rank: handler.proc for rank, handler in handlers.items()})
             result = super()._monitor_workers(worker_group)

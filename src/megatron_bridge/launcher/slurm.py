@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,12 @@ GPUS_PER_NODE = {"h100": 8, "b200": 8, "b300": 8, "gb200": 4, "gb300": 4, "vr200
 """``-gn`` when not given, by ``-g`` (Megatron-Bridge's table); other GPUs (and CPUs) put all ``-ng`` on one node."""
 SIGNAL_MAX_S = 65535
 """The largest ``--signal=...@TIME`` Slurm accepts."""
+STOP_SIGNALS = ("TERM", "USR1", "USR2", "INT")
+"""Signals that stop a job at one agreed step with a checkpoint, and a new job resumes (whatever
+``train.exit_signal`` says; Slurm's ``--signal``, ``scancel --signal``; training/stop_signals.py)."""
+MAX_IDLE_STOPS = 3
+"""Jobs in a row that a stop signal may end before their first step before the chain stops (the signal comes before
+training starts every time: the time limit is too short for --preempt_time)."""
 
 
 # ------------------------------------------------------------------------------------------------------- flags
@@ -103,9 +110,16 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--detach", type=bool_arg, default=True,
                    help="true: print the job id and return; false: follow the job, stream its log, exit with its "
                    "result (default true)")
+    g.add_argument("--status", metavar="RUN_DIR", type=Path, default=None,
+                   help="report a Slurm run from its folder (--output_dir): each job's state, the checkpoint step, "
+                   "the results; nothing else is needed")
+    g.add_argument("--follow", metavar="RUN_DIR", type=Path, default=None,
+                   help="follow a detached Slurm run from its folder, as --detach false does: stream the logs, follow "
+                   "resubmitted jobs, exit with the last job's result")
     g.add_argument("--preempt_time", type=int, default=60,
                    help="seconds before the time limit at which Slurm sends train.exit_signal (default SIGTERM): "
-                   "the workers save a checkpoint and stop, a new job resumes; 0: no signal (default %(default)s)")
+                   "the workers save a checkpoint and stop, a new job resumes (as on TERM, USR1, USR2 or INT from "
+                   "scancel --signal); 0: no signal (default %(default)s)")
 
 
 def requested(args: argparse.Namespace) -> bool:
@@ -115,7 +129,7 @@ def requested(args: argparse.Namespace) -> bool:
     return args.account is not None or args.partition is not None
 
 
-SLURM_ONLY_FLAGS = {"time_limit": "-t/--time_limit", "container_image": "-i/--container_image",
+SLURM_ONLY_FLAGS = {"account": "-a/--account", "partition": "-p/--partition", "time_limit": "-t/--time_limit", "container_image": "-i/--container_image",
                     "custom_mounts": "-cm/--custom_mounts", "custom_env_vars": "-ce/--custom_env_vars",
                     "custom_srun_args": "-cs/--custom_srun_args", "gres": "--gres",
                     "additional_slurm_params": "--additional_slurm_params", "max_retries": "--max_retries",
@@ -126,6 +140,9 @@ SLURM_ONLY_FLAGS = {"time_limit": "-t/--time_limit", "container_image": "-i/--co
 def refuse_slurm_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """A local run with Slurm-only flags set would ignore them: a :class:`SlurmError` naming them."""
     given = [flag for dest, flag in SLURM_ONLY_FLAGS.items() if getattr(args, dest) != parser.get_default(dest)]
+    if given and args.executor == "local":
+        raise SlurmError(f"--executor local runs on this machine, which ignores the Slurm-only flags given "
+                         f"({', '.join(given)}): drop them, or submit a Slurm job (--executor slurm)")
     if given:
         raise SlurmError(f"Slurm-only flags given without a Slurm job ({', '.join(given)}): add -a ACCOUNT and/or "
                          "-p PARTITION (or --executor slurm), or drop them for a run on this machine")
@@ -199,15 +216,15 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> SlurmOpt
 def prepare_config(cfg: ConfigContainer, run_dir: Path, options: SlurmOptions) -> None:
     """What a Slurm run changes in the config (the submitter and every node apply it alike): checkpoints save to
     ``checkpoint.save`` (default ``<run_dir>/checkpoints``) and load from there when ``checkpoint.load`` is unset, so
-    a resubmitted job resumes; with ``--preempt_time`` the workers handle ``train.exit_signal``
-    (``train.exit_signal_handler=true``, as Megatron-Bridge's preemption plugin sets)."""
+    a resubmitted job resumes; the workers stop at one agreed step on a stop signal (``train.exit_signal_handler=true``,
+    as Megatron-Bridge's preemption plugin sets; a Slurm job's workers catch TERM, USR1, USR2 and INT whatever
+    ``train.exit_signal`` says: :mod:`megatron_bridge.training.stop_signals`)."""
     ck = cfg.checkpoint
     if ck.save is None:
         ck.save = str(run_dir / "checkpoints")
     if ck.load is None:
         ck.load = ck.save
-    if options.preempt_time > 0:
-        cfg.train.exit_signal_handler = True
+    cfg.train.exit_signal_handler = True  # any stop signal (stop_signals.SCHEDULER_STOP_SIGNALS) saves and stops
 
 
 # ------------------------------------------------------------------------------------------------------ script
@@ -241,10 +258,10 @@ def sbatch_lines(job: SlurmJob) -> list[str]:
     lines += [f"--nodes={o.nodes}", "--ntasks-per-node=1", f"--time={o.time_limit}",
               f"--output={job.run_dir / LOG_NAME}", "--open-mode=append", f"--chdir={job.workdir}"]
     if o.preempt_time > 0:
-        lines.append(f"--signal={job.exit_signal.removeprefix('SIG')}@{o.preempt_time}")
+        lines.append(f"--signal=B:{job.exit_signal.removeprefix('SIG')}@{o.preempt_time}")  # the script sends it on
     lines += [f"--gres={o.gres}"] if o.gres else []
     lines += [f"--{k}" if v is True else f"--{k}={v}" for k, v in o.additional_params.items()]
-    return [f"#SBATCH {shlex.quote(line)}" if "\n" in line else f"#SBATCH {line}" for line in lines]
+    return [f"#SBATCH {shlex.quote(line)}" if re.search(r"[\s'\"]", line) else f"#SBATCH {line}" for line in lines]
 
 
 def srun_arguments(job: SlurmJob) -> list[str]:
@@ -270,7 +287,9 @@ def render_script(job: SlurmJob) -> str:
         "EXPORTS": "\n".join(f"export {k}={q(v)}" for k, v in o.env.items()),
         "NODES": str(o.nodes), "NPROC_PER_NODE": str(o.nproc_per_node), "MAX_RESTARTS": str(o.max_restarts),
         "SRUN_ARGS": " ".join(q(a) for a in srun_arguments(job)), "PYTHON": q(job.python),
-        "COMMAND": " ".join(q(a) for a in job.command), "SIGNAL": job.exit_signal.removeprefix("SIG"),
+        "COMMAND": " ".join(q(a) for a in job.command), "STOP_SIGNALS": " ".join(STOP_SIGNALS),
+        "STOP_SIGNALS_CSV": ",".join(f"SIG{s}" for s in STOP_SIGNALS), "MAX_IDLE_STOPS": str(MAX_IDLE_STOPS),
+        "STOP_EXIT_CODES": " || ".join(f"RC == {128 + signal.Signals[f'SIG{s}']}" for s in STOP_SIGNALS),
         "EXIT_USER_ERROR": str(EXIT_USER_ERROR), "EXIT_PREEMPTED": str(EXIT_PREEMPTED),
         "SCRIPT_NAME": SCRIPT_NAME, "JOBS_FILE": JOBS_FILE,
     }

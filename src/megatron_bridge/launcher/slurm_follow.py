@@ -85,14 +85,23 @@ def pending_reason(status: JobStatus) -> str:
     return "" if status.reason in ("None", "") else f" (reason: {status.reason})"
 
 
-def successor(run_dir: Path, job_id: str) -> str | None:
-    """The job that ``job_id`` resubmitted (the smallest later id in the run's jobs file), or None."""
+def run_jobs(run_dir: Path) -> list[tuple[str, str | None]]:
+    """The run's jobs in submission order: ``(job id, the job that submitted it)`` (None for the first)."""
     try:
-        ids = [line.strip() for line in (run_dir / JOBS_FILE).read_text().splitlines()]
+        lines = (run_dir / JOBS_FILE).read_text().splitlines()
     except FileNotFoundError:
-        return None
-    later = sorted(int(i) for i in ids if i.isdigit() and int(i) > int(job_id))
-    return str(later[0]) if later else None
+        return []
+    jobs = []
+    for line in lines:
+        words = line.split()
+        if words and words[0].isdigit():
+            jobs.append((words[0], words[2] if len(words) == 3 and words[1] == "after" else None))
+    return jobs
+
+
+def successor(run_dir: Path, job_id: str) -> str | None:
+    """The job that ``job_id`` resubmitted (its line ``NEXT after JOB_ID`` in the run's jobs file), or None."""
+    return next((job for job, parent in run_jobs(run_dir) if parent == job_id), None)
 
 
 def follow(run_dir: Path, job_id: str, out: TextIO = sys.stdout, poll_s: float = 1.0,

@@ -62,20 +62,57 @@ TORCH_HANDLED_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
 stop of the workers (the stop signals are removed from whatever list is given)."""
 
 
+OWN_FLAGS = ("--stop_signals", "--stop_file")
+"""This wrapper's own flags (``--flag=VALUE`` before the script), taken out before torch's parser sees the rest."""
+_OWN: dict[str, str] = {}
+
+
 def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     if stop_signal() is not None:  # a scheduler's repeat, or its step termination: the workers are already stopping
         return
-    say(f"got {signal_name(signum)}: the workers save a checkpoint and stop (SIGINT stops them at once)")
+    at_once = "" if "--stop_signals" in _OWN else " (SIGINT stops them at once)"
+    say(f"got {signal_name(signum)}: the workers save a checkpoint at the next step boundary and stop{at_once}")
+    if "--stop_file" in _OWN:  # the batch script reads it: a stop, not a failure (even before the first step)
+        try:
+            with open(_OWN["--stop_file"], "a") as f:
+                f.write(f"{signal_name(signum)}\n")
+        except OSError as exc:
+            say(f"could not record {signal_name(signum)} in {_OWN['--stop_file']}: {exc}")
     note_stop_signal(signum)
 
 
-def _install_stop_handlers(args: object) -> None:
-    """Our handlers for the stop signals; torch's agent keeps its own for the others it was given."""
-    ours = {sig.name for sig in STOP_SIGNALS}
+def take_own_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``argv`` without :data:`OWN_FLAGS` (``--stop_signals=SIGTERM,SIGUSR1`` and ``--stop_file=PATH``, before the
+    script), and their values."""
+    rest, own, in_script = [], {}, False
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        if not in_script and sep and name in OWN_FLAGS:
+            own[name] = value
+            continue
+        in_script = in_script or not arg.startswith("-")
+        rest.append(arg)
+    return rest, own
+
+
+def stop_signals_of(own: dict[str, str]) -> tuple[signal.Signals, ...]:
+    """The stop signals: ``--stop_signals`` (names, with or without ``SIG``), else :data:`STOP_SIGNALS`."""
+    if "--stop_signals" not in own:
+        return STOP_SIGNALS
+    names = [n.strip().upper() for n in own["--stop_signals"].split(",") if n.strip()]
+    return tuple(signal.Signals[n if n.startswith("SIG") else f"SIG{n}"] for n in names)
+
+
+def _install_stop_handlers(args: object, stops: tuple[signal.Signals, ...] = STOP_SIGNALS,
+                           forced: bool = False) -> None:
+    """Our handlers for the stop signals; torch's agent keeps its own for the others it was given. ``forced``
+    (``--stop_signals``): also for a signal this launcher was started with ignored (Slurm's script ignores them
+    until this handler is in place)."""
+    ours = {sig.name for sig in stops}
     given = str(getattr(args, "signals_to_handle", TORCH_HANDLED_SIGNALS)).split(",")
     args.signals_to_handle = ",".join(s.strip() for s in given if s.strip() and s.strip() not in ours)  # type: ignore[attr-defined]
-    for sig in STOP_SIGNALS:
-        if signal.getsignal(sig) == signal.SIG_IGN:  # started with it ignored: it stays so here and in the workers
+    for sig in stops:
+        if signal.getsignal(sig) == signal.SIG_IGN and not forced:  # stays ignored here and in the workers
             continue
         signal.signal(sig, _on_stop_signal)
 
@@ -88,7 +125,10 @@ def _failed(failures: dict, nproc_per_node: int) -> int:
             "again to resume")
         return EXIT_PREEMPTED
     if code < 0:
-        if stopped_by is not None and -code == stopped_by:
+        if stopped_by is not None and -code == stopped_by and "--stop_signals" in _OWN:
+            say(f"stopped by {signal_name(stopped_by)}: a worker got it before it could handle it (while starting "
+                "up, before any step of this job): nothing new to save")
+        elif stopped_by is not None and -code == stopped_by:
             say(f"stopped by {signal_name(stopped_by)}: the workers did not handle it and were terminated (set "
                 f"train.exit_signal_handler=true train.exit_signal={signal_name(stopped_by)} to save first)")
         else:
@@ -124,12 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import parse_args, run
 
     set_parent_death_signal(signal.SIGTERM)
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, own = take_own_flags(list(sys.argv[1:] if argv is None else argv))
+    _OWN.clear()
+    _OWN.update(own)
     if not debug_enabled() and DEBUG_FLAG not in argv:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = parse_args(argv)
     launcher_api.LocalElasticAgent = restart_policy_agent()  # torch's agent, with the restart policy
-    _install_stop_handlers(args)
+    _install_stop_handlers(args, stop_signals_of(own), forced="--stop_signals" in own)
     try:
         run(args)
     except ChildFailedError as exc:
