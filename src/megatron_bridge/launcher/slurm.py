@@ -129,7 +129,8 @@ def requested(args: argparse.Namespace) -> bool:
     return args.account is not None or args.partition is not None
 
 
-SLURM_ONLY_FLAGS = {"account": "-a/--account", "partition": "-p/--partition", "time_limit": "-t/--time_limit", "container_image": "-i/--container_image",
+SLURM_ONLY_FLAGS = {"account": "-a/--account", "partition": "-p/--partition",  # given with --executor local
+                    "time_limit": "-t/--time_limit", "container_image": "-i/--container_image",
                     "custom_mounts": "-cm/--custom_mounts", "custom_env_vars": "-ce/--custom_env_vars",
                     "custom_srun_args": "-cs/--custom_srun_args", "gres": "--gres",
                     "additional_slurm_params": "--additional_slurm_params", "max_retries": "--max_retries",

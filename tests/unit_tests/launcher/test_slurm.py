@@ -109,7 +109,8 @@ def test_script_holds_the_flags() -> None:
                  "#SBATCH --gres=gpu:8", "#SBATCH --constraint=h100", "#SBATCH --exclusive",
                  "export NCCL_X=1", "export A=1", "export B='two words'", "MAX_RETRIES=3", "TRAIN_ITERS=10",
                  "CHECKPOINT_DIR=/shared/run/checkpoints", "--nnodes=2 --nproc_per_node=1 --max_restarts=1",
-                 '--node_rank="$SLURM_NODEID"', "--mpi=pmix --exclusive", 'trap "" TERM USR1 USR2 INT', "/venv/bin/python",
+                 '--node_rank="$SLURM_NODEID"', "--mpi=pmix --exclusive", 'trap "" TERM USR1 USR2 INT',
+                 "/venv/bin/python",
                  "--stop_signals=SIGTERM,SIGUSR1,SIGUSR2,SIGINT", "--signals_to_handle=SIGHUP,SIGQUIT",
                  "/repo/launch.py -ng 2"):
         assert line in text, line
