@@ -39,6 +39,7 @@ user error) is the one to report and to decide a restart by. A hung rank costs t
 
 _AGENT: "Any | None" = None
 _STOP_SIGNAL: int | None = None
+_HELD_AT_SPAWN: tuple[int, ...] = ()
 
 
 def signal_name(number: int) -> str:
@@ -112,6 +113,14 @@ def _send(pid: int, signum: int) -> None:
         pass
 
 
+def hold_at_spawn(signums: tuple[int, ...]) -> None:
+    """Start every worker with these signals blocked: one that arrives while the worker starts up stays pending until
+    the worker handles it (:func:`megatron_bridge.training.stop_signals.catch` unblocks them), instead of killing it
+    or being lost. For workers that catch them at start-up (a Slurm job's), not for any script."""
+    global _HELD_AT_SPAWN
+    _HELD_AT_SPAWN = tuple(signums)
+
+
 def stop_signal() -> int | None:
     """The stop signal the launcher got (None without one)."""
     return _STOP_SIGNAL
@@ -144,6 +153,15 @@ def restart_policy_agent() -> type:
                 if pid not in getattr(self, "_forwarded", set()) and catches(pid, signum):
                     _send(pid, signum)
                     self._forwarded = {*getattr(self, "_forwarded", set()), pid}
+
+        def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+            if not _HELD_AT_SPAWN:
+                return super()._start_workers(worker_group)
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_AT_SPAWN)  # the workers inherit the mask
+            try:
+                return super()._start_workers(worker_group)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
         def _worker_pids(self) -> list[int]:
             pcontext = getattr(self, "_pcontext", None)

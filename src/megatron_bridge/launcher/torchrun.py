@@ -38,6 +38,7 @@ from types import FrameType
 from megatron_bridge.launcher.restart import (
     describe_failure,
     first_failure,
+    hold_at_spawn,
     note_stop_signal,
     restart_policy_agent,
     signal_name,
@@ -172,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     launcher_api.LocalElasticAgent = restart_policy_agent()  # torch's agent, with the restart policy
     _install_stop_handlers(args, stop_signals_of(own), forced="--stop_signals" in own)
+    if "--stop_signals" in own:  # the workers catch them at start-up (launch.py's Slurm workers): none is lost
+        hold_at_spawn(tuple(int(sig) for sig in stop_signals_of(own)))
     try:
         run(args)
     except ChildFailedError as exc:

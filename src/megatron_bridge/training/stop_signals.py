@@ -44,6 +44,9 @@ def catch(names: Iterable[str]) -> list[str]:
         if signum not in _previous:
             _previous[signum] = signal.signal(signum, _on_signal)
             added.append(name)
+    # a Slurm job's launcher starts its workers with these blocked (launcher/restart.py hold_at_spawn): one that came
+    # during start-up is pending and arrives now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [int(getattr(signal, name)) for name in names])
     return added
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_bridge.launcher.slurm_follow import run_jobs
 from tests.functional_tests.slurm.cluster import INSTALL_HINT, SlurmCluster, missing_programs
 
 
@@ -112,16 +113,35 @@ def _checkpoint_step(run_dir: Path) -> int:
         return 0
 
 
-def _preempt_mid_run(cluster: SlurmCluster, launch: Launch) -> None:
-    """Once the first job logged step 3: Slurm's pre-time-limit signal (SIGTERM to every process of its step)."""
+def _nth_job(run_dir: Path, n: int, deadline: float) -> str:
+    """The id of the run's n-th job (1: the first; each later one is the one its predecessor resubmitted)."""
+    from megatron_bridge.launcher.slurm_follow import successor
+
+    job = _first_job(run_dir, deadline)
+    for _ in range(n - 1):
+        _wait_for(lambda j=job: successor(run_dir, j) is not None, deadline, f"the job after {job}")
+        job = successor(run_dir, job)
+    return job
+
+
+def _signal_jobs(cluster: SlurmCluster, launch: Launch, plan: list[tuple[str, str]]) -> None:
+    """Job k of the run gets ``plan[k-1]``: ("early", SIG) 1 s after it starts running, to the batch shell (as
+    Slurm's pre-time-limit ``--signal=B:SIG@T`` does); ("mid", SIG) once it logged a step, to its training step
+    (``scancel --signal=SIG``, what a user or a site's preemption sends)."""
     deadline = time.monotonic() + TIMEOUT_S
     try:
-        job = _first_job(launch.run_dir, deadline)
-        log = launch.run_dir / f"slurm-{job}.out"
-        _wait_for(lambda: log.exists() and "iteration      3/10" in log.read_text(errors="replace"), deadline,
-                  "step 3 of the first job")
-        cluster.run(["scancel", "--signal=TERM", job])
-        launch.events.append(f"signalled job {job}")
+        for n, (when, sig) in enumerate(plan, start=1):
+            job = _nth_job(launch.run_dir, n, deadline)
+            if when == "early":
+                _wait_for(lambda j=job: cluster.job_state(j) == "RUNNING", deadline, f"job {job} running")
+                time.sleep(1.0)
+                cluster.run(["scancel", "--batch", f"--signal={sig}", job])
+            else:
+                log = launch.run_dir / f"slurm-{job}.out"
+                _wait_for(lambda lg=log: lg.exists() and " iteration " in lg.read_text(errors="replace"), deadline,
+                          f"a step of job {job}")
+                cluster.run(["scancel", f"--signal={sig}", job])
+            launch.events.append(f"{when} SIG{sig} to job {job}")
     except (TimeoutError, subprocess.SubprocessError) as exc:
         launch.events.append(f"watcher: {exc}")
 
@@ -163,7 +183,9 @@ def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     launches = {
         "local": _start(cluster, root, "local", RUN),
         "slurm": _start(cluster, root, "slurm", [*RUN, *SLURM, "--detach", "false"]),
-        "preempted": _start(cluster, root, "preempted", [*RUN, *SLURM, "--detach", "false", "--max_retries", "0"]),
+        # stop signals: none is a failure (--max_retries 0), each saves where it stopped, a new job resumes
+        "early_usr1": _start(cluster, root, "early_usr1", [*RUN, *SLURM, "--detach", "false", "--max_retries", "0"]),
+        "usr2_term": _start(cluster, root, "usr2_term", [*RUN, *SLURM, "--detach", "false", "--max_retries", "0"]),
         "failed": _start(cluster, root, "failed", [*RUN, *SLURM, "--detach", "false", "--max_retries", "1",
                                                    "checkpoint.save_interval=2"]),
         # fails on every node before Python starts: each retry fails the same way
@@ -173,7 +195,9 @@ def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "user_error": _start(cluster, root, "user_error", [*RUN, *SLURM, "--detach", "false", "dataset.mock=false",
                                                            "dataset.data_path=[/nonexistent/corpus]"]),
     }
-    watchers = [threading.Thread(target=_preempt_mid_run, args=(cluster, launches["preempted"]), daemon=True),
+    plans = {"early_usr1": [("early", "TERM"), ("mid", "USR1")], "usr2_term": [("mid", "USR2"), ("mid", "TERM")]}
+    watchers = [*(threading.Thread(target=_signal_jobs, args=(cluster, launches[name], plan), daemon=True)
+                  for name, plan in plans.items()),
                 threading.Thread(target=_kill_worker_mid_run, args=(launches["failed"],), daemon=True)]
     for w in watchers:
         w.start()
@@ -203,27 +227,42 @@ def test_two_node_job_matches_local_run(runs: dict[str, Launch], reference: list
     rc, out = runs["slurm"].wait()
     assert rc == 0, out[-6000:]
     assert "2 node(s) x 1 process(es), node 0 at 127.0.0.1" in out
-    assert "COMPLETED (exit code 0)" in out and out.strip().splitlines()[-1].startswith("SUMMARY backend=ddp world=2")
+    assert "COMPLETED (exit code 0)" in out and out.count("SUMMARY backend=ddp world=2") == 1, out[-3000:]
     _assert_close(runs["slurm"].losses(), reference)
 
 
-def test_pre_time_limit_signal_saves_and_next_job_resumes(runs: dict[str, Launch], reference: list[float]) -> None:
-    launch = runs["preempted"]
+def _assert_stops_resume(launch: Launch, plan: list[str], reference: list[float]) -> str:
+    """Every job but the last was stopped by its signal (not a failure), saved where it stopped (or had nothing to
+    save before its first step), the next one loaded that step, and the run's losses equal the reference's."""
     rc, out = launch.wait()
-    assert launch.events and launch.events[0].startswith("signalled job"), (launch.events, out[-6000:])
+    assert [e.split(" to job")[0] for e in launch.events] == plan, (launch.events, out[-6000:])
     assert rc == 0, (launch.events, out[-6000:])
-    # the first job: a checkpoint at the step the signal stopped it at, a clean exit (COMPLETED), not a failure
-    stopped = re.search(r"training stopped at step (\d+) \(signal\)", out)
-    assert stopped, out[-6000:]
-    step = stopped.group(1)
-    assert f"stopped at step {step} of 10 (exit 0, the pre-time-limit signal)" in out, out[-6000:]
-    assert re.search(r"COMPLETED: following job \d+, which resumes the run", out), out[-6000:]
-    assert f"checkpoint step {step} of 10, retries used 0 of 0" in out  # the next job starts there
-    assert re.search(rf"loaded checkpoint \S+iter_{int(step):07d}", out), out[-6000:]
-    assert len((launch.run_dir / "slurm_jobs.txt").read_text().split()) == 2
+    assert "retry" not in out and "Traceback" not in out, out[-6000:]
+    assert len(run_jobs(launch.run_dir)) == len(plan) + 1
+    for event in plan:
+        sig = event.split()[1]
+        if event.startswith("early"):
+            assert f"stopped by {sig} before a step of this job (exit 0): nothing new to save" in out, out[-6000:]
+            continue
+        step = re.search(rf"stopped by {sig} at step (\d+) of 10 \(exit 0\), checkpoint saved", out)
+        assert step, out[-6000:]
+        assert re.search(rf"loaded checkpoint \S+iter_{int(step.group(1)):07d}", out), out[-6000:]
+    assert out.count("SUMMARY ") == 1, out[-3000:]  # the worker's line, not repeated by the follower
     results = json.loads((launch.run_dir / "results.json").read_text())
     assert results["first_step"] == 1  # the slices' results.json joined
     _assert_close(results["losses"], reference)
+    return out
+
+
+def test_signal_one_second_into_a_job_then_usr1_mid_run(runs: dict[str, Launch], reference: list[float]) -> None:
+    """The pre-time-limit signal 1 s after the job starts (before training) ends the job cleanly and a new one
+    resumes; USR1 mid-run (train.exit_signal is SIGTERM) saves at the step reached and a third job finishes."""
+    out = _assert_stops_resume(runs["early_usr1"], ["early SIGTERM", "mid SIGUSR1"], reference)
+    assert re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \[slurm job \d+\] got SIGTERM", out, re.M), out[-6000:]
+
+
+def test_usr2_then_term_mid_run_save_and_resume(runs: dict[str, Launch], reference: list[float]) -> None:
+    _assert_stops_resume(runs["usr2_term"], ["mid SIGUSR2", "mid SIGTERM"], reference)
 
 
 def test_failed_job_is_resubmitted_and_resumes(runs: dict[str, Launch], reference: list[float]) -> None:
@@ -242,7 +281,7 @@ def test_retries_end_after_max_retries(runs: dict[str, Launch]) -> None:
     rc, out = launch.wait()
     assert rc == 1, out[-4000:]
     assert "retry 1 of 1" in out and "failed (exit 1) with all 1 retries used" in out, out[-4000:]
-    assert len((launch.run_dir / "slurm_jobs.txt").read_text().split()) == 2  # the first job and one retry
+    assert len(run_jobs(launch.run_dir)) == 2  # the first job and one retry
     assert out.strip().splitlines()[-1].endswith("FAILED (exit code 1)")
 
 
@@ -251,7 +290,7 @@ def test_user_error_is_not_retried(runs: dict[str, Launch]) -> None:
     rc, out = launch.wait()
     assert rc == 2, out[-4000:]
     assert "/nonexistent/corpus" in out and "not retried" in out, out[-4000:]
-    assert len((launch.run_dir / "slurm_jobs.txt").read_text().split()) == 1
+    assert len(run_jobs(launch.run_dir)) == 1
 
 
 def test_dryrun_prints_the_script_and_submits_nothing(cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -260,17 +299,20 @@ def test_dryrun_prints_the_script_and_submits_nothing(cluster: SlurmCluster, tmp
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --account=ACCOUNT",
-                 "#SBATCH --partition=PARTITION", "#SBATCH --time=00:10:00", "#SBATCH --signal=TERM@60"):
+                 "#SBATCH --partition=PARTITION", "#SBATCH --time=00:10:00", "#SBATCH --signal=B:TERM@60"):
         assert line in proc.stdout
     assert not run_dir.exists()
     assert cluster.run(["squeue", "-h", "-n", "mb-dry"]).stdout.strip() == ""
 
 
-def test_detach_returns_a_job_id_within_seconds(cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_detach_then_live_folder_refused_status_and_follow(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """--detach true returns a job id within seconds; a second submit into the live run folder is refused (exit 2)
+    naming that job, with nothing in the folder changed; --status reports it; once it is cancelled, --follow ends
+    with its state."""
     run_dir = tmp_path / "detached"
+    argv = [*LAUNCH, *RUN, *SLURM, "--output_dir", str(run_dir)]
     start = time.monotonic()
-    proc = subprocess.run([*LAUNCH, *RUN, *SLURM, "--output_dir", str(run_dir)], cwd=REPO, env=_env(cluster),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(argv, cwd=REPO, env=_env(cluster), capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = proc.stdout.split("submitted Slurm job ")[1].split(";")[0]
@@ -278,10 +320,23 @@ def test_detach_returns_a_job_id_within_seconds(cluster: SlurmCluster, tmp_path:
         assert cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED")
         assert (run_dir / "sbatch.sh").exists() and (run_dir / "slurm_jobs.txt").read_text().split() == [job]
         assert elapsed < 30, f"--detach true took {elapsed:.1f} s"  # python start-up and imports under load
+        kept = {name: (run_dir / name).read_bytes() for name in ("sbatch.sh", "slurm_jobs.txt")}
+        again = subprocess.run(argv, cwd=REPO, env=_env(cluster), capture_output=True, text=True, timeout=120)
+        assert again.returncode == 2, again.stderr[-3000:]
+        assert f"belongs to Slurm job {job}, which is still pending or running" in again.stderr, again.stderr[-3000:]
+        assert {name: (run_dir / name).read_bytes() for name in kept} == kept
+        status = subprocess.run([*LAUNCH, "--status", str(run_dir)], cwd=REPO, env=_env(cluster),
+                                capture_output=True, text=True, timeout=120)
+        assert status.returncode == 0 and f"  job {job}: " in status.stdout, status.stdout + status.stderr
+        assert f"Slurm run {run_dir}: 1 job(s), checkpoint step 0 of 10" in status.stdout, status.stdout
     finally:
         cluster.run(["scancel", job])
         _wait_for(lambda: cluster.job_state(job) not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"),
                   time.monotonic() + 60, f"job {job} to end")
+    follow = subprocess.run([*LAUNCH, "--follow", str(run_dir)], cwd=REPO, env=_env(cluster), capture_output=True,
+                            text=True, timeout=120)
+    assert follow.returncode != 0 and f"Slurm job {job} CANCELLED" in follow.stderr, follow.stderr[-3000:]
+    assert len(run_jobs(run_dir)) == 1  # a cancelled run is not resubmitted
 
 
 def test_unknown_partition_shows_slurms_message(cluster: SlurmCluster, tmp_path: Path) -> None:

@@ -70,3 +70,17 @@ def test_a_signal_before_the_first_step_stops_before_it_with_nothing_to_save(tmp
 def test_without_a_signal_the_run_ends_at_train_iters(tmp_path: Path) -> None:
     result = pretrain(_config(tmp_path))
     assert (result.exit_reason, result.final_step) == ("train_iters", 6)
+
+
+def test_a_signal_held_pending_at_start_up_arrives_when_caught() -> None:
+    """A Slurm job's launcher starts its workers with the stop signals blocked (restart.hold_at_spawn): one sent
+    during start-up is pending, neither lost nor fatal, and arrives when the worker catches it."""
+    stop_signals.release(stop_signals.SCHEDULER_STOP_SIGNALS)  # as a worker before it caught anything
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stop_signals.received() is None and signal.SIGUSR2 in signal.sigpending()
+        stop_signals.catch(["SIGUSR2"])
+        assert stop_signals.received_name() == "SIGUSR2"
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
