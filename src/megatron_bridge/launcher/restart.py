@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megatron_bridge.launcher.nodes import DEFAULT_RDZV_TIMEOUT_S
 from megatron_bridge.training.job import NO_RESTART_KEY, rendezvous_store
 from megatron_bridge.utils.cli import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USER_ERROR, say
 from megatron_bridge.utils.logging import get_logger
@@ -153,6 +154,15 @@ def restart_policy_agent() -> type:
                 if pid not in getattr(self, "_forwarded", set()) and catches(pid, signum):
                     _send(pid, signum)
                     self._forwarded = {*getattr(self, "_forwarded", set()), pid}
+
+        def _assign_worker_ranks(self, store: Any, group_rank: int, group_world_size: int, spec: Any) -> Any:
+            from megatron_bridge.launcher.node_agreement import NodeSettings, agree
+
+            timeout = getattr(spec.rdzv_handler, "timeout", None)
+            timeout_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else DEFAULT_RDZV_TIMEOUT_S
+            agree(store, group_rank, NodeSettings(group_world_size, spec.local_world_size, spec.max_restarts),
+                  timeout_s)
+            return super()._assign_worker_ranks(store, group_rank, group_world_size, spec)
 
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
             if not _HELD_AT_SPAWN:

@@ -35,6 +35,7 @@ import signal
 import sys
 from types import FrameType
 
+from megatron_bridge.errors import LaunchError
 from megatron_bridge.launcher.restart import (
     describe_failure,
     first_failure,
@@ -155,8 +156,22 @@ def _rendezvous_failed(args: object, exc: BaseException) -> int:
     return EXIT_USER_ERROR
 
 
+def quiet_cpp_logs() -> None:
+    """torch's C++ log lines (a rendezvous that cannot connect prints each retry with ~20 C++ stack frames) off in
+    this launcher: c10 reads ``TORCH_CPP_LOG_LEVEL`` once, when torch loads; the workers keep the level they were
+    given (the variable is restored at once). Kept with --debug or a level already set."""
+    if "torch" in sys.modules or "TORCH_CPP_LOG_LEVEL" in os.environ or debug_enabled() or DEBUG_FLAG in sys.argv:
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        import torch  # noqa: F401
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with ``argv``; returns the exit code described in the module docstring."""
+    quiet_cpp_logs()
     import torch.distributed.launcher.api as launcher_api
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -182,11 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     except SignalException as exc:
         say(f"stopped by {signal.Signals(exc.sigval).name}: the workers were terminated")
         return 128 + int(exc.sigval)
+    except LaunchError as exc:  # the nodes disagree on their settings (launcher/node_agreement.py)
+        say(f"error: {exc}")
+        return EXIT_USER_ERROR
     except (RendezvousError, DistError, TimeoutError) as exc:
         return _rendezvous_failed(args, exc)
     if stop_signal() is not None:
         say(f"stopped by {signal_name(stop_signal())}: the workers ended cleanly (with train.exit_signal_handler "
-            "they saved a checkpoint at one agreed step; start the job again to resume)")
+            "they saved a checkpoint at one agreed step, or stopped before their first step with nothing new to "
+            "save; start the job again to resume)")
     return 0
 
 
