@@ -4,6 +4,7 @@ train.exit_signal says (training/stop_signals.py, training/exits.py). One proces
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def test_a_signal_held_pending_at_start_up_arrives_when_caught() -> None:
     stop_signals.release(stop_signals.SCHEDULER_STOP_SIGNALS)  # as a worker before it caught anything
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
     try:
-        os.kill(os.getpid(), signal.SIGUSR2)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)  # to this thread (others do not block it)
         assert stop_signals.received() is None and signal.SIGUSR2 in signal.sigpending()
         stop_signals.catch(["SIGUSR2"])
         assert stop_signals.received_name() == "SIGUSR2"
