@@ -77,7 +77,8 @@ def _node_zero(store: Any, mine: NodeSettings, timeout_s: float) -> None:
             raise
         problem = difference(0, mine, other, theirs)
         if problem is None and store.check([VERDICT_KEY]):  # a node reported its own difference first
-            problem = store.get(VERDICT_KEY).decode(errors="replace")
+            verdict = store.get(VERDICT_KEY).decode(errors="replace")
+            problem = None if verdict == OK else verdict
         if problem is not None:
             store.set(VERDICT_KEY, problem)
             raise LaunchError(problem)

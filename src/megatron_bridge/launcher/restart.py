@@ -158,10 +158,12 @@ def restart_policy_agent() -> type:
         def _assign_worker_ranks(self, store: Any, group_rank: int, group_world_size: int, spec: Any) -> Any:
             from megatron_bridge.launcher.node_agreement import NodeSettings, agree
 
-            timeout = getattr(spec.rdzv_handler, "timeout", None)
-            timeout_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else DEFAULT_RDZV_TIMEOUT_S
-            agree(store, group_rank, NodeSettings(group_world_size, spec.local_world_size, spec.max_restarts),
-                  timeout_s)
+            if not getattr(self, "_agreed", False):  # once: a restart's rendezvous meets the same launchers
+                timeout = getattr(spec.rdzv_handler, "timeout", None)
+                timeout_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else DEFAULT_RDZV_TIMEOUT_S
+                agree(store, group_rank, NodeSettings(group_world_size, spec.local_world_size, spec.max_restarts),
+                      timeout_s)
+                self._agreed = True
             return super()._assign_worker_ranks(store, group_rank, group_world_size, spec)
 
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:

@@ -29,8 +29,8 @@ on_stop() {
     say "got SIG$1: the workers save a checkpoint at the next step boundary and stop; a new job resumes"
     [[ -n "$SRUN_PID" ]] && forward_stop
 }
-forward_stop() {
-    ( while kill -0 "$SRUN_PID" 2>/dev/null; do
+forward_stop() {  # until every node's launcher recorded it ("SIGTERM node 1" lines)
+    ( while kill -0 "$SRUN_PID" 2>/dev/null && (( $(grep -c ' node ' "$STOP_FILE" 2>/dev/null) < {{NODES}} )); do
           scancel --signal="$STOP_SIG" "$SLURM_JOB_ID" >/dev/null 2>&1
           sleep 5
       done ) &
@@ -97,7 +97,7 @@ else
 fi
 STEP_AFTER=$(checkpoint_step)
 
-STOPPED_BY=$(head -n 1 "$STOP_FILE" 2>/dev/null)
+STOPPED_BY=$(head -n 1 "$STOP_FILE" 2>/dev/null | cut -d' ' -f1)
 STATE=$(scontrol -o show job "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n 's/^JobState=//p')
 NEXT_IDLE=0
 

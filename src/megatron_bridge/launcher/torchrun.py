@@ -77,7 +77,7 @@ def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     if "--stop_file" in _OWN:  # the batch script reads it: a stop, not a failure (even before the first step)
         try:
             with open(_OWN["--stop_file"], "a") as f:
-                f.write(f"{signal_name(signum)}\n")
+                f.write(f"{signal_name(signum)} node {_OWN.get('node_rank', '?')}\n")
         except OSError as exc:
             say(f"could not record {signal_name(signum)} in {_OWN['--stop_file']}: {exc}")
     note_stop_signal(signum)
@@ -173,10 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run torchrun with ``argv``; returns the exit code described in the module docstring."""
     quiet_cpp_logs()
     import torch.distributed.launcher.api as launcher_api
-    from torch.distributed import DistError
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
     set_parent_death_signal(signal.SIGTERM)
@@ -190,8 +186,22 @@ def main(argv: list[str] | None = None) -> int:
     _install_stop_handlers(args, stop_signals_of(own), forced="--stop_signals" in own)
     if "--stop_signals" in own:  # the workers catch them at start-up (launch.py's Slurm workers): none is lost
         hold_at_spawn(tuple(int(sig) for sig in stop_signals_of(own)))
+    _OWN["node_rank"] = str(getattr(args, "node_rank", "?"))
     try:
-        run(args)
+        return _run(args, run)
+    finally:  # a repeated stop signal while Python exits (its finalization restores the default action) is ignored
+        for sig in stop_signals_of(own):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _run(args: object, run: object) -> int:
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    try:
+        run(args)  # type: ignore[operator]
     except ChildFailedError as exc:
         return _failed(exc.failures, _nproc_per_node(args))
     except SignalException as exc:

@@ -11,6 +11,7 @@ with ``-a/-p``) catch all of :data:`SCHEDULER_STOP_SIGNALS` as soon as they star
 says (docs/training/multi-node.md, "Slurm").
 """
 
+import atexit
 import signal
 from collections.abc import Iterable
 from types import FrameType
@@ -25,6 +26,7 @@ SCHEDULER_STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
 
 _received: int | None = None
 _previous: dict[int, object] = {}
+_exit_hook = False
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -38,6 +40,10 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 def catch(names: Iterable[str]) -> list[str]:
     """Remember the first of these signals (names such as ``SIGUSR1``) from now on; returns the names newly caught
     (one already caught stays so). Main thread only (Python's rule for signal handlers)."""
+    global _exit_hook
+    if not _exit_hook:  # a repeat of the signal while the process exits must not kill it (Python's finalization
+        atexit.register(_ignore_while_exiting)  # puts the default action back before the process is gone)
+        _exit_hook = True
     added = []
     for name in names:
         signum = int(getattr(signal, name))
@@ -48,6 +54,11 @@ def catch(names: Iterable[str]) -> list[str]:
     # during start-up is pending and arrives now
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [int(getattr(signal, name)) for name in names])
     return added
+
+
+def _ignore_while_exiting() -> None:
+    for signum in list(_previous):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def release(names: Iterable[str]) -> None:

@@ -162,7 +162,7 @@ def test_forced_stop_signals_are_handled_even_when_started_ignored(tmp_path) -> 
         assert all(signal.getsignal(sig) is torchrun._on_stop_signal for sig in stops)
         torchrun._on_stop_signal(signal.SIGUSR1, None)
         torchrun._on_stop_signal(signal.SIGTERM, None)  # a repeat (srun's step kill): ignored
-        assert (tmp_path / "stop").read_text() == "SIGUSR1\n" and restart.stop_signal() == signal.SIGUSR1
+        assert (tmp_path / "stop").read_text() == "SIGUSR1 node ?\n" and restart.stop_signal() == signal.SIGUSR1
     finally:
         torchrun._OWN.clear()
         restart._STOP_SIGNAL = None
