@@ -8,10 +8,13 @@ RUN_DIR={{RUN_DIR}}
 CHECKPOINT_DIR={{CHECKPOINT_DIR}}
 TRAIN_ITERS={{TRAIN_ITERS}}
 MAX_RETRIES={{MAX_RETRIES}}
-RETRIES_USED=${MB_SLURM_RETRIES_USED:-0}
+REQUEUES=${SLURM_RESTART_COUNT:-0}  # Slurm ran this job again after a node failure (#SBATCH --requeue)
+RETRIES_USED=$(( ${MB_SLURM_RETRIES_USED:-0} + REQUEUES ))
+NODE_TIMEOUT={{NODE_TIMEOUT}}
 IDLE_STOPS=${MB_SLURM_IDLE_STOPS:-0}
 MASTER_ADDR={{MASTER_ADDR}}
 STOP_FILE="$RUN_DIR/slurm-$SLURM_JOB_ID.stop"
+export MB_HEARTBEATS="$RUN_DIR/.heartbeats/$SLURM_JOB_ID"  # each node's launcher writes node<N> there every 5 s
 {{EXPORTS}}
 say() { echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) [slurm job $SLURM_JOB_ID] $*"; }
 
@@ -53,6 +56,45 @@ clear_stale_lock() {  # a lock an earlier job of this run left behind (its rank 
     fi
 }
 
+watch_nodes() {  # a node whose launcher wrote no heartbeat for NODE_TIMEOUT s (by this shell's clock): stop the step
+    local -A last seen
+    local n beat now
+    while kill -0 "$SRUN_PID" 2>/dev/null; do
+        sleep 5
+        now=$SECONDS
+        for ((n = 0; n < {{NODES}}; n++)); do
+            beat=$(cat "$MB_HEARTBEATS/node$n" 2>/dev/null) || continue  # not started yet: the rendezvous timeout
+            if [[ "$beat" != "${last[$n]:-}" ]]; then
+                last[$n]=$beat
+                seen[$n]=$now
+            elif (( now - seen[$n] > NODE_TIMEOUT )); then
+                echo "node $n" > "$MB_HEARTBEATS/silent"
+                say "node $n stopped answering: no heartbeat for $((now - seen[$n])) s (--node_timeout $NODE_TIMEOUT);" \
+                    "stopping the job step"
+                scancel --signal=KILL "$SLURM_JOB_ID.0" >/dev/null 2>&1
+                sleep 10
+                kill -KILL "$SRUN_PID" 2>/dev/null  # srun may wait for the lost node's answer
+                return
+            fi
+        done
+    done
+}
+
+if (( REQUEUES > 0 )); then
+    HANDED_TO=$(sed -n "s/^\([0-9]*\) after $SLURM_JOB_ID\$/\1/p" "$RUN_DIR/{{JOBS_FILE}}" 2>/dev/null | head -n 1)
+    if [[ -n "$HANDED_TO" ]]; then
+        say "requeued by Slurm, but this job already handed the run over to job $HANDED_TO: nothing to do"
+        exit 0
+    fi
+    rm -f "$STOP_FILE"
+    say "requeued by Slurm after a node failure (requeue $REQUEUES, counted as a retry)"
+    if (( RETRIES_USED > MAX_RETRIES )); then
+        say "failed: a node failed with all $MAX_RETRIES retries used"
+        exit 1
+    fi
+fi
+rm -rf "$MB_HEARTBEATS"
+
 # Node 0's address: the first node's NodeAddr from Slurm (node names need not resolve), unless given (--master_addr).
 if [[ -z "$MASTER_ADDR" ]]; then
     FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
@@ -79,13 +121,15 @@ say "$SLURM_JOB_NUM_NODES node(s) x {{NPROC_PER_NODE}} process(es), node 0 at $M
 RC=0
 if [[ -z "$STOP_SIG" ]]; then
     srun --nodes={{NODES}} --ntasks-per-node=1 --kill-on-bad-exit=1 {{SRUN_ARGS}} \
-        bash -c 'trap "" {{STOP_SIGNALS}}; exec "$0" -m megatron_bridge.launcher.torchrun --node_rank="$SLURM_NODEID" "$@"' \
+        bash -c 'trap "" {{STOP_SIGNALS}}; exec "$0" -m megatron_bridge.launcher.torchrun --node_rank="$SLURM_NODEID" \
+            --heartbeat_file="$MB_HEARTBEATS/node$SLURM_NODEID" "$@"' \
         {{PYTHON}} --stop_signals={{STOP_SIGNALS_CSV}} --stop_file="$STOP_FILE" \
         --nnodes={{NODES}} --nproc_per_node={{NPROC_PER_NODE}} --max_restarts={{MAX_RESTARTS}} \
         --signals_to_handle=SIGHUP,SIGQUIT \
         --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" \
         {{COMMAND}} &
     SRUN_PID=$!
+    watch_nodes &
     [[ -n "$STOP_SIG" ]] && forward_stop  # a signal between the check above and srun's start
     while kill -0 "$SRUN_PID" 2>/dev/null; do
         wait "$SRUN_PID"  # returns early when a trapped signal arrives
@@ -131,7 +175,8 @@ elif (( (RC == 0 || RC == {{EXIT_PREEMPTED}}) && STEP_AFTER > STEP_BEFORE )); th
     REASON="stopped at step $STEP_AFTER of $TRAIN_ITERS (exit $RC) with a checkpoint saved"
     NEXT_RETRIES=$RETRIES_USED
 elif (( RETRIES_USED < MAX_RETRIES )); then
-    REASON="failed (exit $RC): retry $((RETRIES_USED + 1)) of $MAX_RETRIES"
+    LOST=$(sed 's/^/, lost /' "$MB_HEARTBEATS/silent" 2>/dev/null)
+    REASON="failed (exit $RC$LOST): retry $((RETRIES_USED + 1)) of $MAX_RETRIES"
     NEXT_RETRIES=$((RETRIES_USED + 1))
 else
     say "failed (exit $RC) with all $MAX_RETRIES retries used"

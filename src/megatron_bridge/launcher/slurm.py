@@ -50,6 +50,8 @@ SIGNAL_MAX_S = 65535
 STOP_SIGNALS = ("TERM", "USR1", "USR2", "INT")
 """Signals that stop a job at one agreed step with a checkpoint, and a new job resumes (whatever
 ``train.exit_signal`` says; Slurm's ``--signal``, ``scancel --signal``; training/stop_signals.py)."""
+DEFAULT_NODE_TIMEOUT_S = 120
+"""``--node_timeout``: a node silent this long is called lost (Slurm's own ``SlurmdTimeout`` is 300 s by default)."""
 MAX_IDLE_STOPS = 3
 """Jobs in a row that a stop signal may end before their first step before the chain stops (the signal comes before
 training starts every time: the time limit is too short for --preempt_time)."""
@@ -110,6 +112,9 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--detach", type=bool_arg, default=True,
                    help="true: print the job id and return; false: follow the job, stream its log, exit with its "
                    "result (default true)")
+    g.add_argument("--node_timeout", type=int, default=DEFAULT_NODE_TIMEOUT_S,
+                   help="seconds a node's launcher may go without a heartbeat (one every 5 s) before the script stops "
+                   "the job's step as failed (a retry follows while --max_retries allow; default %(default)s)")
     g.add_argument("--status", metavar="RUN_DIR", type=Path, default=None,
                    help="report a Slurm run from its folder (--output_dir): each job's state, the checkpoint step, "
                    "the results; nothing else is needed")
@@ -134,7 +139,8 @@ SLURM_ONLY_FLAGS = {"account": "-a/--account", "partition": "-p/--partition",  #
                     "custom_mounts": "-cm/--custom_mounts", "custom_env_vars": "-ce/--custom_env_vars",
                     "custom_srun_args": "-cs/--custom_srun_args", "gres": "--gres",
                     "additional_slurm_params": "--additional_slurm_params", "max_retries": "--max_retries",
-                    "detach": "--detach", "preempt_time": "--preempt_time"}
+                    "detach": "--detach", "preempt_time": "--preempt_time",
+                    "node_timeout": "--node_timeout"}
 """Flags that only a Slurm job reads (argument name → flag)."""
 
 
@@ -188,6 +194,8 @@ class SlurmOptions:
     """Node 0's address when given (``--master_addr``); else the first node's NodeAddr at run time."""
     max_restarts: int = 0
     """torch's ``--max_restarts`` inside each job (``--max_restarts``)."""
+    node_timeout: int = DEFAULT_NODE_TIMEOUT_S
+    """Seconds without a heartbeat after which a node is called lost (``--node_timeout``)."""
 
 
 def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> SlurmOptions:
@@ -204,6 +212,8 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> SlurmOpt
                          "(0: no signal)")
     if args.max_retries < 0:
         raise SlurmError(f"--max_retries {args.max_retries} must be >= 0")
+    if args.node_timeout < 15:
+        raise SlurmError(f"--node_timeout {args.node_timeout} must be at least 15 s (3 heartbeats)")
     if args.custom_mounts and not args.container_image:
         raise SlurmError("-cm/--custom_mounts are container mounts: give the image too (-i/--container_image)")
     return SlurmOptions(
@@ -211,7 +221,8 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> SlurmOpt
         time_limit=args.time_limit, container_image=args.container_image, custom_mounts=tuple(args.custom_mounts),
         env={**env, **args.custom_env_vars}, custom_srun_args=tuple(args.custom_srun_args), gres=args.gres,
         additional_params=dict(args.additional_slurm_params), max_retries=args.max_retries,
-        preempt_time=args.preempt_time, master_addr=args.master_addr, max_restarts=args.max_restarts)
+        preempt_time=args.preempt_time, master_addr=args.master_addr, max_restarts=args.max_restarts,
+        node_timeout=args.node_timeout)
 
 
 def prepare_config(cfg: ConfigContainer, run_dir: Path, options: SlurmOptions) -> None:
@@ -257,7 +268,8 @@ def sbatch_lines(job: SlurmJob) -> list[str]:
     lines += [f"--account={o.account}"] if o.account else []
     lines += [f"--partition={o.partition}"] if o.partition else []
     lines += [f"--nodes={o.nodes}", "--ntasks-per-node=1", f"--time={o.time_limit}",
-              f"--output={job.run_dir / LOG_NAME}", "--open-mode=append", f"--chdir={job.workdir}"]
+              f"--output={job.run_dir / LOG_NAME}", "--open-mode=append", f"--chdir={job.workdir}",
+              "--requeue"]  # Slurm runs the script again after a node failure (also the node it runs on)
     if o.preempt_time > 0:
         lines.append(f"--signal=B:{job.exit_signal.removeprefix('SIG')}@{o.preempt_time}")  # the script sends it on
     lines += [f"--gres={o.gres}"] if o.gres else []
@@ -286,7 +298,8 @@ def render_script(job: SlurmJob) -> str:
         "RUN_DIR": q(str(job.run_dir)), "CHECKPOINT_DIR": q(job.checkpoint_dir), "TRAIN_ITERS": str(job.train_iters),
         "MAX_RETRIES": str(o.max_retries), "MASTER_ADDR": q(o.master_addr or ""),
         "EXPORTS": "\n".join(f"export {k}={q(v)}" for k, v in o.env.items()),
-        "NODES": str(o.nodes), "NPROC_PER_NODE": str(o.nproc_per_node), "MAX_RESTARTS": str(o.max_restarts),
+        "NODES": str(o.nodes), "NODE_TIMEOUT": str(o.node_timeout),
+        "NPROC_PER_NODE": str(o.nproc_per_node), "MAX_RESTARTS": str(o.max_restarts),
         "SRUN_ARGS": " ".join(q(a) for a in srun_arguments(job)), "PYTHON": q(job.python),
         "COMMAND": " ".join(q(a) for a in job.command), "STOP_SIGNALS": " ".join(STOP_SIGNALS),
         "STOP_SIGNALS_CSV": ",".join(f"SIG{s}" for s in STOP_SIGNALS), "MAX_IDLE_STOPS": str(MAX_IDLE_STOPS),

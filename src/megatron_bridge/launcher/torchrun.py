@@ -33,6 +33,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+from pathlib import Path
 from types import FrameType
 
 from megatron_bridge.errors import LaunchError
@@ -64,7 +66,7 @@ TORCH_HANDLED_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
 stop of the workers (the stop signals are removed from whatever list is given)."""
 
 
-OWN_FLAGS = ("--stop_signals", "--stop_file")
+OWN_FLAGS = ("--stop_signals", "--stop_file", "--heartbeat_file")
 """This wrapper's own flags (``--flag=VALUE`` before the script), taken out before torch's parser sees the rest."""
 _OWN: dict[str, str] = {}
 
@@ -156,6 +158,31 @@ def _rendezvous_failed(args: object, exc: BaseException) -> int:
     return EXIT_USER_ERROR
 
 
+HEARTBEAT_S = 5.0
+"""Seconds between two heartbeats (``--heartbeat_file``)."""
+
+
+def start_heartbeat(path: str, every_s: float = HEARTBEAT_S) -> threading.Event:
+    """A daemon thread that writes a growing count into ``path`` every ``every_s`` seconds while this launcher lives
+    (set the returned event to stop it): the Slurm script stops a step whose node has not written one for
+    ``--node_timeout`` seconds (by its own clock, not the file's time: the nodes' clocks may differ)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        count = 0
+        while not stop.is_set():
+            count += 1
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                Path(path).write_text(f"{count}\n")
+            except OSError:
+                pass  # a full or unreachable filesystem: the script will call this node silent, which it is
+            stop.wait(every_s)
+
+    threading.Thread(target=beat, name="mb-heartbeat", daemon=True).start()
+    return stop
+
+
 def quiet_cpp_logs() -> None:
     """torch's C++ log lines (a rendezvous that cannot connect prints each retry with ~20 C++ stack frames) off in
     this launcher: c10 reads ``TORCH_CPP_LOG_LEVEL`` once, when torch loads; the workers keep the level they were
@@ -171,14 +198,16 @@ def quiet_cpp_logs() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with ``argv``; returns the exit code described in the module docstring."""
+    argv, own = take_own_flags(list(sys.argv[1:] if argv is None else argv))
+    _OWN.clear()
+    _OWN.update(own)
+    if "--heartbeat_file" in own:
+        start_heartbeat(own["--heartbeat_file"])
     quiet_cpp_logs()
     import torch.distributed.launcher.api as launcher_api
     from torch.distributed.run import parse_args, run
 
     set_parent_death_signal(signal.SIGTERM)
-    argv, own = take_own_flags(list(sys.argv[1:] if argv is None else argv))
-    _OWN.clear()
-    _OWN.update(own)
     if not debug_enabled() and DEBUG_FLAG not in argv:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = parse_args(argv)

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,50 @@ def test_sbatch_paths_with_spaces_are_quoted() -> None:
     text = slurm.render_script(_job(_args("-p", "x"), run_dir=Path("/shared/my run")))
     assert "#SBATCH '--output=/shared/my run/slurm-%j.out'" in text
     assert "RUN_DIR='/shared/my run'" in text
+
+
+def test_a_node_without_heartbeats_is_stopped_within_node_timeout(tmp_path: Path) -> None:
+    """The script's watch_nodes(): node 1's launcher writes no new heartbeat, node 0's does; after --node_timeout
+    (1 s here, polled every 0.2 s instead of 5 s) node 1 is named and the step stopped (scancel, then srun killed)."""
+    text = slurm.render_script(_job(_args("-p", "x", "--node_timeout", "15"), run_dir=tmp_path))
+    function = re.search(r"^watch_nodes\(\) \{.*?^\}$", text, re.S | re.M).group(0).replace("sleep 5", "sleep 0.2")
+    beats = tmp_path / "beats"
+    beats.mkdir()
+    (beats / "node1").write_text("7\n")
+    script = (f"say() {{ echo \"$*\"; }}\nscancel() {{ echo \"$*\" > {tmp_path}/scancel; }}\n"
+              "sleep() { command sleep 0.2; }\n"
+              f"{function}\nMB_HEARTBEATS={beats}\nNODE_TIMEOUT=1\nSLURM_JOB_ID=7\n"
+              "command sleep 60 & SRUN_PID=$!\n"
+              f"( for i in $(seq 100); do echo $i > {beats}/node0; command sleep 0.1; done ) &\n"
+              "start=$SECONDS; watch_nodes; echo \"took $((SECONDS - start))\"; wait $SRUN_PID; echo \"srun $?\"\n")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60).stdout
+    assert re.search(r"node 1 stopped answering: no heartbeat for \d s \(--node_timeout 1\)", out), out
+    assert "node 0 stopped" not in out and "srun 137" in out, out
+    assert (tmp_path / "scancel").read_text() == "--signal=KILL 7.0\n"
+    assert (beats / "silent").read_text() == "node 1\n"
+    assert int(re.search(r"took (\d+)", out).group(1)) <= 4, out
+
+
+def test_a_silent_running_job_is_said_to_be_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--detach false on a job that prints nothing for a while says what it waits for, and on which nodes."""
+    states = iter([slurm_follow.JobStatus("RUNNING", 0, nodes="n[1-2]")] * 6 + [slurm_follow.JobStatus("COMPLETED", 0)])
+    monkeypatch.setattr(slurm_follow, "job_status", lambda job: next(states))
+    notes: list[str] = []
+    code = slurm_follow.follow(tmp_path, "41", out=io.StringIO(), poll_s=0.01, note=notes.append, quiet_s=0.02)
+    assert code == 0
+    assert any(n.startswith("Slurm job 41 is RUNNING on n[1-2], no new output for ") and "--node_timeout" in n
+               for n in notes), notes
+
+
+def test_the_launcher_heartbeat_counts_up(tmp_path: Path) -> None:
+    from megatron_bridge.launcher.torchrun import start_heartbeat
+
+    beat = tmp_path / "hb" / "node0"
+    stop = start_heartbeat(str(beat), every_s=0.05)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (beat.exists() and beat.read_text().strip() not in ("", "1", "2")):
+            time.sleep(0.05)
+        assert int(beat.read_text()) >= 3
+    finally:
+        stop.set()
