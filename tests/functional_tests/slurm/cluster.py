@@ -126,6 +126,10 @@ class SlurmCluster:
             time.sleep(0.1)
         raise RuntimeError(f"{what} within {timeout} s; logs: {self.logs()}")
 
+    def pid(self, name: str) -> int:
+        """The pid of a daemon of this cluster (``slurmctld``, ``slurmd-n1``, ...)."""
+        return self._procs[name].pid
+
     def logs(self) -> str:
         """The tail of every daemon's log (for failure messages)."""
         parts = []

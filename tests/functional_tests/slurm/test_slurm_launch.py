@@ -1,13 +1,17 @@
 """launch.py -a/-p on a real two-node Slurm cluster started by the test (cluster.py): the job's losses equal a local
-2-process run's (1e-5 relative), -d prints the script and submits nothing, --detach true returns a job id, the
-pre-time-limit signal in the middle of a job saves a checkpoint and a new job finishes the run with the uninterrupted
-losses, a job whose worker dies is resubmitted and resumes (--max_retries), retries end after --max_retries, a user
-error (exit 2) is not retried, a partition Slurm does not know is refused with Slurm's message.
+2-process run's (1e-5 relative), -d prints the script and submits nothing, --detach true returns a job id and a second
+submit into that live folder is refused (--status reports it, --follow ends with its state), stop signals (TERM to the
+batch shell 1 s into a job, USR1, USR2 and TERM to the step mid-run) each end a job cleanly with a checkpoint where it
+stopped (none before the first step) and a new job finishes the run with the uninterrupted losses, a job whose worker
+dies is resubmitted and resumes (--max_retries), a node that stops answering is found within --node_timeout and the run
+resumes, retries end after --max_retries, a user error (exit 2) is not retried, a partition Slurm does not know is
+refused with Slurm's message.
 
-Fast: one module-scoped cluster; the local reference and the three training runs start together (``runs``), each test
+Fast: one module-scoped cluster; the local reference and the training runs start together (``runs``), each test
 waits for its own; tiny_llama, 10 steps. Skipped where Slurm is not installed (the reason names the install command).
 """
 
+import calendar
 import json
 import os
 import re
@@ -176,6 +180,77 @@ def _kill_worker_mid_run(launch: Launch) -> None:
         launch.events.append(f"watcher: {exc}")
 
 
+def _environ(pid: int) -> dict[bytes, bytes]:
+    try:
+        return dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+    except OSError:
+        return {}
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                children.setdefault(_parent(int(entry.name)), []).append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _node_task(job: str, node: str) -> int | None:
+    """The pid of the job's training task on ``node`` (torch's launcher: SLURMD_NODENAME tells the node)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        env = _environ(int(entry.name))
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if env.get(b"SLURMD_NODENAME") == node.encode() and env.get(b"SLURM_JOB_ID") == job.encode() \
+                and b"megatron_bridge.launcher.torchrun" in cmd:
+            return int(entry.name)
+    return None
+
+
+def _freeze_node_mid_run(cluster: SlurmCluster, launch: Launch) -> None:
+    """Once the run has the checkpoint of step 2: node n2 stops answering (SIGSTOP to its slurmd, its step daemon,
+    the task and its workers); resumed once the run resubmitted itself (or after 120 s)."""
+    deadline, frozen = time.monotonic() + TIMEOUT_S, []
+    try:
+        job = _first_job(launch.run_dir, deadline)
+        _wait_for(lambda: _checkpoint_step(launch.run_dir) >= 2, deadline, "the checkpoint of step 2")
+        task = _node_task(job, "n2")
+        if task is None:
+            raise TimeoutError(f"no task of job {job} on n2")
+        frozen = [cluster.pid("slurmd-n2"), _parent(task), *_descendants(task)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        launch.events.append(f"froze n2 at {time.time():.0f}")
+        from megatron_bridge.launcher.slurm_follow import successor
+
+        _wait_for(lambda: successor(launch.run_dir, job) is not None, time.monotonic() + 120, "the retry")
+        launch.events.append("retry submitted")
+    except (TimeoutError, OSError) as exc:
+        launch.events.append(f"watcher: {exc}")
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+
 @pytest.fixture(scope="module")
 def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launch]]:
     """Start together: the local reference, the plain Slurm run, the preempted one and the one whose worker dies."""
@@ -183,6 +258,9 @@ def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     launches = {
         "local": _start(cluster, root, "local", RUN),
         "slurm": _start(cluster, root, "slurm", [*RUN, *SLURM, "--detach", "false"]),
+        # node n2 stops answering mid-job: found within --node_timeout, the job is retried and resumes
+        "lost_node": _start(cluster, root, "lost_node", [*RUN, *SLURM, "--detach", "false", "--max_retries", "1",
+                                                         "--node_timeout", "15", "checkpoint.save_interval=2"]),
         # stop signals: none is a failure (--max_retries 0), each saves where it stopped, a new job resumes
         "early_usr1": _start(cluster, root, "early_usr1", [*RUN, *SLURM, "--detach", "false", "--max_retries", "0"]),
         "usr2_term": _start(cluster, root, "usr2_term", [*RUN, *SLURM, "--detach", "false", "--max_retries", "0"]),
@@ -198,7 +276,8 @@ def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     plans = {"early_usr1": [("early", "TERM"), ("mid", "USR1")], "usr2_term": [("mid", "USR2"), ("mid", "TERM")]}
     watchers = [*(threading.Thread(target=_signal_jobs, args=(cluster, launches[name], plan), daemon=True)
                   for name, plan in plans.items()),
-                threading.Thread(target=_kill_worker_mid_run, args=(launches["failed"],), daemon=True)]
+                threading.Thread(target=_kill_worker_mid_run, args=(launches["failed"],), daemon=True),
+                threading.Thread(target=_freeze_node_mid_run, args=(cluster, launches["lost_node"]), daemon=True)]
     for w in watchers:
         w.start()
     yield launches
@@ -273,6 +352,27 @@ def test_failed_job_is_resubmitted_and_resumes(runs: dict[str, Launch], referenc
     assert "retry 1 of 1" in out and "loaded checkpoint" in out, out[-6000:]
     results = json.loads((launch.run_dir / "results.json").read_text())
     assert results["first_step"] > 2  # the second job started from a checkpoint, not from step 0
+    _assert_close(results["losses"], reference, first_step=results["first_step"])
+
+
+def test_a_node_that_stops_answering_is_found_and_the_run_resumes(runs: dict[str, Launch],
+                                                                 reference: list[float]) -> None:
+    """n2 frozen whole mid-job (slurmd, step daemon, launcher, worker): the script names node 1 within --node_timeout
+    (15 s) plus its 5 s check, stops the step, resubmits (retry 1 of 1); the run finishes with the reference's
+    losses from where it resumed."""
+    launch = runs["lost_node"]
+    rc, out = launch.wait()
+    assert launch.events[:1] and launch.events[0].startswith("froze n2"), (launch.events, out[-6000:])
+    assert rc == 0, (launch.events, out[-6000:])
+    lost = re.search(r"^(\S+) \[slurm job \d+\] node 1 stopped answering: no heartbeat for (\d+) s "
+                     r"\(--node_timeout 15\)", out, re.M)
+    assert lost, out[-6000:]
+    frozen_at = float(launch.events[0].split()[-1])
+    found_at = calendar.timegm(time.strptime(lost.group(1), "%Y-%m-%dT%H:%M:%SZ"))
+    assert found_at - frozen_at <= 15 + 5 + 5 + 1, (frozen_at, lost.group(0))  # timeout + check + heartbeat + 1 s
+    assert re.search(r"failed \(exit \d+, lost node 1\): retry 1 of 1", out), out[-6000:]
+    results = json.loads((launch.run_dir / "results.json").read_text())
+    assert results["first_step"] > 2  # resumed from a checkpoint
     _assert_close(results["losses"], reference, first_step=results["first_step"])
 
 
