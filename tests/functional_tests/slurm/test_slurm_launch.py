@@ -409,7 +409,7 @@ def test_detach_then_live_folder_refused_status_and_follow(cluster: SlurmCluster
     """--detach true returns a job id within seconds; a second submit into the live run folder is refused (exit 2)
     naming that job, with nothing in the folder changed; --status reports it; once it is cancelled, --follow ends
     with its state."""
-    run_dir = tmp_path / "detached"
+    run_dir = tmp_path / "detached run"  # a space: the #SBATCH lines quote it
     argv = [*LAUNCH, *RUN, *SLURM, "--output_dir", str(run_dir)]
     start = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, env=_env(cluster), capture_output=True, text=True, timeout=120)
