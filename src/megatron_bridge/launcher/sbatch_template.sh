@@ -71,9 +71,9 @@ watch_nodes() {  # a node whose launcher wrote no heartbeat for NODE_TIMEOUT s (
                 echo "node $n" > "$MB_HEARTBEATS/silent"
                 say "node $n stopped answering: no heartbeat for $((now - seen[$n])) s (--node_timeout $NODE_TIMEOUT);" \
                     "stopping the job step"
-                scancel --signal=KILL "$SLURM_JOB_ID.0" >/dev/null 2>&1
-                sleep 10
-                kill -KILL "$SRUN_PID" 2>/dev/null  # srun may wait for the lost node's answer
+                scancel --signal=KILL "$SLURM_JOB_ID.0" >/dev/null 2>&1 &  # slurmctld may wait for the lost node
+                sleep 5
+                kill -KILL "$SRUN_PID" 2>/dev/null  # srun may wait for the lost node's answer too
                 return
             fi
         done

@@ -70,6 +70,14 @@ class ExitConditions:
         stop_signals.forget()
 
 
+def stop_requested_on_any_rank(cfg: ConfigContainer, device: torch.device) -> bool:
+    """With ``train.exit_signal_handler``: whether any rank caught a stop signal already (during start-up, before
+    the model is built: the job stops there); one MAX-reduction. False without the handler (no collective)."""
+    if not cfg.train.exit_signal_handler:
+        return False
+    return bool(_max_over_ranks([float(stop_signals.received() is not None)], device)[0])
+
+
 def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():

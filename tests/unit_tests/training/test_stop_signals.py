@@ -63,9 +63,14 @@ def test_any_scheduler_signal_saves_at_the_step_reached(tmp_path: Path, sig: sig
 def test_a_signal_before_the_first_step_stops_before_it_with_nothing_to_save(tmp_path: Path) -> None:
     os.kill(os.getpid(), signal.SIGUSR1)  # during start-up: before pretrain() built anything
     assert stop_signals.received_name() == "SIGUSR1"
-    result = pretrain(_config(tmp_path))
+    cfg = _config(tmp_path)
+    result = pretrain(cfg)  # stops before the model is built
     assert (result.exit_reason, result.final_step, result.losses) == ("signal", 0, [])
     assert _latest(tmp_path) is None  # nothing new to save
+    from megatron_bridge.perf.results import build_results, join_slices, summary_line
+
+    empty = build_results(cfg, result, device_name=None)  # launch.py writes this slice; the next job's slice joins it
+    assert summary_line(empty).startswith("SUMMARY") and join_slices(empty, empty)["steps"] == 0
 
 
 def test_without_a_signal_the_run_ends_at_train_iters(tmp_path: Path) -> None:
