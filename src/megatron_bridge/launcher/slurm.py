@@ -10,10 +10,13 @@ it) on a port of the job's own. Every node runs the same launch.py command, whic
 
 Retries and preemption: the run's checkpoints go to ``checkpoint.save`` (default ``<run folder>/checkpoints``) and load
 from there. When the training command ends unfinished, the script resubmits itself (a new job that starts after this
-one ends and resumes from the last checkpoint): after a pre-time-limit stop that saved a newer checkpoint
-(``--preempt_time``: ``#SBATCH --signal=<train.exit_signal>@S``), always; after a failure, at most ``--max_retries``
-times; never after a user error (exit code 2). Resubmission, not ``scontrol requeue``: a requeued job is held ~120 s
-by Slurm 22.05 before it runs again. Every job of the run appends its successor's id to ``slurm_jobs.txt``.
+one ends and resumes from the last checkpoint): after a stop signal (the pre-time-limit signal, ``--preempt_time``:
+``#SBATCH --signal=B:<train.exit_signal>@S``, or TERM/USR1/USR2/INT from ``scancel --signal``; also one that came
+before the first step, with nothing new to save), always; after a failure, at most ``--max_retries`` times (a node
+silent for ``--node_timeout`` seconds is a failure); never after a user error (exit code 2) or a cancel. Resubmission
+rather than ``scontrol requeue``: a requeued job is held ~120 s by Slurm 22.05 before it runs again; ``#SBATCH
+--requeue`` only lets Slurm run the job again after a node failure took the script's own node. Every job of the run
+appends ``NEXT after JOB`` to ``slurm_jobs.txt``; a run folder holds one live job (:mod:`.slurm_run_dir`).
 
 Import-light: no torch.
 """
