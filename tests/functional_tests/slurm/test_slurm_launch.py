@@ -235,8 +235,9 @@ def _node_task(job: str, node: str) -> int | None:
 
 
 def _freeze_node_mid_run(cluster: SlurmCluster, launch: Launch, job: str, after_step: int) -> None:
-    """Once ``job`` saved a checkpoint past ``after_step``: node n2 stops answering (SIGSTOP to its slurmd, its step
-    daemon, the task and its workers); resumed once the run resubmitted itself (or after 120 s)."""
+    """Once ``job`` saved a checkpoint past ``after_step``: node n2 stops answering for the job (SIGSTOP to the job's
+    step daemon there, its task and its workers; n2's slurmd stays up so that the other runs' jobs keep starting);
+    resumed once the run resubmitted itself (or after 120 s)."""
     deadline, frozen = time.monotonic() + TIMEOUT_S, []
     try:
         _wait_for(lambda: _checkpoint_step(launch.run_dir) > after_step and _node_task(job, "n2") is not None,
@@ -244,7 +245,7 @@ def _freeze_node_mid_run(cluster: SlurmCluster, launch: Launch, job: str, after_
         task = _node_task(job, "n2")
         if task is None:
             raise TimeoutError(f"no task of job {job} on n2")
-        frozen = [cluster.pid("slurmd-n2"), _parent(task), *_descendants(task)]
+        frozen = [_parent(task), *_descendants(task)]
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         launch.events.append(f"froze n2 of job {job} after checkpoint step {_checkpoint_step(launch.run_dir)} at "
@@ -369,7 +370,7 @@ def test_failed_job_is_resubmitted_and_resumes(runs: dict[str, Launch], referenc
 
 
 def test_a_node_that_stops_answering_is_found_and_the_run_resumes(runs: dict[str, Launch]) -> None:
-    """n2 frozen whole in job 2 (slurmd, step daemon, launcher, worker): the script names node 1 within
+    """n2 frozen in job 2 (the step daemon, launcher and worker there): the script names node 1 within
     --node_timeout (15 s) plus its 5 s check and a heartbeat, stops the step and resubmits (retry 2 of 2); job 3
     finishes the run (its losses: the test above). Neither Slurm's own node timeout (300 s) nor the cluster's requeue
     setting plays a part."""
