@@ -44,7 +44,8 @@ FUNCTIONAL_S: dict[str, float] = {
     "mcore/test_wrappers.py": 200,
     "moe/test_expert_parallel.py": 68,
     "multinode/test_restart.py": 234,  # waits on restarts and daemons: wall time well above its CPU time
-    "multinode/test_two_nodes.py": 197,  # +20: nodes started with other --max_restarts (issue 46)  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25
+    "multinode/test_two_nodes.py": 197,  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25;
+    # +20 s: nodes started with other --max_restarts (issue 46)
     "optimization/test_qat_export.py": 48,
     "perf/test_launch.py": 28,
     "perf/test_mcore_memory_estimate.py": 24,
