@@ -424,14 +424,15 @@ def test_detach_then_live_folder_refused_status_and_follow(cluster: SlurmCluster
     naming that job, with nothing in the folder changed; --status reports it; once it is cancelled, --follow ends
     with its state."""
     run_dir = tmp_path / "detached run"  # a space: the #SBATCH lines quote it
-    argv = [*LAUNCH, *RUN, *SLURM, "--output_dir", str(run_dir)]
+    # held (#SBATCH --hold): it stays pending, live, until cancelled, however long the checks below take
+    argv = [*LAUNCH, *RUN, *SLURM, "--additional_slurm_params", "hold", "--output_dir", str(run_dir)]
     start = time.monotonic()
     proc = subprocess.run(argv, cwd=REPO, env=_env(cluster), capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = proc.stdout.split("submitted Slurm job ")[1].split(";")[0]
     try:
-        assert cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED")
+        assert cluster.job_state(job) == "PENDING"
         assert (run_dir / "sbatch.sh").exists() and (run_dir / "slurm_jobs.txt").read_text().split() == [job]
         assert elapsed < 30, f"--detach true took {elapsed:.1f} s"  # python start-up and imports under load
         kept = {name: (run_dir / name).read_bytes() for name in ("sbatch.sh", "slurm_jobs.txt")}
@@ -441,7 +442,8 @@ def test_detach_then_live_folder_refused_status_and_follow(cluster: SlurmCluster
         assert {name: (run_dir / name).read_bytes() for name in kept} == kept
         status = subprocess.run([*LAUNCH, "--status", str(run_dir)], cwd=REPO, env=_env(cluster),
                                 capture_output=True, text=True, timeout=120)
-        assert status.returncode == 0 and f"  job {job}: " in status.stdout, status.stdout + status.stderr
+        assert status.returncode == 0 and f"  job {job}: PENDING (reason: JobHeldUser)" in status.stdout, \
+            status.stdout + status.stderr
         assert f"Slurm run {run_dir}: 1 job(s), checkpoint step 0 of 10" in status.stdout, status.stdout
     finally:
         cluster.run(["scancel", job])
