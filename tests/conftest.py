@@ -45,13 +45,14 @@ FUNCTIONAL_S: dict[str, float] = {
     "mcore/test_wrappers.py": 200,
     "moe/test_expert_parallel.py": 110,  # with the MoE parallel folding and ETP cases (issue 44)
     "multinode/test_restart.py": 234,  # waits on restarts and daemons: wall time well above its CPU time
-    "multinode/test_two_nodes.py": 177,  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25
+    "multinode/test_two_nodes.py": 197,  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25;
+    # +20 s: nodes started with other --max_restarts (issue 46)
     "optimization/test_qat_export.py": 48,
     "perf/test_launch.py": 28,
     "perf/test_mcore_memory_estimate.py": 24,
     "robustness/test_fail_fast.py": 70,
     "robustness/test_no_orphans.py": 73,
-    "slurm/test_slurm_launch.py": 224,
+    "slurm/test_slurm_launch.py": 300,  # +76 (issue 46: signal chains, a frozen node; standalone +71..90 s vs main)
     "training/test_megatron_core_engine.py": 81,
     "training/test_megatron_fsdp.py": 72,
     "training/test_pipeline_parallel.py": 87,

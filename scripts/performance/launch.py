@@ -8,6 +8,8 @@
     python scripts/performance/launch.py --use_megatron_fsdp true --dryrun          # the final YAML + memory estimate
     python scripts/performance/launch.py --compare runA/results.json runB/results.json
     python scripts/performance/launch.py -mr tiny_llama -ng 2 -gn 1 -a ACCOUNT -p PARTITION --detach false  # Slurm
+    python scripts/performance/launch.py --status runs/perf/RUN     # a Slurm run's jobs and checkpoint step
+    python scripts/performance/launch.py --follow runs/perf/RUN     # follow a detached Slurm run
 
 Precedence (Megatron-Bridge's): recipe < per-GPU perf config (-g) < benchmark defaults < trailing key=value overrides
 < flags; the flags are defined and applied in src/megatron_bridge/perf/args.py. See docs/performance.md.
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         a, b = (read_results(p) for p in args.compare)
         print(compare(a, b))
         return 0
+    if args.status is not None or args.follow is not None:
+        return slurm_run_folder(args)
     if args.output_dir is not None:
         from megatron_bridge.utils.paths import check_output_path
 
@@ -81,9 +85,14 @@ def main(argv: list[str] | None = None) -> int:
 def slurm_run(args, argv: list[str]) -> int:  # noqa: ANN001
     """-a/-p: write the sbatch script into the run folder and submit it (a node of the job: train); -d prints it."""
     from megatron_bridge.launcher import slurm
+    from megatron_bridge.utils.launch import running_under_torchrun
+
+    if running_under_torchrun():  # a worker of the job: a stop signal from now on is remembered, never lost
+        from megatron_bridge.training import stop_signals
+
+        stop_signals.catch(stop_signals.SCHEDULER_STOP_SIGNALS)
     from megatron_bridge.perf.args import build_config, environment
     from megatron_bridge.perf.world import check_world_size, resolve_defaults
-    from megatron_bridge.utils.launch import running_under_torchrun
 
     said = resolve_defaults(args, None)  # no -ng: the layout's smallest world size (the job's nodes are not here)
     if said and not running_under_torchrun():
@@ -110,21 +119,38 @@ def slurm_run(args, argv: list[str]) -> int:  # noqa: ANN001
         print(script, end="")
         return 0
     slurm.require_sbatch()
+    from megatron_bridge.launcher.slurm_run_dir import refuse_live_run
+
+    refuse_live_run(run_dir)  # one live job per run folder: nothing is written before this
     job_id = slurm.submit(slurm.write_script(job, script))
     (run_dir / slurm.JOBS_FILE).write_text(f"{job_id}\n")
     print(f"submitted Slurm job {job_id}; run folder {run_dir}, log {run_dir / f'slurm-{job_id}.out'}", flush=True)
     if args.detach:
         return 0
+    return follow_run(run_dir, job_id)
+
+
+def follow_run(run_dir: Path, job_id: str) -> int:
+    """Follow the run from ``job_id`` (its logs hold the SUMMARY line); the results' path at the end."""
     from megatron_bridge.launcher.slurm_follow import follow
 
     code = follow(run_dir, job_id)
     results = run_dir / "results.json"
     if code == 0 and results.exists():
-        from megatron_bridge.perf.results import summary_line
-
         print(f"results: {results}")
-        print(summary_line(json.loads(results.read_text())))
     return code
+
+
+def slurm_run_folder(args) -> int:  # noqa: ANN001
+    """--status RUN_DIR: report a Slurm run; --follow RUN_DIR: follow it (from its first job that has not ended)."""
+    from megatron_bridge.launcher import slurm, slurm_run_dir
+
+    slurm.require_sbatch()
+    if args.status is not None:
+        print("\n".join(slurm_run_dir.status_report(args.status.resolve())))
+        return 0
+    run_dir = args.follow.resolve()
+    return follow_run(run_dir, slurm_run_dir.job_to_follow(run_dir))
 
 
 def default_output_dir(args) -> str:  # noqa: ANN001

@@ -23,7 +23,9 @@ class TrainingConfig(DeclaredFields):
     exit_duration_in_mins: float | None = None
     """Stop (after a checkpoint save) once the run has lasted this many minutes; None disables it."""
     exit_signal_handler: bool = False
-    """On SIGTERM, save a checkpoint at the end of the current step and stop."""
+    """On exit_signal, save a checkpoint at the end of the current step and stop (all ranks at one agreed step; a
+    signal during start-up stops before the first step). Slurm jobs of launch.py set it and also catch SIGTERM,
+    SIGUSR1, SIGUSR2 and SIGINT (training/stop_signals.py)."""
     exit_signal: Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"] = "SIGTERM"
     """The signal that exit_signal_handler reacts to."""
     manual_gc: bool = False

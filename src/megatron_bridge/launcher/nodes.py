@@ -117,6 +117,8 @@ def check_node_layout(layout: NodeLayout) -> None:
     if layout.node_rank is not None and layout.node_rank >= layout.nnodes:
         raise LaunchError(f"--node_rank {layout.node_rank} with --nnodes {layout.nnodes}: node ranks are 0.."
                           f"{layout.nnodes - 1}; give each node its index (e.g. $SLURM_NODEID)")
+    if layout.master_addr is not None and not layout.master_addr.strip():
+        raise LaunchError("--master_addr is empty (an unset variable?): give node 0's address, the same on every node")
     if layout.master_addr is not None and layout.rdzv_endpoint is not None:
         raise LaunchError("--master_addr and --rdzv_endpoint both given: give one (--rdzv_endpoint HOST:PORT is "
                           "--master_addr HOST --master_port PORT)")

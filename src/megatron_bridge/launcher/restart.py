@@ -21,8 +21,10 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
+from megatron_bridge.launcher.nodes import DEFAULT_RDZV_TIMEOUT_S
 from megatron_bridge.training.job import NO_RESTART_KEY, rendezvous_store
 from megatron_bridge.utils.cli import EXIT_PEER_FAILURE, EXIT_PREEMPTED, EXIT_USER_ERROR, say
 from megatron_bridge.utils.logging import get_logger
@@ -38,6 +40,7 @@ user error) is the one to report and to decide a restart by. A hung rank costs t
 
 _AGENT: "Any | None" = None
 _STOP_SIGNAL: int | None = None
+_HELD_AT_SPAWN: tuple[int, ...] = ()
 
 
 def signal_name(number: int) -> str:
@@ -93,6 +96,32 @@ def note_stop_signal(signum: int) -> None:
         agent.forward_signal(signum)
 
 
+def catches(pid: int, signum: int) -> bool:
+    """True when process ``pid`` has a handler for ``signum`` (Linux: the ``SigCgt`` mask of /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _send(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def hold_at_spawn(signums: tuple[int, ...]) -> None:
+    """Start every worker with these signals blocked: one that arrives while the worker starts up stays pending until
+    the worker handles it (:func:`megatron_bridge.training.stop_signals.catch` unblocks them), instead of killing it
+    or being lost. For workers that catch them at start-up (a Slurm job's), not for any script."""
+    global _HELD_AT_SPAWN
+    _HELD_AT_SPAWN = tuple(signums)
+
+
 def stop_signal() -> int | None:
     """The stop signal the launcher got (None without one)."""
     return _STOP_SIGNAL
@@ -114,14 +143,45 @@ def restart_policy_agent() -> type:
 
         def forward_signal(self, signum: int) -> None:
             """Send ``signum`` to every worker of this node that still runs."""
+            for pid in self._worker_pids():
+                _send(pid, signum)
+                self._forwarded = {*getattr(self, "_forwarded", set()), pid}
+
+        def forward_to_late_workers(self, signum: int) -> None:
+            """Workers started after the stop signal (it came during the rendezvous or a restart): send it to each
+            once it handles it (it would kill one still starting up); a worker never told would train on."""
+            for pid in self._worker_pids():
+                if pid not in getattr(self, "_forwarded", set()) and catches(pid, signum):
+                    _send(pid, signum)
+                    self._forwarded = {*getattr(self, "_forwarded", set()), pid}
+
+        def _assign_worker_ranks(self, store: Any, group_rank: int, group_world_size: int, spec: Any) -> Any:
+            from megatron_bridge.launcher.node_agreement import NodeSettings, agree
+
+            if not getattr(self, "_agreed", False):  # once: a restart's rendezvous meets the same launchers
+                timeout = getattr(spec.rdzv_handler, "timeout", None)
+                timeout_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else DEFAULT_RDZV_TIMEOUT_S
+                agree(store, group_rank, NodeSettings(group_world_size, spec.local_world_size, spec.max_restarts),
+                      timeout_s)
+                self._agreed = True
+            return super()._assign_worker_ranks(store, group_rank, group_world_size, spec)
+
+        def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+            if not _HELD_AT_SPAWN:
+                return super()._start_workers(worker_group)
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_AT_SPAWN)  # the workers inherit the mask
+            try:
+                return super()._start_workers(worker_group)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+        def _worker_pids(self) -> list[int]:
             pcontext = getattr(self, "_pcontext", None)
-            for pid in (pcontext.pids().values() if pcontext is not None else ()):
-                try:
-                    os.kill(pid, signum)
-                except ProcessLookupError:
-                    pass
+            return list(pcontext.pids().values()) if pcontext is not None else []
 
         def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+            if _STOP_SIGNAL is not None:
+                self.forward_to_late_workers(_STOP_SIGNAL)
             handlers = getattr(getattr(self, "_pcontext", None), "subprocess_handlers", None) or {}
             await_first_error({rank: handler.proc for rank, handler in handlers.items()})
             result = super()._monitor_workers(worker_group)

@@ -10,10 +10,13 @@ it) on a port of the job's own. Every node runs the same launch.py command, whic
 
 Retries and preemption: the run's checkpoints go to ``checkpoint.save`` (default ``<run folder>/checkpoints``) and load
 from there. When the training command ends unfinished, the script resubmits itself (a new job that starts after this
-one ends and resumes from the last checkpoint): after a pre-time-limit stop that saved a newer checkpoint
-(``--preempt_time``: ``#SBATCH --signal=<train.exit_signal>@S``), always; after a failure, at most ``--max_retries``
-times; never after a user error (exit code 2). Resubmission, not ``scontrol requeue``: a requeued job is held ~120 s
-by Slurm 22.05 before it runs again. Every job of the run appends its successor's id to ``slurm_jobs.txt``.
+one ends and resumes from the last checkpoint): after a stop signal (the pre-time-limit signal, ``--preempt_time``:
+``#SBATCH --signal=B:<train.exit_signal>@S``, or TERM/USR1/USR2/INT from ``scancel --signal``; also one that came
+before the first step, with nothing new to save), always; after a failure, at most ``--max_retries`` times (a node
+silent for ``--node_timeout`` seconds is a failure); never after a user error (exit code 2) or a cancel. Resubmission
+rather than ``scontrol requeue``: a requeued job is held ~120 s by Slurm 22.05 before it runs again; ``#SBATCH
+--requeue`` only lets Slurm run the job again after a node failure took the script's own node. Every job of the run
+appends ``NEXT after JOB`` to ``slurm_jobs.txt``; a run folder holds one live job (:mod:`.slurm_run_dir`).
 
 Import-light: no torch.
 """
@@ -23,6 +26,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +50,14 @@ GPUS_PER_NODE = {"h100": 8, "b200": 8, "b300": 8, "gb200": 4, "gb300": 4, "vr200
 """``-gn`` when not given, by ``-g`` (Megatron-Bridge's table); other GPUs (and CPUs) put all ``-ng`` on one node."""
 SIGNAL_MAX_S = 65535
 """The largest ``--signal=...@TIME`` Slurm accepts."""
+STOP_SIGNALS = ("TERM", "USR1", "USR2", "INT")
+"""Signals that stop a job at one agreed step with a checkpoint, and a new job resumes (whatever
+``train.exit_signal`` says; Slurm's ``--signal``, ``scancel --signal``; training/stop_signals.py)."""
+DEFAULT_NODE_TIMEOUT_S = 120
+"""``--node_timeout``: a node silent this long is called lost (Slurm's own ``SlurmdTimeout`` is 300 s by default)."""
+MAX_IDLE_STOPS = 3
+"""Jobs in a row that a stop signal may end before their first step before the chain stops (the signal comes before
+training starts every time: the time limit is too short for --preempt_time)."""
 
 
 # ------------------------------------------------------------------------------------------------------- flags
@@ -103,9 +115,19 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--detach", type=bool_arg, default=True,
                    help="true: print the job id and return; false: follow the job, stream its log, exit with its "
                    "result (default true)")
+    g.add_argument("--node_timeout", type=int, default=DEFAULT_NODE_TIMEOUT_S,
+                   help="seconds a node's launcher may go without a heartbeat (one every 5 s) before the script stops "
+                   "the job's step as failed (a retry follows while --max_retries allow; default %(default)s)")
+    g.add_argument("--status", metavar="RUN_DIR", type=Path, default=None,
+                   help="report a Slurm run from its folder (--output_dir): each job's state, the checkpoint step, "
+                   "the results; nothing else is needed")
+    g.add_argument("--follow", metavar="RUN_DIR", type=Path, default=None,
+                   help="follow a detached Slurm run from its folder, as --detach false does: stream the logs, follow "
+                   "resubmitted jobs, exit with the last job's result")
     g.add_argument("--preempt_time", type=int, default=60,
                    help="seconds before the time limit at which Slurm sends train.exit_signal (default SIGTERM): "
-                   "the workers save a checkpoint and stop, a new job resumes; 0: no signal (default %(default)s)")
+                   "the workers save a checkpoint and stop, a new job resumes (as on TERM, USR1, USR2 or INT from "
+                   "scancel --signal); 0: no signal (default %(default)s)")
 
 
 def requested(args: argparse.Namespace) -> bool:
@@ -115,17 +137,22 @@ def requested(args: argparse.Namespace) -> bool:
     return args.account is not None or args.partition is not None
 
 
-SLURM_ONLY_FLAGS = {"time_limit": "-t/--time_limit", "container_image": "-i/--container_image",
+SLURM_ONLY_FLAGS = {"account": "-a/--account", "partition": "-p/--partition",  # given with --executor local
+                    "time_limit": "-t/--time_limit", "container_image": "-i/--container_image",
                     "custom_mounts": "-cm/--custom_mounts", "custom_env_vars": "-ce/--custom_env_vars",
                     "custom_srun_args": "-cs/--custom_srun_args", "gres": "--gres",
                     "additional_slurm_params": "--additional_slurm_params", "max_retries": "--max_retries",
-                    "detach": "--detach", "preempt_time": "--preempt_time"}
+                    "detach": "--detach", "preempt_time": "--preempt_time",
+                    "node_timeout": "--node_timeout"}
 """Flags that only a Slurm job reads (argument name → flag)."""
 
 
 def refuse_slurm_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """A local run with Slurm-only flags set would ignore them: a :class:`SlurmError` naming them."""
     given = [flag for dest, flag in SLURM_ONLY_FLAGS.items() if getattr(args, dest) != parser.get_default(dest)]
+    if given and args.executor == "local":
+        raise SlurmError(f"--executor local runs on this machine, which ignores the Slurm-only flags given "
+                         f"({', '.join(given)}): drop them, or submit a Slurm job (--executor slurm)")
     if given:
         raise SlurmError(f"Slurm-only flags given without a Slurm job ({', '.join(given)}): add -a ACCOUNT and/or "
                          "-p PARTITION (or --executor slurm), or drop them for a run on this machine")
@@ -170,6 +197,8 @@ class SlurmOptions:
     """Node 0's address when given (``--master_addr``); else the first node's NodeAddr at run time."""
     max_restarts: int = 0
     """torch's ``--max_restarts`` inside each job (``--max_restarts``)."""
+    node_timeout: int = DEFAULT_NODE_TIMEOUT_S
+    """Seconds without a heartbeat after which a node is called lost (``--node_timeout``)."""
 
 
 def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> SlurmOptions:
@@ -186,6 +215,8 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> SlurmOpt
                          "(0: no signal)")
     if args.max_retries < 0:
         raise SlurmError(f"--max_retries {args.max_retries} must be >= 0")
+    if args.node_timeout < 15:
+        raise SlurmError(f"--node_timeout {args.node_timeout} must be at least 15 s (3 heartbeats)")
     if args.custom_mounts and not args.container_image:
         raise SlurmError("-cm/--custom_mounts are container mounts: give the image too (-i/--container_image)")
     return SlurmOptions(
@@ -193,21 +224,22 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> SlurmOpt
         time_limit=args.time_limit, container_image=args.container_image, custom_mounts=tuple(args.custom_mounts),
         env={**env, **args.custom_env_vars}, custom_srun_args=tuple(args.custom_srun_args), gres=args.gres,
         additional_params=dict(args.additional_slurm_params), max_retries=args.max_retries,
-        preempt_time=args.preempt_time, master_addr=args.master_addr, max_restarts=args.max_restarts)
+        preempt_time=args.preempt_time, master_addr=args.master_addr, max_restarts=args.max_restarts,
+        node_timeout=args.node_timeout)
 
 
 def prepare_config(cfg: ConfigContainer, run_dir: Path, options: SlurmOptions) -> None:
     """What a Slurm run changes in the config (the submitter and every node apply it alike): checkpoints save to
     ``checkpoint.save`` (default ``<run_dir>/checkpoints``) and load from there when ``checkpoint.load`` is unset, so
-    a resubmitted job resumes; with ``--preempt_time`` the workers handle ``train.exit_signal``
-    (``train.exit_signal_handler=true``, as Megatron-Bridge's preemption plugin sets)."""
+    a resubmitted job resumes; the workers stop at one agreed step on a stop signal (``train.exit_signal_handler=true``,
+    as Megatron-Bridge's preemption plugin sets; a Slurm job's workers catch TERM, USR1, USR2 and INT whatever
+    ``train.exit_signal`` says: :mod:`megatron_bridge.training.stop_signals`)."""
     ck = cfg.checkpoint
     if ck.save is None:
         ck.save = str(run_dir / "checkpoints")
     if ck.load is None:
         ck.load = ck.save
-    if options.preempt_time > 0:
-        cfg.train.exit_signal_handler = True
+    cfg.train.exit_signal_handler = True  # any stop signal (stop_signals.SCHEDULER_STOP_SIGNALS) saves and stops
 
 
 # ------------------------------------------------------------------------------------------------------ script
@@ -239,12 +271,13 @@ def sbatch_lines(job: SlurmJob) -> list[str]:
     lines += [f"--account={o.account}"] if o.account else []
     lines += [f"--partition={o.partition}"] if o.partition else []
     lines += [f"--nodes={o.nodes}", "--ntasks-per-node=1", f"--time={o.time_limit}",
-              f"--output={job.run_dir / LOG_NAME}", "--open-mode=append", f"--chdir={job.workdir}"]
+              f"--output={job.run_dir / LOG_NAME}", "--open-mode=append", f"--chdir={job.workdir}",
+              "--requeue"]  # Slurm runs the script again after a node failure (also the node it runs on)
     if o.preempt_time > 0:
-        lines.append(f"--signal={job.exit_signal.removeprefix('SIG')}@{o.preempt_time}")
+        lines.append(f"--signal=B:{job.exit_signal.removeprefix('SIG')}@{o.preempt_time}")  # the script sends it on
     lines += [f"--gres={o.gres}"] if o.gres else []
     lines += [f"--{k}" if v is True else f"--{k}={v}" for k, v in o.additional_params.items()]
-    return [f"#SBATCH {shlex.quote(line)}" if "\n" in line else f"#SBATCH {line}" for line in lines]
+    return [f"#SBATCH {shlex.quote(line)}" if re.search(r"[\s'\"]", line) else f"#SBATCH {line}" for line in lines]
 
 
 def srun_arguments(job: SlurmJob) -> list[str]:
@@ -268,9 +301,12 @@ def render_script(job: SlurmJob) -> str:
         "RUN_DIR": q(str(job.run_dir)), "CHECKPOINT_DIR": q(job.checkpoint_dir), "TRAIN_ITERS": str(job.train_iters),
         "MAX_RETRIES": str(o.max_retries), "MASTER_ADDR": q(o.master_addr or ""),
         "EXPORTS": "\n".join(f"export {k}={q(v)}" for k, v in o.env.items()),
-        "NODES": str(o.nodes), "NPROC_PER_NODE": str(o.nproc_per_node), "MAX_RESTARTS": str(o.max_restarts),
+        "NODES": str(o.nodes), "NODE_TIMEOUT": str(o.node_timeout),
+        "NPROC_PER_NODE": str(o.nproc_per_node), "MAX_RESTARTS": str(o.max_restarts),
         "SRUN_ARGS": " ".join(q(a) for a in srun_arguments(job)), "PYTHON": q(job.python),
-        "COMMAND": " ".join(q(a) for a in job.command), "SIGNAL": job.exit_signal.removeprefix("SIG"),
+        "COMMAND": " ".join(q(a) for a in job.command), "STOP_SIGNALS": " ".join(STOP_SIGNALS),
+        "STOP_SIGNALS_CSV": ",".join(f"SIG{s}" for s in STOP_SIGNALS), "MAX_IDLE_STOPS": str(MAX_IDLE_STOPS),
+        "STOP_EXIT_CODES": " || ".join(f"RC == {128 + signal.Signals[f'SIG{s}']}" for s in STOP_SIGNALS),
         "EXIT_USER_ERROR": str(EXIT_USER_ERROR), "EXIT_PREEMPTED": str(EXIT_PREEMPTED),
         "SCRIPT_NAME": SCRIPT_NAME, "JOBS_FILE": JOBS_FILE,
     }

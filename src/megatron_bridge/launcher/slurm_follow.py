@@ -32,6 +32,8 @@ class JobStatus:
     """The batch script's exit code (128 + N when signal N ended it; 0 only for COMPLETED)."""
     reason: str = "None"
     """``Reason``: why a pending job waits (Resources, Priority, Dependency, ...)."""
+    nodes: str = ""
+    """``NodeList`` of a job that runs (e.g. ``n[1-2]``)."""
 
     @property
     def ended(self) -> bool:
@@ -52,7 +54,7 @@ def job_status(job_id: str) -> JobStatus | None:
         exit_code = 128 + int(sig)
     if state != "COMPLETED" and exit_code == 0 and state in ENDED:
         exit_code = 1
-    return JobStatus(state, exit_code, fields.get("Reason", "None"))
+    return JobStatus(state, exit_code, fields.get("Reason", "None"), fields.get("NodeList", ""))
 
 
 def log_path(run_dir: Path, job_id: str) -> Path:
@@ -66,18 +68,31 @@ class LogTail:
     def __init__(self, path: Path) -> None:
         self.path, self.offset = path, 0
 
-    def copy(self, out: TextIO) -> None:
-        """Write the new bytes of the file (if it exists yet) to ``out``."""
+    def copy(self, out: TextIO) -> bool:
+        """Write the new bytes of the file (if it exists yet) to ``out``; True when there were any."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:
-            return
+            return False
         if data:
             self.offset += len(data)
             out.write(data.decode(errors="replace"))
             out.flush()
+        return bool(data)
+
+
+QUIET_S = 120.0
+"""Seconds without new log output after which the follower says what it is waiting for (and again after as many)."""
+
+
+def quiet_note(job_id: str, status: JobStatus, quiet_s: float) -> str:
+    """What a follower waits for when a running job has been silent for ``quiet_s`` seconds."""
+    where = f" on {status.nodes}" if status.nodes and status.nodes != "(null)" else ""
+    return (f"Slurm job {job_id} is {status.state}{where}, no new output for {quiet_s:.0f} s: waiting for it to end "
+            "(a silent node is stopped after --node_timeout seconds without a heartbeat; `scontrol show job "
+            f"{job_id}` shows Slurm's view)")
 
 
 def pending_reason(status: JobStatus) -> str:
@@ -85,28 +100,41 @@ def pending_reason(status: JobStatus) -> str:
     return "" if status.reason in ("None", "") else f" (reason: {status.reason})"
 
 
-def successor(run_dir: Path, job_id: str) -> str | None:
-    """The job that ``job_id`` resubmitted (the smallest later id in the run's jobs file), or None."""
+def run_jobs(run_dir: Path) -> list[tuple[str, str | None]]:
+    """The run's jobs in submission order: ``(job id, the job that submitted it)`` (None for the first)."""
     try:
-        ids = [line.strip() for line in (run_dir / JOBS_FILE).read_text().splitlines()]
+        lines = (run_dir / JOBS_FILE).read_text().splitlines()
     except FileNotFoundError:
-        return None
-    later = sorted(int(i) for i in ids if i.isdigit() and int(i) > int(job_id))
-    return str(later[0]) if later else None
+        return []
+    jobs = []
+    for line in lines:
+        words = line.split()
+        if words and words[0].isdigit():
+            jobs.append((words[0], words[2] if len(words) == 3 and words[1] == "after" else None))
+    return jobs
+
+
+def successor(run_dir: Path, job_id: str) -> str | None:
+    """The job that ``job_id`` resubmitted (its line ``NEXT after JOB_ID`` in the run's jobs file), or None."""
+    return next((job for job, parent in run_jobs(run_dir) if parent == job_id), None)
 
 
 def follow(run_dir: Path, job_id: str, out: TextIO = sys.stdout, poll_s: float = 1.0,
-           note: Callable[[str], None] = say) -> int:
+           note: Callable[[str], None] = say, quiet_s: float = QUIET_S) -> int:
     """Follow the run from job ``job_id`` until its last job ends; returns that job's exit code."""
     while True:
         tail = LogTail(log_path(run_dir, job_id))
         try:
-            status, seen = job_status(job_id), None
+            status, seen, heard = job_status(job_id), None, time.monotonic()
             while status is not None and not status.ended:
                 if status.state == "PENDING" and (status.state, status.reason) != seen:
                     note(f"Slurm job {job_id} is pending{pending_reason(status)}")
                 seen = (status.state, status.reason)
-                tail.copy(out)
+                if tail.copy(out) or status.state == "PENDING":
+                    heard = time.monotonic()
+                elif time.monotonic() - heard >= quiet_s:
+                    note(quiet_note(job_id, status, time.monotonic() - heard))
+                    heard = time.monotonic()
                 time.sleep(poll_s)
                 status = job_status(job_id)
         except KeyboardInterrupt:

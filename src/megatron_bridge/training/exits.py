@@ -1,17 +1,18 @@
 """Exit conditions checked after every step: signals, wall-clock duration, exit_interval and train_iters.
 
 Decisions that depend on per-rank facts (a signal received, elapsed time) are MAX-reduced over all ranks so every
-rank stops at the same step.
+rank stops at the same step. Signals are remembered by :mod:`megatron_bridge.training.stop_signals` from the moment
+they are caught (also before this object exists: a Slurm job's workers catch them at start-up), and a signal that came
+before the first step stops the job before it (:meth:`ExitConditions.check_before_first_step`).
 """
 
-import signal
 import time
-from types import FrameType
 
 import torch
 import torch.distributed as dist
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.training import stop_signals
 from megatron_bridge.utils.logging import get_logger
 
 
@@ -25,16 +26,21 @@ class ExitConditions:
         self.cfg = cfg
         self.device = device
         self.start_time = time.time()
-        self.signal_received = False
-        self._previous_handler: object = None
-        self._signum: int | None = None
+        self._caught: list[str] = []
         if cfg.train.exit_signal_handler:
-            self._signum = int(getattr(signal, cfg.train.exit_signal))
-            self._previous_handler = signal.signal(self._signum, self._on_signal)
+            self._caught = stop_signals.catch([cfg.train.exit_signal])
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        logger.warning("received signal %s: saving a checkpoint and exiting after this step", signum)
-        self.signal_received = True
+    @property
+    def signal_received(self) -> bool:
+        """True once this rank caught a stop signal (``train.exit_signal``, or a scheduler's: stop_signals.py)."""
+        return stop_signals.received() is not None
+
+    def check_before_first_step(self) -> str | None:
+        """"signal" when a rank caught a stop signal before the first step of this job (during start-up, data
+        loading or the checkpoint load): the job stops before training, with nothing new to save; else None."""
+        if not self.cfg.train.exit_signal_handler:
+            return None
+        return "signal" if _max_over_ranks([float(self.signal_received)], self.device)[0] else None
 
     def check(self, step: int) -> str | None:
         """The reason to stop after ``step`` ("signal", "duration", "exit_interval", "train_iters") or None."""
@@ -57,10 +63,19 @@ class ExitConditions:
         return None
 
     def close(self) -> None:
-        """Restore the previous signal handler."""
-        if self._signum is not None:
-            signal.signal(self._signum, self._previous_handler)  # type: ignore[arg-type]
-            self._signum = None
+        """Restore the previous signal handler and forget the signal (a later run in this process starts afresh)."""
+        if self._caught:
+            stop_signals.release(self._caught)
+            self._caught = []
+        stop_signals.forget()
+
+
+def stop_requested_on_any_rank(cfg: ConfigContainer, device: torch.device) -> bool:
+    """With ``train.exit_signal_handler``: whether any rank caught a stop signal already (during start-up, before
+    the model is built: the job stops there); one MAX-reduction. False without the handler (no collective)."""
+    if not cfg.train.exit_signal_handler:
+        return False
+    return bool(_max_over_ranks([float(stop_signals.received() is not None)], device)[0])
 
 
 def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:

@@ -49,13 +49,43 @@ class RankFacts:
     """Host name."""
     attempt: int
     """torch's ``TORCHELASTIC_RESTART_COUNT`` on this node."""
+    values: dict[str, str] | None = None
+    """The config's leaves (``train.train_iters`` -> ``'10'``), to name the first key that differs."""
 
 
 def _my_facts(cfg: Any) -> RankFacts:
     import socket
 
     return RankFacts(config_digest(cfg), int(os.environ.get("GROUP_RANK", "0")), socket.gethostname(),
-                     int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+                     int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), config_leaves(cfg))
+
+
+def config_leaves(cfg: Any) -> dict[str, str]:
+    """Every leaf of the config as ``dotted.key -> repr(value)``, in declaration order."""
+    from megatron_bridge.config.serialization import to_dict
+
+    leaves: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        else:
+            leaves[prefix] = repr(value)
+
+    walk("", to_dict(cfg))
+    return leaves
+
+
+def first_difference(a: dict[str, str] | None, b: dict[str, str] | None) -> str:
+    """``; first difference: train.train_iters = 10 on rank 0, 20 there`` ("" when unknown or none)."""
+    if a is None or b is None:
+        return ""
+    for key in [*a, *(k for k in b if k not in a)]:
+        if a.get(key) != b.get(key):
+            mine, theirs = a.get(key, "(absent)"), b.get(key, "(absent)")
+            return f"; first difference: {key} = {mine} on rank 0, {theirs} there"
+    return ""
 
 
 def check_same_config(facts: list[RankFacts]) -> None:
@@ -69,7 +99,8 @@ def check_same_config(facts: list[RankFacts]) -> None:
                       f"{[r for r in differ if facts[r].node == n]})" for n in nodes)
     raise ConfigMismatchError(
         f"the resolved config differs between the nodes of this job: {where} differ from rank 0 on node "
-        f"{facts[0].node} (config digest {facts[r := differ[0]].digest[:12]} vs {reference[:12]}). Every node must "
+        f"{facts[0].node} (config digest {facts[r := differ[0]].digest[:12]} vs {reference[:12]}"
+        f"{first_difference(facts[0].values, facts[r].values)}). Every node must "
         "run the same command with the same recipe, --config-file contents and key=value overrides; compare "
         f"`--dry-run` output on node {facts[r].node} and node {facts[0].node}")
 

@@ -261,10 +261,15 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
         gc.disable()
         gc.collect()
     last_saved = state.step if ctx.loaded_checkpoint else -1
-    reason = ctx.exits.check(state.step) if state.step >= cfg.train_iters else None
-    if reason is not None:
+    if state.step >= cfg.train_iters:
+        reason = ctx.exits.check(state.step)
         log_rank_0(logger, "nothing to train: the run is at step %d and train.train_iters=%d; raise train.train_iters "
                    "to train further", state.step, cfg.train_iters)
+    else:
+        reason = ctx.exits.check_before_first_step()
+        if reason is not None:
+            log_rank_0(logger, "a stop signal came before the first step of this job: stopping at step %d with nothing "
+                       "new to save", state.step)
     fire_event(ctx, "on_train_start", optimizer=ctx.optimizer, scheduler=ctx.scheduler)
     while reason is None:
         ctx.profiler.step_begin(state.step)

@@ -23,7 +23,7 @@ from megatron_bridge.engines.factory import get_engine
 from megatron_bridge.engines.forward_step_forms import check_forward_step_signature, prepare_forward_step_func
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.training.callbacks import Callback, CallbackManager, fire_event, normalize_callbacks
-from megatron_bridge.training.exits import ExitConditions
+from megatron_bridge.training.exits import ExitConditions, stop_requested_on_any_rank
 from megatron_bridge.training.gpt_step import forward_step as default_forward_step
 from megatron_bridge.training.loop import TrainResult, run_training
 from megatron_bridge.training.lr_schedule import OptimizerParamScheduler
@@ -271,7 +271,7 @@ def pretrain(
     from megatron_bridge.distributed.failure import abort_distributed, annotate_failure
     from megatron_bridge.distributed.init import destroy_distributed, hold_groups, initialize_distributed
     from megatron_bridge.training.determinism import apply_deterministic_mode
-    from megatron_bridge.training.job import agree_on_job, forbid_restart_after, log_resume
+    from megatron_bridge.training.job import agree_on_job, forbid_restart_after
     from megatron_bridge.utils.process import watch_parent
 
     cfg = config
@@ -293,15 +293,13 @@ def pretrain(
     ctx: TrainingContext | None = None
     try:
         attempt = agree_on_job(cfg)  # every node runs the same config; a restarted attempt resumes its checkpoints
-        ctx = setup(cfg, env, callbacks, forward_step_func)
-        log_resume(attempt, ctx.train_state.step, ctx.loaded_checkpoint)
-        if cfg.logger.save_config_filepath and env.rank == 0:  # after set-up: a refused run writes nothing
-            cfg.to_yaml(cfg.logger.save_config_filepath)
-        n_params = sum(p.numel() for chunk in ctx.backend.chunks for p in chunk.parameters())
-        log_rank_0(logger, "training %.2fM parameters for %d steps on %d rank(s) with %s (%d micro-batches/step)",
-                   n_params / 1e6, cfg.train_iters, env.world_size, ctx.backend.name,
-                   cfg.num_microbatches(env.world_size))
-        result = run_training(ctx, prepare_forward_step_func(forward_step_func, ctx))
+        if stop_requested_on_any_rank(cfg, env.device):  # a stop signal during start-up: build nothing, save nothing
+            log_rank_0(logger, "a stop signal came during start-up: stopping before the model is built, with nothing "
+                       "new to save")
+            result = TrainResult(world_size=env.world_size, exit_reason="signal")
+        else:
+            ctx = setup(cfg, env, callbacks, forward_step_func)
+            result = _train(ctx, attempt, forward_step_func)
     except BaseException as exc:
         # Fail fast: no barrier, no wait for pending saves; aborting the groups makes the peers' collectives fail
         # at once instead of after the collective timeout.
@@ -318,6 +316,19 @@ def pretrain(
     _close(ctx, failed=False)
     destroy_distributed(teardown=engine.destroy_groups)
     return result
+
+
+def _train(ctx: TrainingContext, attempt: int, forward_step_func: Callable[..., Any]) -> TrainResult:
+    cfg, env = ctx.cfg, ctx.env
+    from megatron_bridge.training.job import log_resume
+
+    log_resume(attempt, ctx.train_state.step, ctx.loaded_checkpoint)
+    if cfg.logger.save_config_filepath and env.rank == 0:  # after set-up: a refused run writes nothing
+        cfg.to_yaml(cfg.logger.save_config_filepath)
+    n_params = sum(p.numel() for chunk in ctx.backend.chunks for p in chunk.parameters())
+    log_rank_0(logger, "training %.2fM parameters for %d steps on %d rank(s) with %s (%d micro-batches/step)",
+               n_params / 1e6, cfg.train_iters, env.world_size, ctx.backend.name, cfg.num_microbatches(env.world_size))
+    return run_training(ctx, prepare_forward_step_func(forward_step_func, ctx))
 
 
 def _close(ctx: TrainingContext | None, failed: bool) -> None:

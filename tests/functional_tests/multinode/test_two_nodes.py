@@ -86,7 +86,35 @@ def test_a_node_with_other_overrides_is_refused(tmp_path: Path) -> None:
     for out in (out0, out1):
         assert "the resolved config differs between the nodes of this job: node 1" in out, out[-3000:]
     assert "error (rank 1, node 1): the resolved config differs" in out1, out1[-3000:]  # messages name the node
+    assert "first difference: train.manual_gc = False on rank 0, True there" in out0 + out1, out1[-3000:]
     assert "training 0.84M parameters" not in out0 + out1  # refused before any model was built
+
+
+def _processes_naming(folder: Path) -> list[int]:
+    """Pids of the processes whose command line names ``folder`` (launchers, torchrun, workers of that run)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(folder).encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_nodes_started_with_another_restart_budget_are_refused(tmp_path: Path) -> None:
+    """--max_restarts 1 on node 1 only: both nodes end with code 2 naming the flag before any worker starts, within
+    the rendezvous timeout; nothing is left running (launcher/node_agreement.py)."""
+    start = time.monotonic()
+    (code0, out0), (code1, out1) = _two_nodes("ddp", tmp_path, node1_extra=("--max_restarts", "1", "--rdzv_timeout",
+                                                                            "60"))
+    assert code0 == 2 and code1 == 2, f"node 0:\n{out0[-3000:]}\nnode 1:\n{out1[-3000:]}"
+    assert "error: the nodes of this job were started with different settings: --max_restarts 0 on node 0 but 1 on " \
+           "node 1" in out0, out0[-3000:]
+    assert "--max_restarts 1 on node 1 but 0 on node 0" in out1, out1[-3000:]
+    assert "Initialized process group" not in out0 + out1  # no worker started
+    assert time.monotonic() - start < 60 + 60, (out0 + out1)[-3000:]
+    assert _processes_naming(tmp_path) == []
 
 
 def test_nobody_at_the_rendezvous_endpoint_is_a_named_error(tmp_path: Path) -> None:
@@ -96,4 +124,5 @@ def test_nobody_at_the_rendezvous_endpoint_is_a_named_error(tmp_path: Path) -> N
         output, _ = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 2, output[-3000:]
     assert "error: node 1 could not meet the other nodes at 127.0.0.1:" in output, output[-3000:]
+    assert "frame #" not in output and "c10d" not in output.split("error: node 1")[0], output[-3000:]  # one line
     assert time.monotonic() - start < 5 + 90, output[-3000:]  # the timeout plus start-up on a loaded machine

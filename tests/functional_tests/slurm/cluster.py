@@ -75,6 +75,9 @@ class SlurmCluster:
             "JobCompType=jobcomp/none", "MpiDefault=none", "SchedulerType=sched/builtin",
             "SlurmdParameters=config_overrides", "ReturnToService=2", "MinJobAge=60", "KillWait=10",
             "InactiveLimit=0", "MailProg=/bin/true",
+            # pending jobs (a run's next job, waiting on afterany or on a node back from a freeze) are looked at every
+            # 2 s, not every 60 s (Slurm's default main-loop interval)
+            "SchedulerParameters=sched_interval=2",
             # job ids (and so the jobs' rendezvous ports, 20000 + id % 12000) differ from another test cluster's
             f"FirstJobId={random.randrange(1000, 12000)}",
         ]
@@ -125,6 +128,10 @@ class SlurmCluster:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"{what} within {timeout} s; logs: {self.logs()}")
+
+    def pid(self, name: str) -> int:
+        """The pid of a daemon of this cluster (``slurmctld``, ``slurmd-n1``, ...)."""
+        return self._procs[name].pid
 
     def logs(self) -> str:
         """The tail of every daemon's log (for failure messages)."""

@@ -65,6 +65,7 @@ def test_rdzv_endpoint_without_node_rank_is_c10d() -> None:
     (NodeLayout(nnodes=2, rdzv_endpoint="nohost"), "is not HOST:PORT"),
     (NodeLayout(nnodes=2, rdzv_endpoint="h:99999"), "is not HOST:PORT"),
     (NodeLayout(nnodes=2, rdzv_endpoint="h:1", max_restarts=1), "give --node_rank on every node"),
+    (NodeLayout(nnodes=2, node_rank=1, master_addr=" "), "--master_addr is empty"),
 ])
 def test_bad_layouts_are_named(layout: NodeLayout, words: str) -> None:
     with pytest.raises(LaunchError, match=words):

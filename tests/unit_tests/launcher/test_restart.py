@@ -2,6 +2,7 @@
 store, the launcher's exit codes and stop-signal handling."""
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from megatron_bridge.errors import ConfigValidationError
-from megatron_bridge.launcher import torchrun
+from megatron_bridge.launcher import restart, torchrun
 from megatron_bridge.launcher.restart import await_first_error, describe_failure, first_failure
 from megatron_bridge.training import job
 from megatron_bridge.training.job import NO_RESTART_KEY, forbid_restart_after
@@ -134,3 +135,45 @@ def test_rendezvous_failures_are_one_named_line(capsys: pytest.CaptureFixture[st
     assert err.count("\n") == 1 and err.startswith("error: node 1 could not meet the other nodes at 10.0.0.1:29500")
     assert torchrun._rendezvous_failed(args, RuntimeError("listen failed, EADDRINUSE")) == 2
     assert "the port is in use" in capsys.readouterr().err
+
+
+def test_the_wrappers_own_flags_are_taken_out_before_torchs() -> None:
+    argv = ["--stop_signals=SIGTERM,USR1,SIGUSR2,SIGINT", "--stop_file=/run/slurm-7.stop", "--nnodes=2",
+            "script.py", "--stop_file=/kept"]
+    rest, own = torchrun.take_own_flags(argv)
+    assert rest == ["--nnodes=2", "script.py", "--stop_file=/kept"]  # the script's own arguments stay
+    assert own == {"--stop_signals": "SIGTERM,USR1,SIGUSR2,SIGINT", "--stop_file": "/run/slurm-7.stop"}
+    assert torchrun.stop_signals_of(own) == (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+    assert torchrun.stop_signals_of({}) == torchrun.STOP_SIGNALS
+
+
+def test_forced_stop_signals_are_handled_even_when_started_ignored(tmp_path) -> None:  # noqa: ANN001
+    """Slurm's script starts the launcher with the stop signals ignored; --stop_signals handles them all (SIGINT too)
+    and records the first in --stop_file."""
+    stops = torchrun.stop_signals_of({"--stop_signals": "TERM,USR1,USR2,INT"})
+    args = argparse.Namespace(signals_to_handle="SIGHUP,SIGQUIT,SIGINT")
+    previous = {sig: signal.getsignal(sig) for sig in stops}
+    torchrun._OWN.update({"--stop_signals": "TERM,USR1,USR2,INT", "--stop_file": str(tmp_path / "stop")})
+    try:
+        for sig in stops:
+            signal.signal(sig, signal.SIG_IGN)
+        torchrun._install_stop_handlers(args, stops, forced=True)
+        assert args.signals_to_handle == "SIGHUP,SIGQUIT"
+        assert all(signal.getsignal(sig) is torchrun._on_stop_signal for sig in stops)
+        torchrun._on_stop_signal(signal.SIGUSR1, None)
+        torchrun._on_stop_signal(signal.SIGTERM, None)  # a repeat (srun's step kill): ignored
+        assert (tmp_path / "stop").read_text() == "SIGUSR1 node ?\n" and restart.stop_signal() == signal.SIGUSR1
+    finally:
+        torchrun._OWN.clear()
+        restart._STOP_SIGNAL = None
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def test_catches_reads_the_handled_signals_of_a_process() -> None:
+    previous = signal.signal(signal.SIGUSR2, lambda *_: None)
+    try:
+        assert restart.catches(os.getpid(), signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert not restart.catches(os.getpid(), signal.SIGUSR2) and not restart.catches(2**22 + 7, signal.SIGTERM)

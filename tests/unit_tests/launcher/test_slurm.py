@@ -7,13 +7,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from megatron_bridge.checkpoint import run_folder
 from megatron_bridge.errors import LaunchError, SlurmError
-from megatron_bridge.launcher import slurm, slurm_follow
+from megatron_bridge.launcher import slurm, slurm_follow, slurm_run_dir
 from megatron_bridge.perf.args import build_config, build_parser
 
 
@@ -94,7 +95,8 @@ def test_prepare_config_resumes_from_the_run_folder(tmp_path: Path) -> None:
     own = _args("-p", "x", "--preempt_time", "0", "checkpoint.save=/ck", "train.exit_signal=SIGUSR1")
     cfg = build_config(own)
     slurm.prepare_config(cfg, tmp_path, slurm.options_from_args(own, {}))
-    assert cfg.checkpoint.save == cfg.checkpoint.load == "/ck" and not cfg.train.exit_signal_handler
+    assert cfg.checkpoint.save == cfg.checkpoint.load == "/ck"
+    assert cfg.train.exit_signal_handler  # a stop signal from the user (scancel --signal) saves too
 
 
 def test_script_holds_the_flags() -> None:
@@ -104,11 +106,13 @@ def test_script_holds_the_flags() -> None:
     text = slurm.render_script(_job(args))
     for line in ("#SBATCH --job-name=mb-run", "#SBATCH --account=acct", "#SBATCH --partition=batch",
                  "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=01:00:00",
-                 "#SBATCH --output=/shared/run/slurm-%j.out", "#SBATCH --chdir=/repo", "#SBATCH --signal=TERM@120",
+                 "#SBATCH --output=/shared/run/slurm-%j.out", "#SBATCH --chdir=/repo", "#SBATCH --signal=B:TERM@120",
                  "#SBATCH --gres=gpu:8", "#SBATCH --constraint=h100", "#SBATCH --exclusive",
                  "export NCCL_X=1", "export A=1", "export B='two words'", "MAX_RETRIES=3", "TRAIN_ITERS=10",
                  "CHECKPOINT_DIR=/shared/run/checkpoints", "--nnodes=2 --nproc_per_node=1 --max_restarts=1",
-                 '--node_rank="$SLURM_NODEID"', "--mpi=pmix --exclusive", 'trap "" TERM', "/venv/bin/python",
+                 '--node_rank="$SLURM_NODEID"', "--mpi=pmix --exclusive", 'trap "" TERM USR1 USR2 INT',
+                 "/venv/bin/python",
+                 "--stop_signals=SIGTERM,SIGUSR1,SIGUSR2,SIGINT", "--signals_to_handle=SIGHUP,SIGQUIT",
                  "/repo/launch.py -ng 2"):
         assert line in text, line
     assert "{{" not in text and "--container" not in text
@@ -178,9 +182,10 @@ def test_other_locks_stay(tmp_path: Path, holder: str | None, jobs: list[str]) -
 
 
 def test_follow_helpers(tmp_path: Path) -> None:
-    (tmp_path / slurm.JOBS_FILE).write_text("41\n57\n44\n")
-    assert slurm_follow.successor(tmp_path, "41") == "44" and slurm_follow.successor(tmp_path, "44") == "57"
-    assert slurm_follow.successor(tmp_path, "57") is None
+    # job 41 resubmitted 57; 44 is another run's job written into the folder (followers must not take it)
+    (tmp_path / slurm.JOBS_FILE).write_text("41\n44\n57 after 41\n60 after 57\n")
+    assert slurm_follow.successor(tmp_path, "41") == "57" and slurm_follow.successor(tmp_path, "57") == "60"
+    assert slurm_follow.successor(tmp_path, "60") is None and slurm_follow.successor(tmp_path, "44") is None
     assert slurm_follow.log_path(tmp_path, "41") == tmp_path / "slurm-41.out"
     tail, out = slurm_follow.LogTail(tmp_path / "slurm-41.out"), io.StringIO()
     tail.copy(out)  # no log yet
@@ -207,3 +212,103 @@ def test_slurm_only_flags_are_refused_locally(argv: list[str]) -> None:
         slurm.refuse_slurm_flags(parser.parse_args([*RUN, *argv]), parser)
     slurm.refuse_slurm_flags(parser.parse_args(RUN), parser)  # defaults: a local run
     slurm.refuse_slurm_flags(parser.parse_args([*RUN, "--detach", "true"]), parser)  # the default, spelled out
+
+
+def test_executor_local_with_slurm_flags_is_refused_by_name() -> None:
+    parser = build_parser()
+    with pytest.raises(SlurmError, match=r"--executor local runs on this machine.*\(-a/--account, -p/--partition\)"):
+        slurm.refuse_slurm_flags(parser.parse_args([*RUN, "--executor", "local", "-a", "acct", "-p", "part"]), parser)
+
+
+def _fake_states(monkeypatch: pytest.MonkeyPatch, states: dict[str, str]) -> None:
+    def status(job: str) -> slurm_follow.JobStatus | None:
+        return slurm_follow.JobStatus(states[job], 0) if job in states else None
+
+    monkeypatch.setattr(slurm_run_dir, "job_status", status)
+
+
+def test_a_live_run_folder_is_refused_naming_its_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / slurm.JOBS_FILE).write_text("41\n57 after 41\n")
+    _fake_states(monkeypatch, {"41": "COMPLETED", "57": "RUNNING"})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(SlurmError, match=rf"{tmp_path} belongs to Slurm job 57, which is still pending or running"):
+        slurm_run_dir.refuse_live_run(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    _fake_states(monkeypatch, {"41": "COMPLETED", "57": "TIMEOUT"})
+    slurm_run_dir.refuse_live_run(tmp_path)  # every job ended: a new submit resumes the run
+    slurm_run_dir.refuse_live_run(tmp_path / "new")  # no run yet
+
+
+def test_status_reports_every_job_and_the_checkpoint_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sbatch.sh").write_text(f"CHECKPOINT_DIR={tmp_path}/ck\nTRAIN_ITERS=10\n")
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "latest_checkpointed_iteration.txt").write_text("4")
+    (tmp_path / slurm.JOBS_FILE).write_text("41\n57 after 41\n")
+    _fake_states(monkeypatch, {"57": "PENDING"})
+    lines = slurm_run_dir.status_report(tmp_path)
+    assert lines[0] == f"Slurm run {tmp_path}: 2 job(s), checkpoint step 4 of 10"
+    assert lines[1].startswith("  job 41: gone from Slurm's memory") and lines[2].startswith("  job 57: PENDING,")
+    assert lines[3] == "  results: none yet"
+    assert slurm_run_dir.job_to_follow(tmp_path) == "57"
+    with pytest.raises(SlurmError, match="holds no Slurm run"):
+        slurm_run_dir.status_report(tmp_path / "nothing")
+
+
+def test_script_says_every_line_with_a_timestamp(tmp_path: Path) -> None:
+    text = slurm.render_script(_job(_args("-p", "x"), run_dir=tmp_path))
+    say = re.search(r"^say\(\) \{.*\}$", text, re.M).group(0)
+    out = subprocess.run(["bash", "-c", f"SLURM_JOB_ID=7\n{say}\nsay hello"], capture_output=True, text=True).stdout
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \[slurm job 7\] hello\n", out), out
+
+
+def test_sbatch_paths_with_spaces_are_quoted() -> None:
+    text = slurm.render_script(_job(_args("-p", "x"), run_dir=Path("/shared/my run")))
+    assert "#SBATCH '--output=/shared/my run/slurm-%j.out'" in text
+    assert "RUN_DIR='/shared/my run'" in text
+
+
+def test_a_node_without_heartbeats_is_stopped_within_node_timeout(tmp_path: Path) -> None:
+    """The script's watch_nodes(): node 1's launcher writes no new heartbeat, node 0's does; after --node_timeout
+    (1 s here, polled every 0.2 s instead of 5 s) node 1 is named and the step stopped (scancel, then srun killed)."""
+    text = slurm.render_script(_job(_args("-p", "x", "--node_timeout", "15"), run_dir=tmp_path))
+    function = re.search(r"^watch_nodes\(\) \{.*?^\}$", text, re.S | re.M).group(0).replace("sleep 5", "sleep 0.2")
+    beats = tmp_path / "beats"
+    beats.mkdir()
+    (beats / "node1").write_text("7\n")
+    script = (f"say() {{ echo \"$*\"; }}\nscancel() {{ echo \"$*\" > {tmp_path}/scancel; }}\n"
+              "sleep() { command sleep 0.2; }\n"
+              f"{function}\nMB_HEARTBEATS={beats}\nNODE_TIMEOUT=1\nSLURM_JOB_ID=7\n"
+              "command sleep 60 & SRUN_PID=$!\n"
+              f"( for i in $(seq 100); do echo $i > {beats}/node0; command sleep 0.1; done ) &\n"
+              "start=$SECONDS; watch_nodes; echo \"took $((SECONDS - start))\"; wait $SRUN_PID; echo \"srun $?\"\n")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60).stdout
+    assert re.search(r"node 1 stopped answering: no heartbeat for \d s \(--node_timeout 1\)", out), out
+    assert "node 0 stopped" not in out and "srun 137" in out, out
+    assert (tmp_path / "scancel").read_text() == "--signal=KILL 7.0\n"
+    assert (beats / "silent").read_text() == "node 1\n"
+    assert int(re.search(r"took (\d+)", out).group(1)) <= 4, out
+
+
+def test_a_silent_running_job_is_said_to_be_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--detach false on a job that prints nothing for a while says what it waits for, and on which nodes."""
+    states = iter([slurm_follow.JobStatus("RUNNING", 0, nodes="n[1-2]")] * 6 + [slurm_follow.JobStatus("COMPLETED", 0)])
+    monkeypatch.setattr(slurm_follow, "job_status", lambda job: next(states))
+    notes: list[str] = []
+    code = slurm_follow.follow(tmp_path, "41", out=io.StringIO(), poll_s=0.01, note=notes.append, quiet_s=0.02)
+    assert code == 0
+    assert any(n.startswith("Slurm job 41 is RUNNING on n[1-2], no new output for ") and "--node_timeout" in n
+               for n in notes), notes
+
+
+def test_the_launcher_heartbeat_counts_up(tmp_path: Path) -> None:
+    from megatron_bridge.launcher.torchrun import start_heartbeat
+
+    beat = tmp_path / "hb" / "node0"
+    stop = start_heartbeat(str(beat), every_s=0.05)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (beat.exists() and beat.read_text().strip() not in ("", "1", "2")):
+            time.sleep(0.05)
+        assert int(beat.read_text()) >= 3
+    finally:
+        stop.set()

@@ -9,6 +9,7 @@ from megatron_bridge.training.job import (
     agree_on_job,
     check_same_config,
     config_digest,
+    config_leaves,
     restarted_attempt,
 )
 
@@ -44,3 +45,14 @@ def test_a_restarted_attempt_resumes_from_its_save_folder(monkeypatch: pytest.Mo
     assert agree_on_job(cfg) == 0 and cfg.checkpoint.load is None  # a first attempt never picks up old checkpoints
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert agree_on_job(cfg) == 1 and cfg.checkpoint.load == str(tmp_path)
+
+
+def test_a_mismatch_names_the_first_differing_key_and_both_values() -> None:
+    a, b = tiny_llama_pretrain_config(), tiny_llama_pretrain_config()
+    b.train.train_iters = a.train.train_iters + 7
+    facts = [RankFacts(config_digest(a), 0, "host0", 0, config_leaves(a)),
+             RankFacts(config_digest(b), 1, "host1", 0, config_leaves(b))]
+    with pytest.raises(ConfigMismatchError) as info:
+        check_same_config(facts)
+    assert (f"first difference: train.train_iters = {a.train.train_iters} on rank 0, {b.train.train_iters} there"
+            in str(info.value))

@@ -1,0 +1,95 @@
+"""The nodes of one job agree on their launch settings before any worker starts: node count (``--nnodes``), processes
+per node (``--nproc_per_node``) and restart budget (``--max_restarts``).
+
+Each node's launcher writes its settings into the rendezvous store (node 0 hosts it) right after the rendezvous, before
+torch assigns ranks: node 0 compares every other node's settings with its own as they arrive and writes the verdict;
+every other node compares its own with node 0's and then waits for the verdict. A difference ends every node with one
+named error (:class:`~megatron_bridge.errors.LaunchError`, exit code 2) within the rendezvous timeout, before any
+worker exists: no hang in torch's rank assignment, no job of a world size nobody asked for, nothing left behind.
+(``--master_addr``/``--master_port`` need no comparison: nodes that reached the same store agree on them.)
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from megatron_bridge.errors import LaunchError
+
+
+PREFIX = "megatron_bridge/node_settings/"
+VERDICT_KEY = PREFIX + "verdict"
+OK = "ok"
+FLAGS = {"nnodes": "--nnodes", "nproc_per_node": "--nproc_per_node", "max_restarts": "--max_restarts"}
+"""Each compared setting and the flag that sets it."""
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What every node of a job must be started with alike."""
+
+    nnodes: int
+    nproc_per_node: int
+    max_restarts: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str | bytes) -> "NodeSettings":
+        return NodeSettings(**json.loads(text))
+
+
+def difference(node: int, mine: NodeSettings, other_node: int, theirs: NodeSettings) -> str | None:
+    """``--nnodes 3 on node 1 but 2 on node 0 ...`` for the first setting that differs, else None."""
+    for field, flag in FLAGS.items():
+        a, b = getattr(mine, field), getattr(theirs, field)
+        if a != b:
+            return (f"the nodes of this job were started with different settings: {flag} {a} on node {node} but "
+                    f"{b} on node {other_node}; start every node with the same {flag} (only --node_rank differs)")
+    return None
+
+
+def agree(store: Any, node: int, mine: NodeSettings, timeout_s: float) -> None:
+    """Exchange and compare settings through ``store`` (torch's ``Store``); raises :class:`LaunchError` naming the
+    first difference, or a node that did not arrive within ``timeout_s``, on every node that is there."""
+    store.set(f"{PREFIX}{node}", mine.to_json())
+    if node == 0:
+        _node_zero(store, mine, timeout_s)
+        return
+    theirs = NodeSettings.from_json(_get(store, f"{PREFIX}0", timeout_s, "node 0"))
+    problem = difference(node, mine, 0, theirs)
+    if problem is not None:
+        store.set(VERDICT_KEY, problem)
+        raise LaunchError(problem)
+    verdict = _get(store, VERDICT_KEY, timeout_s, "node 0's check of the other nodes").decode(errors="replace")
+    if verdict != OK:
+        raise LaunchError(verdict)
+
+
+def _node_zero(store: Any, mine: NodeSettings, timeout_s: float) -> None:
+    for other in range(1, mine.nnodes):
+        key = f"{PREFIX}{other}"
+        try:
+            theirs = NodeSettings.from_json(_get(store, key, timeout_s, f"node {other}"))
+        except LaunchError as exc:
+            store.set(VERDICT_KEY, str(exc))
+            raise
+        problem = difference(0, mine, other, theirs)
+        if problem is None and store.check([VERDICT_KEY]):  # a node reported its own difference first
+            verdict = store.get(VERDICT_KEY).decode(errors="replace")
+            problem = None if verdict == OK else verdict
+        if problem is not None:
+            store.set(VERDICT_KEY, problem)
+            raise LaunchError(problem)
+    store.set(VERDICT_KEY, OK)
+
+
+def _get(store: Any, key: str, timeout_s: float, what: str) -> bytes:
+    try:
+        store.wait([key], timedelta(seconds=timeout_s))
+    except Exception as exc:  # noqa: BLE001  (torch raises DistStoreError / RuntimeError on a timeout)
+        raise LaunchError(f"{what} did not report its settings within the rendezvous timeout ({timeout_s:.0f} s; "
+                          "node 0 waits there for as many nodes as its --nnodes says): start the same command on "
+                          "every node (the same --nnodes, one --node_rank each), or raise --rdzv_timeout") from exc
+    return store.get(key)
