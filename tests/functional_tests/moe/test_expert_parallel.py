@@ -8,9 +8,10 @@ atol 1e-5; observed differences come from float summation order only.
 * ``test_two_ranks_match_ep1``: 2 ranks, DDP, one launch: EP=2 (4 experts per rank, expert-data-parallel size 1);
   PP=2 (1F1B) with MoE layers on one stage only; PP=2 × VP=2 under ZBVZeroBubble; CP=2 × EP=2 (EP over the CP
   ranks).
-* ``test_four_ranks_match_ep1``: 4 ranks, one launch, five layouts: FSDP2 with EP=2 × expert-data-parallel 2 (the
+* ``test_four_ranks_match_ep1``: 4 ranks, one launch, six layouts: FSDP2 with EP=2 × expert-data-parallel 2 (the
   experts' parameters, gradients and AdamW moments sharded over ``"edp"``: local shapes checked);
-  FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=4 folded over the TP and data-parallel ranks; FSDP2 with PP=2 ×
+  FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=4 folded over the TP and data-parallel ranks; FSDP2 with TP=2
+  (SP) × DP=2 and EP=2 over the TP ranks, the experts sharded over the edp group of the DP ranks; FSDP2 with PP=2 ×
   TP=2 (SP) and EP=2 over the TP ranks of each stage; FSDP2 with TP=2 (SP) × DP=2, the experts split over TP
   (ETP=2) and EP=2 over DP; the Qwen3-235B layout in small, DDP with PP=2 (loss counted in the split) × CP=2 and EP=2
   over the CP ranks.
@@ -209,14 +210,16 @@ def test_two_ranks_match_ep1(launches: LaunchGroups | None) -> None:
 
 @pytest.mark.timeout(1000)
 def test_four_ranks_match_ep1(launches: LaunchGroups | None) -> None:
-    """One launch of 4 ranks, three layouts in turn: EP=2 × EDP=2 with FSDP2, TP=2 (SP) × DP=2 with EP=2, and
-    PP=2 × CP=2 × EP=2 with DDP."""
+    """One launch of 4 ranks, the six layouts of the module docstring in turn; the two FSDP2 layouts with an
+    expert-data-parallel size of 2 check that the experts are sharded over it."""
     if not is_worker():
         launches.check("test_four_ranks_match_ep1")  # type: ignore[union-attr]
         return
     _join_job()
     _run(moe_config(ep=2, use_torch_fsdp2=True), "EP=2 x EDP=2 (experts sharded over edp), FSDP2", EdpSharded())
     _run(moe_config(ep=4, tp=2, use_torch_fsdp2=True), "TP=2 (SP) x DP=2, EP=4 folded over TP x DP, FSDP2")
+    _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "TP=2 (SP) x DP=2, EP=2 over TP, edp 2 (sharded), FSDP2",
+         EdpSharded())
     folded_pp = moe_config(ep=2, tp=2, pipeline_model_parallel_size=2, use_torch_fsdp2=True)
     folded_pp.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
     _run(folded_pp, "PP=2 x TP=2 (SP), EP=2 over TP, FSDP2")
