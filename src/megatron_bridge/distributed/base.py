@@ -156,7 +156,7 @@ class DataParallelBackend(ABC):
         from megatron_bridge.models.quantizer_keys import is_quantizer_key
 
         if self.expert_parallel is not None:
-            state = self.expert_parallel.localize(state)
+            state = self.expert_parallel.to_live(state)
         if self.pipelined:
             merged = state["model"]
             for chunk in self.chunks:
@@ -181,7 +181,7 @@ class DataParallelBackend(ABC):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         if self.expert_parallel is not None:
-            state = self.expert_parallel.localize(state)
+            state = self.expert_parallel.to_live(state)
         set_optimizer_state_dict(_as_module(self.chunks), optimizer, state, options=_FLAT)
 
 

@@ -29,25 +29,33 @@ zero splits are fine on gloo and NCCL), reorders what it received from source-ma
 experts (grouped matmul), undoes the reordering and sends the outputs back the same way. Routing, probabilities
 and the weighted sum stay on the token's own rank, so outputs equal the EP=1 layer's up to float rounding.
 
-Gradients. The expert weights are plain tensors owned by this module, not by the data-parallel backend: DDP
-ignores them (``_set_params_and_buffers_to_ignore_for_model``) and FSDP2 gets them as ``ignored_params`` (they are
-not sharded over the expert-data group: each rank keeps its experts whole). After the last micro-batch
-:meth:`ExpertParallel.reduce_grads` sums their gradients over the expert-data-parallel group (``"edp"``, the ranks
-of the stage holding the same experts, now spanning data-parallel, CP and TP ranks) and divides by ``dp × cp``: the
-ranks of a stage together see every token of the step once, each scaled by the ``dp × cp / tokens`` factor of the
-training loop, so this equals the data-parallel mean the backends apply to every other weight (with ETP = TP the
-``dp × cp`` ranks of one expert part see every token once). Gradient clipping (:meth:`ExpertParallel.clip_grad_norm`)
-adds the experts' squared norm summed over the EP (and ETP) group to the other parameters' squared norm and sums over
-the pipeline stages.
+Gradients. Under DDP the expert weights are plain tensors owned by this module, not by the data-parallel backend:
+DDP ignores them (``_set_params_and_buffers_to_ignore_for_model``), and so does FSDP2 when the expert-data-parallel
+size is 1 (``ignored_params``). After the last micro-batch :meth:`ExpertParallel.reduce_grads` sums their gradients
+over the expert-data-parallel group (``"edp"``, the ranks of the stage holding the same experts, now spanning
+data-parallel, CP and TP ranks) and divides by ``dp × cp``: the ranks of a stage together see every token of the
+step once, each scaled by the ``dp × cp / tokens`` factor of the training loop, so this equals the data-parallel
+mean the backends apply to every other weight (with ETP = TP the ``dp × cp`` ranks of one expert part see every
+token once). Under FSDP2 with an expert-data-parallel size > 1 each MoE layer's experts module is an FSDP2 unit of
+its own on the 1-D ``"edp"`` mesh (:func:`~.fsdp2_sharding.shard_experts`; ``ExpertParallel.edp_sharded``): the
+parameters, gradients and optimizer state are DTensors sharded on the local-expert dimension over ``"edp"``, and the
+reduce-scatter computes the same sum over ``"edp"`` divided by ``dp × cp`` (``set_gradient_divide_factor(dp × cp)``
+with sum-only collectives), so :meth:`ExpertParallel.reduce_grads` skips them. Gradient clipping
+(:meth:`ExpertParallel.clip_grad_norm`) adds the experts' squared norm summed over the EP (and ETP) group — and
+first over ``"edp"`` when the experts are sharded there (each edp rank's local shard counted once) — to the other
+parameters' squared norm and sums over the pipeline stages.
 
 Pipeline stages hold different MoE layers: each rank keeps the experts of the layers its stages hold, the
 dispatchers exchange tokens within the stage's EP group, and a stage without MoE layers has no expert parameters.
 
 Checkpoints are independent of the EP and ETP sizes: :meth:`ExpertParallel.globalize` turns the expert weights (and
 their optimizer state) into DTensors of the full ``[E, ...]`` shape, sharded over ``"ep"`` (and on ``F`` over
-``"etp"``) and replicated over ``"edp"``, before DCP saves or loads them; :meth:`ExpertParallel.localize` turns
-them back. A checkpoint written at EP=2 loads at EP=1 (and the other way round), one written at TP=2 × EP=2 loads at
-TP=2 × ETP=2 × EP=1, and training continues identically.
+``"etp"``) and replicated over ``"edp"``, before DCP saves or loads them; :meth:`ExpertParallel.localize` turns them
+back. Experts sharded over ``"edp"`` by FSDP2 are first gathered over ``"edp"`` (``full_tensor``: the EP rank's
+experts, a transient copy while saving or loading), so the checkpoint keys and shapes are the same as under DDP; on
+load :meth:`ExpertParallel.to_live` cuts each rank's ``"edp"`` shard out again (no communication). A checkpoint
+written under DDP loads under FSDP2 and the other way round. A checkpoint written at EP=2 loads at EP=1 (and the
+other way round), one written at TP=2 × EP=2 loads at TP=2 × ETP=2 × EP=1, and training continues identically.
 """
 
 from dataclasses import dataclass, field
@@ -58,7 +66,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
 from megatron_bridge.config.decoder_names import DOWN, EXPERT_WEIGHTS
 from megatron_bridge.config.rules_moe import expert_tensor_parallel_size, splits_tokens_over_tp
@@ -156,6 +164,12 @@ class ExpertParallel:
     params: list[dict[str, nn.Parameter]] = field(default_factory=list)
     """Per chunk: fully qualified name (as in the chunk's state dict) → local expert parameter."""
     global_experts: int = 0
+    owners: list[dict[str, tuple[nn.Module, str]]] = field(default_factory=list)
+    """Per chunk: the same names → (``GroupedExperts`` module, attribute), to find the parameters again after FSDP2
+    replaced them (:meth:`refresh_params`)."""
+    edp_sharded: bool = False
+    """True when FSDP2 shards the expert parameters over ``"edp"`` (DTensors on the 1-D ``"edp"`` mesh, dimension 0):
+    FSDP2 reduces their gradients, checkpoints gather the ``"edp"`` shards (module docstring)."""
 
     @property
     def ep_group(self) -> dist.ProcessGroup:
@@ -182,11 +196,21 @@ class ExpertParallel:
         """Every local expert parameter of every chunk."""
         return [p for chunk in self.params for p in chunk.values()]
 
+    def refresh_params(self) -> None:
+        """Read the expert parameters again from their modules (after ``fully_shard`` made them DTensors)."""
+        self.params = [{name: getattr(module, attr) for name, (module, attr) in chunk.items()}
+                       for chunk in self.owners]
+
+    def _on_edp(self, value: Any) -> bool:
+        """A DTensor on FSDP2's 1-D ``"edp"`` mesh (an edp-sharded expert weight or its optimizer state)."""
+        return self.edp_sharded and isinstance(value, DTensor) and value.device_mesh.mesh_dim_names == ("edp",)
+
     # --------------------------------------------------------------------------------------------- gradients
     @torch.no_grad()
     def reduce_grads(self) -> None:
-        """Sum expert gradients over ``edp`` and divide by the data-parallel size (module docstring)."""
-        grads = [p.grad for p in self.all_params() if p.grad is not None]
+        """Sum expert gradients over ``edp`` and divide by the data-parallel size (module docstring); nothing for
+        edp-sharded experts (FSDP2's reduce-scatter did it)."""
+        grads = [p.grad for p in self.all_params() if p.grad is not None and not isinstance(p.grad, DTensor)]
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -212,7 +236,9 @@ class ExpertParallel:
             total_sq = total_sq + norm.float().square()
         expert_sq = torch.zeros((), dtype=torch.float32, device=device)
         for g in experts:
-            expert_sq += g.float().square().sum()
+            expert_sq += (g.to_local() if isinstance(g, DTensor) else g).float().square().sum()
+        if self.edp_sharded:  # each edp rank holds a part of the EP rank's experts: add the parts
+            dist.all_reduce(expert_sq, group=self.edp_group)
         dist.all_reduce(expert_sq, group=self.ep_group)
         if self.etp_group is not None:
             dist.all_reduce(expert_sq, group=self.etp_group)
@@ -229,6 +255,8 @@ class ExpertParallel:
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def _global(self, local: torch.Tensor, name: str) -> DTensor:
+        if isinstance(local, DTensor):  # edp-sharded (FSDP2): the EP rank's experts, gathered over "edp"
+            local = local.full_tensor()
         shape = [self.global_experts, *local.shape[1:]]
         if self.etp_group is not None:
             shape[etp_dim(name)] *= self.mesh["etp"].size()
@@ -240,7 +268,7 @@ class ExpertParallel:
         """A model state dict of chunk ``chunk`` with the expert weights as global-shape DTensors sharing the local
         storage (DCP fills them in place on load)."""
         names = self.params[chunk]
-        return {k: self._global(v, k) if k in names and _is_local_tensor(v) else v for k, v in state.items()}
+        return {k: self._global(v, k) if k in names and self._is_expert_value(v) else v for k, v in state.items()}
 
     def globalize_optimizer(self, state: dict[str, Any]) -> dict[str, Any]:
         """An optimizer state dict (``get_optimizer_state_dict``'s, keyed by parameter name, flat
@@ -249,15 +277,41 @@ class ExpertParallel:
         names = {k for chunk in self.params for k in chunk}
         if "state" in state and isinstance(state["state"], dict):
             per_param = {
-                key: {n: self._global(v, key) if _is_local_tensor(v) and key in names else v
+                key: {n: self._global(v, key) if self._is_expert_value(v) and key in names else v
                       for n, v in entry.items()}
                 if isinstance(entry, dict) else entry
                 for key, entry in state["state"].items()
             }
             return {**state, "state": per_param}
         prefixes = tuple(f"state.{n}." for n in names)
-        return {k: self._global(v, k.rsplit(".", 1)[0]) if k.startswith(prefixes) and _is_local_tensor(v) else v
-                for k, v in state.items()}
+        return {k: self._global(v, k.rsplit(".", 1)[0]) if k.startswith(prefixes) and self._is_expert_value(v)
+                else v for k, v in state.items()}
+
+    def _is_expert_value(self, value: Any) -> bool:
+        return _is_local_tensor(value) or (self._on_edp(value) and value.ndim >= 1)
+
+    def to_live(self, state: Any) -> Any:
+        """:meth:`localize`, then, when FSDP2 shards the experts over ``"edp"``, each expert tensor (model weight,
+        or flat ``state.<name>.<key>`` optimizer state) cut again into this rank's ``"edp"`` shard (a DTensor like
+        the live one; every edp rank holds the same EP-rank tensor, so no communication)."""
+        state = ExpertParallel.localize(state)
+        if not self.edp_sharded:
+            return state
+        names = {k for chunk in self.params for k in chunk}
+        return self._shard_edp(state, names)
+
+    def _shard_edp(self, state: Any, names: set[str]) -> Any:
+        if not isinstance(state, dict):
+            return state
+        mesh = self.mesh["edp"]
+        out = {}
+        for k, v in state.items():
+            name = k[len("state."):].rsplit(".", 1)[0] if k.startswith("state.") else k
+            if name in names and _is_local_tensor(v):
+                out[k] = distribute_tensor(v, mesh, [Shard(0)], src_data_rank=None)
+            else:
+                out[k] = self._shard_edp(v, names)
+        return out
 
     @staticmethod
     def localize(state: Any) -> Any:
@@ -308,7 +362,9 @@ def apply_expert_parallel(chunks: list[nn.Module], cfg: "ConfigContainer", env: 
             materialize_meta_model(chunk, device)
         else:
             chunk.to(device)
-        state.params.append(_shard_experts(chunk, mesh))
+        owned = _shard_experts(chunk, mesh)
+        state.params.append({name: getattr(module, attr) for name, (module, attr) in owned.items()})
+        state.owners.append(owned)
         _install_token_split(chunk, split)
     log_rank_0(logger, "EP: %d experts over %d ranks (%d per rank), ETP %d, expert-data-parallel size %d, %d expert "
                "tensors%s", state.global_experts, ep, state.global_experts // ep, etp, mesh["edp"].size(),
@@ -339,11 +395,11 @@ def _install_token_split(chunk: nn.Module, split: TensorParallelTokens | None) -
             module.router.tp_group, module.router.tp_split = split.group, split.size
 
 
-def _shard_experts(chunk: nn.Module, mesh: DeviceMesh) -> dict[str, nn.Parameter]:
+def _shard_experts(chunk: nn.Module, mesh: DeviceMesh) -> dict[str, tuple[nn.Module, str]]:
     ep, ep_rank = mesh["ep"].size(), mesh["ep"].get_local_rank()
     etp_group = mesh.get_group("etp") if "etp" in (mesh.mesh_dim_names or ()) else None
     etp, etp_rank = (mesh["etp"].size(), mesh["etp"].get_local_rank()) if etp_group is not None else (1, 0)
-    owned: dict[str, nn.Parameter] = {}
+    owned: dict[str, tuple[nn.Module, str]] = {}
     for name, module in chunk.named_modules():
         if not isinstance(module, MoELayer):
             continue
@@ -360,7 +416,7 @@ def _shard_experts(chunk: nn.Module, mesh: DeviceMesh) -> dict[str, nn.Parameter
             local = nn.Parameter(part.clone(), requires_grad=full.requires_grad)
             local._expert_parallel = True  # type: ignore[attr-defined]  # TP leaves it plain
             setattr(experts, weight, local)
-            owned[f"{name}.experts.{weight}"] = local
+            owned[f"{name}.experts.{weight}"] = (experts, weight)
         experts.num_local_experts, experts.expert_offset = per_rank, start
         experts.tp_group = etp_group
         module.dispatcher = AllToAllDispatcher(mesh.get_group("ep"), ep, per_rank)

@@ -24,9 +24,11 @@ allocate and initialize only each rank's shard (:mod:`.meta_init`); the full par
 the same seed.
 
 Expert parallelism (``model.expert_model_parallel_size > 1``): :mod:`.expert_parallel` keeps this rank's experts
-(materializing a meta-device model whole first) and the expert weights are FSDP2 ``ignored_params``: they stay
-whole on their EP rank (not sharded over the expert-data group in this version), and their gradients are reduced
-over the expert-data-parallel group by the expert-parallel layer after the last micro-batch. With TP > 1 EP is
+(materializing a meta-device model whole first). With an expert-data-parallel size > 1 each MoE layer's experts
+module is its own FSDP2 unit on the 1-D ``"edp"`` mesh (:func:`.fsdp2_sharding.shard_experts`): parameters,
+gradients and optimizer state sharded over the ranks holding the same experts, gradients summed over ``"edp"`` and
+divided by dp × cp as :meth:`~.expert_parallel.ExpertParallel.reduce_grads` does. With edp size 1 the expert weights
+are FSDP2 ``ignored_params``, whole on their EP rank, reduced by the expert-parallel layer. With TP > 1 EP is
 folded over the TP ranks (MoE parallel folding): :func:`~.expert_parallel.apply_expert_parallel` gets the TP mesh
 and runs before tensor parallelism, whose MoE plan then leaves each TP rank its own tokens.
 
@@ -177,9 +179,15 @@ class FSDP2Backend(DataParallelBackend):
         self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
         self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device, self.tp_mesh)
         plan = self._plan(self.mesh)
-        if self.expert_parallel is not None:
-            plan.ignored_params = set(self.expert_parallel.all_params())
+        experts = self.expert_parallel
+        if experts is not None and experts.mesh["edp"].size() > 1:
+            plan.expert_mesh, plan.expert_divide_factor = experts.mesh["edp"], float(experts.dp_size)
+        elif experts is not None:
+            plan.ignored_params = set(experts.all_params())
         self.sharded = [self._wrap_chunk(chunk, plan) for chunk in model_chunks]
+        if plan.expert_mesh is not None and experts is not None:
+            experts.edp_sharded = True
+            experts.refresh_params()  # fully_shard replaced them with DTensor parameters
         self.chunks = list(model_chunks)
         return self.chunks
 

@@ -11,6 +11,12 @@ Fully frozen modules outside the blocks (e.g. a frozen embedding), per ``fsdp2.f
 ``"root"`` leaves their parameters in the root unit, ``"per_layer"`` gives each its own unit (every rank must run it
 identically), ``"replicate"`` passes their parameters as ``ignored_params`` to the root, so each rank keeps a full,
 unsharded copy outside FSDP.
+
+Routed experts under expert parallelism with an expert-data-parallel size > 1 (``ShardingPlan.expert_mesh``): each
+MoE layer's ``experts`` module gets its own ``fully_shard`` on the 1-D ``"edp"`` mesh before its block (whose unit
+then skips those parameters), with the block's ``reshard_after_forward``. The reduce-scatter sums over ``"edp"``
+and divides by ``ShardingPlan.expert_divide_factor`` (data-parallel × CP size; sum-only collectives, then one
+division), which equals :meth:`~.expert_parallel.ExpertParallel.reduce_grads`.
 """
 
 from dataclasses import dataclass, field
@@ -39,7 +45,12 @@ class ShardingPlan:
     reshard_after_forward: bool | None = None
     frozen_module_policy: FrozenPolicy = "root"
     ignored_params: set[nn.Parameter] = field(default_factory=set)
-    """Parameters FSDP2 leaves alone (expert-parallel expert weights: reduced by the expert-parallel layer)."""
+    """Parameters FSDP2 leaves alone (expert-parallel expert weights at edp size 1: reduced by the expert-parallel
+    layer)."""
+    expert_mesh: DeviceMesh | None = None
+    """The 1-D ``"edp"`` mesh the MoE layers' experts are sharded over (None: experts are not sharded here)."""
+    expert_divide_factor: float = 1.0
+    """The experts' gradient divide factor (their reduce-scatter sums over ``"edp"``, then divides by this)."""
 
 
 @dataclass
@@ -87,14 +98,34 @@ def shard_model(model: nn.Module, plan: ShardingPlan) -> ShardedModel:
     units: list[FSDPModule] = []
     for index, ref in enumerate(blocks):
         reshard = block_reshard(plan.reshard_after_forward, index, len(blocks))
+        shard_experts(ref.module, plan, reshard)
         in_block = {p for p in ref.module.parameters() if p in plan.ignored_params}
         units.append(fully_shard(ref.module, reshard_after_forward=reshard, ignored_params=in_block or None,
                                  **common))
     ignored = _apply_frozen_policy(frozen, plan, common) | plan.ignored_params
+    shard_experts(model, plan, False)  # MoE layers outside the decoder blocks, if any
     root = fully_shard(model, reshard_after_forward=False, ignored_params=ignored or None, **common)
     log_rank_0(logger, "FSDP2: %d block units (reshard_after_forward=%s), root unit, %d frozen module(s) with "
                "policy %r", len(units), plan.reshard_after_forward, len(frozen), plan.frozen_module_policy)
     return ShardedModel(root, units, frozen)
+
+
+def shard_experts(module: nn.Module, plan: ShardingPlan, reshard: bool) -> int:
+    """``fully_shard`` every not yet sharded MoE ``experts`` module under ``module`` on ``plan.expert_mesh`` (module
+    docstring); returns how many."""
+    if plan.expert_mesh is None:
+        return 0
+    from megatron_bridge.models.moe import MoELayer
+
+    count = 0
+    for layer in module.modules():
+        if isinstance(layer, MoELayer) and not isinstance(layer.experts, FSDPModule):
+            unit = fully_shard(layer.experts, mesh=plan.expert_mesh, reshard_after_forward=reshard,
+                               mp_policy=plan.mp_policy, offload_policy=plan.offload_policy)
+            unit.set_gradient_divide_factor(plan.expert_divide_factor)
+            unit.set_force_sum_reduction_for_comms(True)  # sum, then divide (gloo has no PREMUL_SUM)
+            count += 1
+    return count
 
 
 def _apply_frozen_policy(frozen: list[nn.Module], plan: ShardingPlan, common: dict) -> set[nn.Parameter]:

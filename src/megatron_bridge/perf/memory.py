@@ -11,7 +11,7 @@ allocates (DDP, FSDP2 and Megatron FSDP backends, the local engine) and Megatron
   pipeline rank is estimated; the table shows the largest.
 * **State bytes per parameter** (``model.params_dtype`` = P bytes; torch optimizers keep state in the parameter
   dtype): parameters P, gradients P, AdamW 2P (SGD with momentum P). FSDP2 shards all three over dp × cp (with
-  EP > 1 it leaves the experts whole on each EP rank: they are its ignored parameters) and
+  EP > 1 the experts over the expert-data-parallel group, dp × cp × tp / (EP × ETP)) and
   ``fsdp2.offload_policy`` moves them to host memory; Megatron FSDP shards them by
   ``ddp.data_parallel_sharding_strategy`` (optim → optimizer, optim_grads → + gradients,
   optim_grads_params → + parameters), gradients in fp32 with ``ddp.grad_reduce_in_fp32``, plus fp32 main weights
@@ -181,12 +181,11 @@ def state_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> t
     """Per-rank (parameter, gradient, optimizer) bytes, sharded as the backend shards them."""
     per_param = _bytes_per_param(cfg, layout)
     out = []
-    # FSDP2 leaves the expert-parallel experts alone (ignored parameters, reduced over the expert-data-parallel
-    # group by distributed/expert_parallel.py): every rank keeps its EP shard's experts whole
-    experts_sharded = layout.backend != "fsdp2" or layout.ep == 1
+    # experts shard over the expert-data-parallel group (FSDP2: one unit per MoE layer's experts on the "edp" mesh,
+    # distributed/fsdp2_sharding.py; whole when edp is 1)
     for nbytes, sharded in zip(per_param, _sharded(cfg, layout), strict=True):
         dense = params.dense // layout.shard_size if sharded else params.dense
-        expert = params.expert // layout.expert_shard_size if sharded and experts_sharded else params.expert
+        expert = params.expert // layout.expert_shard_size if sharded else params.expert
         out.append(nbytes * (dense + expert))
     return out[0], out[1], out[2]
 

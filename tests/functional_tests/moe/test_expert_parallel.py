@@ -8,13 +8,18 @@ atol 1e-5; observed differences come from float summation order only.
 * ``test_two_ranks_match_ep1``: 2 ranks, DDP, one launch: EP=2 (4 experts per rank, expert-data-parallel size 1);
   PP=2 (1F1B) with MoE layers on one stage only; PP=2 × VP=2 under ZBVZeroBubble; CP=2 × EP=2 (EP over the CP
   ranks).
-* ``test_four_ranks_match_ep1``: 4 ranks, one launch, five layouts: FSDP2 with EP=2 × expert-data-parallel 2;
-  FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=4 folded over the TP and data-parallel ranks; FSDP2 with PP=2 ×
+* ``test_four_ranks_match_ep1``: 4 ranks, one launch, six layouts: FSDP2 with EP=2 × expert-data-parallel 2 (the
+  experts' parameters, gradients and AdamW moments sharded over ``"edp"``: local shapes checked);
+  FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=4 folded over the TP and data-parallel ranks; FSDP2 with TP=2
+  (SP) × DP=2 and EP=2 over the TP ranks, the experts sharded over the edp group of the DP ranks; FSDP2 with PP=2 ×
   TP=2 (SP) and EP=2 over the TP ranks of each stage; FSDP2 with TP=2 (SP) × DP=2, the experts split over TP
   (ETP=2) and EP=2 over DP; the Qwen3-235B layout in small, DDP with PP=2 (loss counted in the split) × CP=2 and EP=2
   over the CP ranks.
 * ``test_checkpoint_ep2_to_ep1``: 2 ranks: steps 1-4 at EP=2 save a checkpoint; steps 5-8 load it at EP=1 (DDP over
   2 ranks) and continue: losses and weights equal the uninterrupted reference.
+* ``test_checkpoint_edp_ddp_fsdp2``: 4 ranks, EP=2 × expert-data-parallel 2, one checkpoint format for both
+  backends: steps 1-4 under DDP save; steps 5-6 under FSDP2 (experts sharded over ``"edp"``) load it and save; steps
+  7-8 under DDP load that: losses and weights equal the reference.
 * ``test_token_split_gather``: 2 ranks: the TP token split of MoE parallel folding (slice, gather) and its
   gradients (all-gather, split) against the formulas.
 * ``test_folded_tp2_ep2_match_ep1``: 2 ranks, FSDP2, TP=2 × EP=2 with ETP 1 (EP over the TP ranks, each routing its
@@ -51,7 +56,7 @@ LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
 STEPS = 8
 GROUPS: dict[int, list[str]] = {2: ["test_two_ranks_match_ep1", "test_checkpoint_ep2_to_ep1", "test_token_split_gather",
                                     "test_folded_tp2_ep2_match_ep1", "test_checkpoint_folded_resume"],
-                                4: ["test_four_ranks_match_ep1"]}
+                                4: ["test_four_ranks_match_ep1", "test_checkpoint_edp_ddp_fsdp2"]}
 """Tests launched together, by process count (one launch each)."""
 
 
@@ -127,7 +132,13 @@ def _compare(losses: list[float], weights: dict[str, torch.Tensor], label: str, 
     diff = max_weight_diff(weights, ref["weights"])
     assert diff <= WEIGHT_ATOL, f"{label}: max weight difference {diff} > {WEIGHT_ATOL}"
     if int(os.environ["RANK"]) == 0:
-        print(f"[moe parity] {label}: max weight diff {diff:.3e}, losses {losses}")
+        want = ref["losses"].tolist()[first_step : first_step + len(losses)]
+        loss_rel = max(abs(g - w) / abs(w) for g, w in zip(losses, want, strict=True))
+        line = f"[moe parity] {label}: max weight diff {diff:.3e}, max loss rel diff {loss_rel:.3e}, losses {losses}"
+        print(line)
+        if os.environ.get("MB_MOE_PARITY_LOG"):  # the launcher keeps a passing launch's output to itself
+            with open(os.environ["MB_MOE_PARITY_LOG"], "a") as log:
+                log.write(line + "\n")
 
 
 def _join_job() -> None:
@@ -151,9 +162,25 @@ class ExpertLoad(Callback):
         assert all(sum(counts) == expected for counts in load.values()), (load, expected)
 
 
-def _run(cfg: ConfigContainer, label: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+class EdpSharded(Callback):
+    """Under FSDP2 with EP=2 × edp 2 (8 experts): every expert weight, its gradient and its AdamW moments are DTensors
+    on the 1-D ``"edp"`` mesh, sharded on the expert dimension: 2 of the EP rank's 4 experts on each rank."""
+
+    def on_train_end(self, ctx: Any) -> None:
+        experts = ctx.backend.expert_parallel
+        assert experts.edp_sharded and experts.all_params()
+        for p in experts.all_params():
+            for t in (p, p.grad, *ctx.optimizer.state[p].values()):
+                if t.ndim == 0:  # AdamW's step
+                    continue
+                assert isinstance(t, DTensor) and t.device_mesh.mesh_dim_names == ("edp",), type(t)
+                assert t.shape[0] == 4 and t.to_local().shape[0] == 2, (t.shape, t.to_local().shape)
+                assert t.placements[0].is_shard(0)
+
+
+def _run(cfg: ConfigContainer, label: str, *extra: Callback) -> tuple[list[float], dict[str, torch.Tensor]]:
     weights = GlobalWeights()
-    result = pretrain(cfg, callbacks=[weights, ExpertLoad()])
+    result = pretrain(cfg, callbacks=[weights, ExpertLoad(), *extra])
     assert result.final_step == STEPS
     assert_finite_decreasing(result.losses)
     _compare(result.losses, weights.weights, label)
@@ -183,14 +210,16 @@ def test_two_ranks_match_ep1(launches: LaunchGroups | None) -> None:
 
 @pytest.mark.timeout(1000)
 def test_four_ranks_match_ep1(launches: LaunchGroups | None) -> None:
-    """One launch of 4 ranks, three layouts in turn: EP=2 × EDP=2 with FSDP2, TP=2 (SP) × DP=2 with EP=2, and
-    PP=2 × CP=2 × EP=2 with DDP."""
+    """One launch of 4 ranks, the six layouts of the module docstring in turn; the two FSDP2 layouts with an
+    expert-data-parallel size of 2 check that the experts are sharded over it."""
     if not is_worker():
         launches.check("test_four_ranks_match_ep1")  # type: ignore[union-attr]
         return
     _join_job()
-    _run(moe_config(ep=2, use_torch_fsdp2=True), "EP=2 x EDP=2, FSDP2")
+    _run(moe_config(ep=2, use_torch_fsdp2=True), "EP=2 x EDP=2 (experts sharded over edp), FSDP2", EdpSharded())
     _run(moe_config(ep=4, tp=2, use_torch_fsdp2=True), "TP=2 (SP) x DP=2, EP=4 folded over TP x DP, FSDP2")
+    _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "TP=2 (SP) x DP=2, EP=2 over TP, edp 2 (sharded), FSDP2",
+         EdpSharded())
     folded_pp = moe_config(ep=2, tp=2, pipeline_model_parallel_size=2, use_torch_fsdp2=True)
     folded_pp.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
     _run(folded_pp, "PP=2 x TP=2 (SP), EP=2 over TP, FSDP2")
@@ -198,6 +227,33 @@ def test_four_ranks_match_ep1(launches: LaunchGroups | None) -> None:
     shrunk_235b = moe_config(ep=2, pipeline_model_parallel_size=2, context_parallel_size=2)
     shrunk_235b.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
     _run(shrunk_235b, "PP=2 x CP=2 x EP=2 (over CP), DDP")
+
+
+def test_checkpoint_edp_ddp_fsdp2(launches: LaunchGroups | None) -> None:
+    """DDP (experts whole, reduced over edp) and FSDP2 (experts sharded over edp) save and load the same global
+    ``[E, ...]`` expert tensors: DDP steps 1-4, FSDP2 steps 5-6, DDP steps 7-8."""
+    if not is_worker():
+        launches.check("test_checkpoint_edp_ddp_fsdp2")  # type: ignore[union-attr]
+        return
+    _join_job()
+    folder = os.environ["MB_CKPT_DIR"] + "_edp"
+    first = moe_config(ep=2)
+    first.checkpoint.save, first.checkpoint.save_interval, first.train.exit_interval = folder, 4, 4
+    result = pretrain(first)
+    assert result.steps == [1, 2, 3, 4]
+    _compare_losses(result.losses, "EP=2 x EDP=2 DDP, steps 1-4")
+    second = moe_config(ep=2, use_torch_fsdp2=True)
+    second.checkpoint.load = second.checkpoint.save = folder
+    second.checkpoint.save_interval, second.train.exit_interval = 2, 6
+    result = pretrain(second, callbacks=[EdpSharded()])
+    assert result.steps == [5, 6]
+    _compare_losses(result.losses, "DDP -> checkpoint -> EP=2 x EDP=2 FSDP2, steps 5-6", first_step=4)
+    third = moe_config(ep=2)
+    third.checkpoint.load = folder
+    weights = GlobalWeights()
+    result = pretrain(third, callbacks=[weights])
+    assert result.steps == [7, 8]
+    _compare(result.losses, weights.weights, "DDP -> FSDP2 (edp-sharded) -> DDP, steps 7-8", first_step=6)
 
 
 def test_checkpoint_ep2_to_ep1(launches: LaunchGroups | None) -> None:

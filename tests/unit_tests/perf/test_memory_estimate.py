@@ -177,9 +177,9 @@ def test_llama31_405b_activations_hand_count() -> None:
     assert 910 < est.activations.peak_bytes / 2**30 < 925  # ~919 GiB: the recipe needs recompute (see docs)
 
 
-def test_fsdp2_keeps_expert_parallel_experts_whole() -> None:
+def test_fsdp2_shards_expert_parallel_experts_over_edp() -> None:
     """FSDP2 × EP 2 on 4 ranks (tiny_moe): dense state sharded over the 4 data-parallel ranks, each rank's 4 of 8
-    experts whole (FSDP2's ignored parameters; measured: the sharded count was 44% low)."""
+    experts over its expert-data-parallel group of 2 (one FSDP2 unit per MoE layer's experts on the "edp" mesh)."""
     from megatron_bridge.recipes import tiny_moe_pretrain_config
 
     cfg = tiny_moe_pretrain_config(global_batch_size=16, micro_batch_size=4)
@@ -187,8 +187,10 @@ def test_fsdp2_keeps_expert_parallel_experts_whole() -> None:
     est = estimate_memory(cfg.validate(world_size=4), 4)
     experts = 4 * (8 // 2) * 3 * 128 * 96  # 4 MoE layers, 4 local SwiGLU experts of width 96
     assert est.params.expert == experts
-    assert est.param_bytes == 4 * (est.params.dense // 4 + experts)
-    assert est.optimizer_bytes == 8 * (est.params.dense // 4 + experts)
+    assert est.layout.expert_shard_size == 2
+    assert est.param_bytes == 4 * (est.params.dense // 4 + experts // 2)
+    assert est.grad_bytes == 4 * (est.params.dense // 4 + experts // 2)
+    assert est.optimizer_bytes == 8 * (est.params.dense // 4 + experts // 2)
 
 
 def test_megatron_fsdp_shards_state_over_dp_times_cp() -> None:
