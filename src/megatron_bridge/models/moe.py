@@ -4,13 +4,21 @@ grouped matmuls, an optional shared expert. Dropless: every token reaches its k 
 Module and parameter names (one MoE layer, ``layers.N.mlp``)::
 
     router.weight          [E, hidden]        router logits (computed in float32)
+    router.bias            [E]                logit bias (add_bias_linear, GPT-OSS)
     router.expert_bias     [E] (buffer)       aux-loss-free balancing bias (moe_router_enable_expert_bias)
     experts.gate_proj      [E, hidden, F]     routed experts, F = moe_ffn_hidden_size
     experts.up_proj        [E, hidden, F]
     experts.down_proj      [E, F, hidden]
+    experts.{gate,up}_bias [E, F]             expert biases (add_bias_linear, GPT-OSS)
+    experts.down_bias      [E, hidden]
     shared_experts.{gate,up,down}_proj.weight  the shared expert (moe_shared_expert_intermediate_size), a plain MLP
 
-Routing (Megatron-core's rules, per token, on float32 logits ``z``):
+The routed experts compute ``down(act(clamp(gate)) * (clamp(up) + glu_linear_offset)) (+ biases)`` with ``act`` SiLU
+(``swiglu``) or quick GELU ``g * sigmoid(1.702 g)`` (``quick_geglu``), the clamp (``activation_func_clamp_value`` c)
+taking the gate to at most c and the up half into ``[-c, c]``: megatron-core's experts and GPT-OSS's
+(``(up + 1) * gate * sigmoid(1.702 gate)``, c = 7).
+
+Routing (Megatron-core's rules, per token, on float32 logits ``z``, the router bias included):
 
 * ``softmax`` with ``moe_router_pre_softmax=False``: top-k of ``z`` (plus the expert bias), probabilities =
   softmax over the k selected logits (they sum to 1; HF's ``norm_topk_prob=True``);
@@ -211,6 +219,9 @@ class TopKRouter(nn.Module):
         e = _num_experts(config)
         self.num_experts = e
         self.weight = nn.Parameter(torch.empty(e, config.hidden_size, device="meta", dtype=dtype))
+        self.bias: nn.Parameter | None = None
+        if config.add_bias_linear:
+            self.bias = nn.Parameter(torch.empty(e, device="meta", dtype=dtype))
         self.expert_bias: torch.Tensor | None
         if config.moe_router_enable_expert_bias:
             self.register_buffer("expert_bias", torch.zeros(e, device="meta", dtype=torch.float32))
@@ -225,7 +236,7 @@ class TopKRouter(nn.Module):
         self._records: list[tuple[torch.Tensor, float | None]] = []
 
     def reset_parameters(self, std: float) -> None:
-        """``normal(0, std)`` weight (drawn in float32), zero expert bias and counters."""
+        """``normal(0, std)`` weight (drawn in float32), zero biases and counters."""
         with torch.no_grad():
             if self.weight.dtype == torch.float32:
                 self.weight.normal_(0.0, std)
@@ -233,6 +244,8 @@ class TopKRouter(nn.Module):
                 self.weight.copy_(torch.empty_like(self.weight, dtype=torch.float32).normal_(0.0, std))
             if self.expert_bias is not None:
                 self.expert_bias.zero_()
+            if self.bias is not None:
+                self.bias.zero_()
         self.reset_step_stats()
 
     def reset_step_stats(self) -> None:
@@ -308,11 +321,13 @@ class TopKRouter(nn.Module):
         b, s, h = x.shape
         with torch.autocast(x.device.type, enabled=False):
             weight = _local(self.weight)
+            bias = None if self.bias is None else _local(self.bias)
             if self.tp_group is not None and self.tp_split > 1:
                 weight = SumGradOver.apply(weight, self.tp_group)
-            logits = F.linear(x.reshape(b * s, h).float(), weight.float())
-        bias = self.expert_bias.detach() if self.expert_bias is not None else None
-        probs, idx, full = route(logits, self.config, bias)
+                bias = None if bias is None else SumGradOver.apply(bias, self.tp_group)
+            logits = F.linear(x.reshape(b * s, h).float(), weight.float(), None if bias is None else bias.float())
+        balance = self.expert_bias.detach() if self.expert_bias is not None else None
+        probs, idx, full = route(logits, self.config, balance)
         counts = torch.bincount(idx.reshape(-1), minlength=self.num_experts)
         aux = self._aux_loss(logits, full, idx, counts, b) if self.training else None
         if self.training and not _in_backward():  # not again when activation checkpointing recomputes
@@ -336,7 +351,8 @@ class SumOver(torch.autograd.Function):
 
 
 class GroupedExperts(nn.Module):
-    """The routed SwiGLU experts of one layer as stacked weights ``[E_local, ...]`` (module docstring).
+    """The routed gated experts of one layer as stacked weights ``[E_local, ...]`` (module docstring), with their
+    biases under ``add_bias_linear`` (rule ``moe_expert_bias`` keeps them whole per expert: ETP 1).
 
     Expert parallelism keeps only this rank's experts: ``num_local_experts`` of them, global ids
     ``expert_offset .. expert_offset + num_local_experts - 1``. Expert tensor parallelism (``tp_group`` set,
@@ -356,6 +372,16 @@ class GroupedExperts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
         self.up_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
         self.down_proj = nn.Parameter(torch.empty(e, f, h, device="meta", dtype=dtype))
+        self.gate_bias: nn.Parameter | None = None
+        self.up_bias: nn.Parameter | None = None
+        self.down_bias: nn.Parameter | None = None
+        if config.add_bias_linear:
+            self.gate_bias = nn.Parameter(torch.empty(e, f, device="meta", dtype=dtype))
+            self.up_bias = nn.Parameter(torch.empty(e, f, device="meta", dtype=dtype))
+            self.down_bias = nn.Parameter(torch.empty(e, h, device="meta", dtype=dtype))
+        self.act: Callable[[torch.Tensor], torch.Tensor] = quick_gelu if config.activation == "quick_geglu" else F.silu
+        self.clamp = config.activation_func_clamp_value
+        self.offset = config.glu_linear_offset
 
     def reset_parameters(self, std: float, out_std: float) -> None:
         """``normal(0, std)`` for gate/up, ``normal(0, out_std)`` for down (an output projection), drawn per
@@ -364,6 +390,9 @@ class GroupedExperts(nn.Module):
             for weight, sd in ((self.gate_proj, std), (self.up_proj, std), (self.down_proj, out_std)):
                 fresh = torch.empty(weight.shape, dtype=torch.float32, device=weight.device).normal_(0.0, sd)
                 weight.copy_(fresh)
+            for bias in (self.gate_bias, self.up_bias, self.down_bias):
+                if bias is not None:
+                    bias.zero_()
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``x [N, hidden]``: tokens sorted by local expert, ``counts [E_local]`` tokens per local expert."""
@@ -371,16 +400,37 @@ class GroupedExperts(nn.Module):
         x = x.to(dtype)
         if self.tp_group is not None:
             x = SumGradOver.apply(x, self.tp_group)
-        gate = grouped_mm(x, _local(self.gate_proj).to(dtype), counts, self.grouped_gemm)
-        up = grouped_mm(x, _local(self.up_proj).to(dtype), counts, self.grouped_gemm)
-        y = grouped_mm(F.silu(gate) * up, _local(self.down_proj).to(dtype), counts, self.grouped_gemm)
+        rows = None
+        if self.gate_bias is not None:  # the local expert of every row
+            rows = torch.repeat_interleave(torch.arange(counts.numel(), device=x.device), counts.to(x.device))
+        gate = self._biased(grouped_mm(x, _local(self.gate_proj).to(dtype), counts, self.grouped_gemm),
+                            self.gate_bias, rows)
+        up = self._biased(grouped_mm(x, _local(self.up_proj).to(dtype), counts, self.grouped_gemm), self.up_bias, rows)
+        if self.clamp is not None:
+            gate, up = gate.clamp(max=self.clamp), up.clamp(min=-self.clamp, max=self.clamp)
+        if self.offset:
+            up = up + self.offset
+        y = grouped_mm(self.act(gate) * up, _local(self.down_proj).to(dtype), counts, self.grouped_gemm)
+        y = self._biased(y, self.down_bias, rows)
         return y if self.tp_group is None else SumOver.apply(y, self.tp_group)
+
+    @staticmethod
+    def _biased(y: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor:
+        """``y`` plus each row's expert bias (none without biases)."""
+        if bias is None or rows is None:
+            return y
+        return y + _local(bias).to(y.dtype)[rows]
 
     def extra_repr(self) -> str:
         """Expert counts and shapes, for ``print(model)``."""
         return (f"experts={self.num_local_experts}/{self.num_experts} (offset {self.expert_offset}), "
                 f"hidden={self.gate_proj.shape[1]}, ffn={self.gate_proj.shape[2]} (local), "
                 f"grouped_gemm={self.grouped_gemm}")
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """Quick GELU ``x * sigmoid(1.702 x)`` (megatron-core's ``quick_gelu``, GPT-OSS's gate activation)."""
+    return x * torch.sigmoid(1.702 * x)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -505,6 +555,7 @@ __all__ = [
     "grouped_mm",
     "limit_to_groups",
     "moe_layers",
+    "quick_gelu",
     "route",
     "set_aux_loss_scale",
     "switch_aux_loss",
