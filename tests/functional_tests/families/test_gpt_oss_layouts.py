@@ -5,8 +5,9 @@ every case (``pretrain()`` reuses the launch's process group); the launching pro
 reference.
 
 Layouts, each on 2 gloo ranks: DDP, FSDP2, TP=2 with sequence parallelism (on FSDP2; EP folded over TP: the experts
-and their biases whole and replicated on both TP ranks, each routing its half of the tokens), PP=2 and EP=2 (the
-expert biases sharded with their experts). Refused by name, checked here: Megatron FSDP (rule ``moe_backend``) and
+and their biases whole and replicated on both TP ranks, each routing its half of the tokens), PP=2, EP=2 (the
+expert biases sharded with their experts) and CP=2 (all-gather attention: ring attention has no sink column, rule
+``attention_sinks``). Refused by name, checked here: Megatron FSDP (rule ``moe_backend``) and
 expert tensor parallelism with expert biases (rule ``moe_expert_bias``).
 """
 
@@ -30,6 +31,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2_sp": {"tensor_model_parallel_size": 2, "use_torch_fsdp2": True, "sequence_parallel": True},
     "pp2": {"pipeline_model_parallel_size": 2},
     "ep2": {"expert_model_parallel_size": 2},
+    "cp2": {"context_parallel_size": 2, "model": {"cp_comm_type": "all_gather"}},
 }
 REFUSED = {"moe_backend": {"use_megatron_fsdp": True},
            "moe_expert_bias": {"tensor_model_parallel_size": 2, "use_torch_fsdp2": True,
@@ -93,7 +95,7 @@ def _check_resume(root: Path) -> None:
 
 
 @pytest.mark.support_cells("gpt_oss:ddp", "gpt_oss:fsdp2", "gpt_oss:tp", "gpt_oss:pp", "gpt_oss:ep",
-                            "gpt_oss:resume", "gpt_oss:megatron_fsdp!moe_backend")
+                            "gpt_oss:resume", "gpt_oss:cp", "gpt_oss:megatron_fsdp!moe_backend")
 def test_tiny_gpt_oss_trains_on_its_layouts(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_tiny_gpt_oss_trains_on_its_layouts")  # type: ignore[union-attr]
