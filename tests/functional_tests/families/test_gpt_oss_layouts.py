@@ -1,8 +1,8 @@
 """The tiny GPT-OSS (attention sinks and biases, a 32-token window on every other layer, YaRN, 8 experts with the
 clamped quick-GeGLU, expert and router biases) trains on the parallel layouts the library has for it, each step's loss
-within 1e-5 (relative) of one process on the same global batch, and resumes bit-exact. One 2-rank torchrun launch runs
-every case (``pretrain()`` reuses the launch's process group); the launching process computes the one-process
-reference.
+within 1e-5 (relative) of one process on the same global batch, and resumes bit-exact at EP=2 (the expert weights
+and biases checkpointed as global tensors). One 2-rank torchrun launch runs every case (``pretrain()`` reuses the
+launch's process group); the launching process computes the one-process reference.
 
 Layouts, each on 2 gloo ranks: DDP, FSDP2, TP=2 with sequence parallelism (on FSDP2; EP folded over TP: the experts
 and their biases whole and replicated on both TP ranks, each routing its half of the tokens), PP=2, EP=2 (the
@@ -85,10 +85,10 @@ def _check_resume(root: Path) -> None:
     from megatron_bridge.training.gpt_step import forward_step
     from megatron_bridge.training.pretrain import pretrain
 
-    full_cfg = gpt_oss_config()
+    full_cfg = gpt_oss_config(expert_model_parallel_size=2)  # the expert biases saved as EP shards
     full_cfg.checkpoint.save, full_cfg.checkpoint.save_interval = str(root / "gpt_oss"), 2
     full = pretrain(full_cfg, forward_step)
-    resumed_cfg = gpt_oss_config()
+    resumed_cfg = gpt_oss_config(expert_model_parallel_size=2)
     resumed_cfg.checkpoint.load, resumed_cfg.checkpoint.ckpt_step = str(root / "gpt_oss"), 2
     resumed = pretrain(resumed_cfg, forward_step)
     assert resumed.steps == [3, 4] and resumed.losses == full.losses[2:], (full.losses, resumed.losses)
