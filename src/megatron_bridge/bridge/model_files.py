@@ -142,12 +142,15 @@ def conversion_tasks(family: ModelFamily, config: ModelConfig, modules: Sequence
     does not map."""
     names = family.weight_names(config)
     stacked = family.stacked_weights(config)
+    interleaved = family.interleaved_weights(config)
     tasks = []
     for index, module in enumerate(modules):
         for name, param in module.named_parameters():
             hf: str | tuple[str, ...] | None = names.get(name)
             if hf is None and name in stacked:
                 hf = tuple(stacked[name].hf_names)
+            if hf is None and name in interleaved:
+                hf = interleaved[name].hf_name
             if hf is None:
                 raise BridgeError(f"parameter {name!r} has no Hugging Face name in the {family.name} mapping")
             tasks.append(WeightConversionTask(name, ParamMapping(name, hf), pp_rank,

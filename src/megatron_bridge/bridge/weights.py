@@ -5,7 +5,9 @@ Import: :class:`HFModelWeights` is a read-only mapping ``our name → tensor`` o
 zero-padded to the model's ``padded_vocab_size`` and the dtype cast when asked, as each tensor is read.
 Export: :func:`to_hf_tensors` turns ``(our name, tensor)`` pairs into ``(HF name, tensor)`` pairs with the padded
 vocabulary rows cut back to ``vocab_size``. A family's stacked tensors (MoE experts,
-:meth:`ModelFamily.stacked_weights`) are read as the stack of their HF tensors and written back one HF tensor each.
+:meth:`ModelFamily.stacked_weights`) are read as the stack of their HF tensors and written back one HF tensor each; its
+interleaved tensors (GPT-OSS's gate and up halves, :meth:`ModelFamily.interleaved_weights`) are read as their part of
+one HF tensor and written back interleaved into it once all parts have come.
 """
 
 import fnmatch
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_bridge.bridge.families.base import ModelFamily, StackedWeight
+from megatron_bridge.bridge.families.base import InterleavedWeight, ModelFamily, StackedWeight
 from megatron_bridge.bridge.hf_reader import HFWeightsReader
 from megatron_bridge.bridge.hf_writer import SafetensorsShardWriter, TensorSpec
 from megatron_bridge.bridge.memory import track
@@ -59,10 +61,12 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         self._skipped_hf: set[str] = set()
         self.names = family.weight_names(config)
         self.stacked = family.stacked_weights(config)
+        self.interleaved = family.interleaved_weights(config)
         self.shapes = expected_shapes(config)
-        if set(self.names) | set(self.stacked) != set(self.shapes):
+        mapped = set(self.names) | set(self.stacked) | set(self.interleaved)
+        if mapped != set(self.shapes):
             raise BridgeError(f"the {family.name} mapping and the model disagree on the parameters: "
-                              f"{sorted((set(self.names) | set(self.stacked)) ^ set(self.shapes))[:_MAX_NAMED]}")
+                              f"{sorted(mapped ^ set(self.shapes))[:_MAX_NAMED]}")
         if self.allowed:
             self._skip_allowed(reader.shapes())
         self._check(reader.shapes())
@@ -88,6 +92,7 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
     def _check(self, found: dict[str, tuple[int, ...]]) -> None:
         where = str(self.reader.folder)
         wanted = set(self.names.values()) | {n for st in self.stacked.values() for n in st.hf_names}
+        wanted |= {iw.hf_name for iw in self.interleaved.values()}
         found = {n: shape for n, shape in found.items() if n in wanted or not (
             n in self._skipped_hf or any(fnmatch.fnmatchcase(n, p) for p in self.allowed))}
         missing = sorted(wanted - set(found))
@@ -107,6 +112,11 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
             if tuple(found[hf]) != want:
                 raise BridgeError(f"{where!r}: tensor {hf!r} has shape {list(found[hf])} but the config says "
                                   f"{list(want)}")
+        for ours, iw in self.interleaved.items():
+            want = _whole_shape(self.shapes[ours], iw)
+            if tuple(found[iw.hf_name]) != want:
+                raise BridgeError(f"{where!r}: tensor {iw.hf_name!r} has shape {list(found[iw.hf_name])} but the "
+                                  f"config says {list(want)}")
         for ours, stacked in self.stacked.items():
             want = _part_shape(self.shapes[ours], stacked)
             for hf in stacked.hf_names:
@@ -119,6 +129,10 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
             stacked = self.stacked[name]
             parts = [self.family.read_hf_tensor(self.reader, hf) for hf in stacked.hf_names]
             tensor = track(torch.stack([p.transpose(-1, -2) if stacked.transpose else p for p in parts]))
+            return tensor.to(self.dtype) if self.dtype is not None else tensor
+        if name in self.interleaved:
+            iw = self.interleaved[name]
+            tensor = track(self.family.read_hf_tensor(self.reader, iw.hf_name)[..., iw.index::iw.parts].contiguous())
             return tensor.to(self.dtype) if self.dtype is not None else tensor
         if name not in self.names:
             raise KeyError(name)
@@ -133,18 +147,20 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         return tensor
 
     def __iter__(self) -> Iterator[str]:
-        back = {hf: ours for ours, hf in self.names.items()}
-        back.update({st.hf_names[0]: ours for ours, st in self.stacked.items()})  # a stack goes where its first part is
+        back: dict[str, list[str]] = {hf: [ours] for ours, hf in self.names.items()}
+        back.update({st.hf_names[0]: [ours] for ours, st in self.stacked.items()})  # a stack where its first part is
+        for ours, iw in self.interleaved.items():
+            back.setdefault(iw.hf_name, []).append(ours)
         order = self.reader.order(list(back))
-        return iter([back[hf] for hf in order])
+        return iter([ours for hf in order for ours in back[hf]])
 
     def __len__(self) -> int:
-        return len(self.names) + len(self.stacked)
+        return len(self.names) + len(self.stacked) + len(self.interleaved)
 
     @property
     def left_out(self) -> list[str]:
         """Our parameters left out under ``allowed_mismatched_params`` (the model keeps its own values)."""
-        return sorted(set(self.shapes) - set(self.names) - set(self.stacked))
+        return sorted(set(self.shapes) - set(self.names) - set(self.stacked) - set(self.interleaved))
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Our shape of every tensor (vocabulary rows padded unless ``pad_vocab=False``)."""
@@ -159,13 +175,21 @@ def _part_shape(shape: tuple[int, ...], stacked: StackedWeight) -> tuple[int, ..
     return (*part[:-2], part[-1], part[-2]) if stacked.transpose else part
 
 
+def _whole_shape(shape: tuple[int, ...], part: InterleavedWeight) -> tuple[int, ...]:
+    """HF shape of the tensor our interleaved part of ``shape`` belongs to."""
+    return (*shape[:-1], shape[-1] * part.parts)
+
+
 def hf_tensor_shapes(family: ModelFamily, config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF name → HF shape of every tensor an export of ``config`` writes, in our parameters' order (known before
     any tensor exists: the streaming writer lays out its shards from it)."""
     names, stacks = family.weight_names(config), family.stacked_weights(config)
+    interleaved = family.interleaved_weights(config)
     out: dict[str, tuple[int, ...]] = {}
     for ours, shape in expected_shapes(config).items():
-        if ours in stacks:
+        if ours in interleaved:
+            out.setdefault(interleaved[ours].hf_name, _whole_shape(shape, interleaved[ours]))
+        elif ours in stacks:
             out.update(dict.fromkeys(stacks[ours].hf_names, _part_shape(shape, stacks[ours])))
         elif ours in names:
             out[names[ours]] = hf_shape(ours, shape, config)
@@ -179,8 +203,20 @@ def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily
     ``partial``: a chosen subset) one it expects but never sees."""
     names: dict[str, str] = family.weight_names(config)
     stacks = family.stacked_weights(config)
+    interleaved = family.interleaved_weights(config)
+    pending: dict[str, dict[int, torch.Tensor]] = {}
     seen = set()
     for name, tensor in pairs:
+        if name in interleaved:
+            seen.add(name)
+            iw = interleaved[name]
+            parts = pending.setdefault(iw.hf_name, {})
+            parts[iw.index] = tensor
+            if len(parts) == iw.parts:  # all parts here: interleave them on the last dimension
+                whole = torch.stack([parts[i] for i in range(iw.parts)], dim=-1)
+                yield iw.hf_name, whole.reshape(*whole.shape[:-2], -1).contiguous()
+                del pending[iw.hf_name]
+            continue
         if name in stacks:
             seen.add(name)
             stacked = stacks[name]
@@ -194,7 +230,7 @@ def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily
         if name in VOCAB_PARAMS:
             tensor = tensor[: config.vocab_size]
         yield names[name], tensor
-    missing = sorted((set(names) | set(stacks)) - seen)
+    missing = sorted((set(names) | set(stacks) | set(interleaved)) - seen)
     if missing and not partial:
         raise BridgeError(f"the model has no {len(missing)} parameter(s) the {family.name} mapping needs: "
                           f"{missing[:_MAX_NAMED]}")

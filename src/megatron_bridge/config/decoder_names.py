@@ -63,6 +63,8 @@ MLP_PROJECTIONS = (GATE, UP, DOWN)
 ROUTER, EXPERTS, SHARED_EXPERTS = "router", "experts", "shared_experts"
 EXPERT_WEIGHTS = MLP_PROJECTIONS
 """Parameter names of the routed experts (each ``[num_local_experts, ...]``)."""
+EXPERT_BIASES = ("gate_bias", "up_bias", "down_bias")
+"""Parameter names of the routed experts' biases (``model.add_bias_linear``; each ``[num_local_experts, ...]``)."""
 VOCAB_PARAMETERS = (f"{EMBEDDING}.weight", f"{OUTPUT}.weight")
 """The parameters with a vocabulary dimension (0): the embedding and the untied output layer."""
 
@@ -84,7 +86,7 @@ def mlp(i: int | str) -> str:
 
 def _mlp_names(cfg: "ModelConfig", prefix: str, moe: bool) -> list[str]:
     if not moe:
-        gate = [GATE] if cfg.activation in ("swiglu", "geglu") else []
+        gate = [GATE] if cfg.gated_linear_unit else []
         return [prefix] + [f"{prefix}.{n}" for n in (*gate, UP, DOWN)]
     names = [prefix, f"{prefix}.{ROUTER}", f"{prefix}.{EXPERTS}"]
     if cfg.moe_shared_expert_intermediate_size:

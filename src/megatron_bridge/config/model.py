@@ -121,13 +121,23 @@ class ModelConfig(DeclaredFields):
     """Attention softmax (megatron-core's field): "vanilla"; "off-by-one" joins a zero logit to every query's softmax
     (dropped after it); "learnable" joins one learned logit per head, the attention's ``sinks`` parameter (GPT-OSS's
     attention sinks, initialized to zero)."""
-    activation: Literal["swiglu", "gelu", "geglu"] = "swiglu"
-    """MLP activation: SwiGLU (gated SiLU, Llama), GELU (ungated, exact erf GELU, GPT-2) or GeGLU (gated GELU with the
-    tanh approximation, Gemma's ``gelu_pytorch_tanh``; megatron-core's ``fast_gelu``)."""
+    activation: Literal["swiglu", "gelu", "geglu", "quick_geglu"] = "swiglu"
+    """MLP activation: SwiGLU (gated SiLU, Llama), GELU (ungated, exact erf GELU, GPT-2), GeGLU (gated GELU with the
+    tanh approximation, Gemma's ``gelu_pytorch_tanh``; megatron-core's ``fast_gelu``) or "quick_geglu", the gate
+    through quick GELU ``g · σ(1.702 · g)`` (GPT-OSS; megatron-core's ``activation_func=quick_gelu`` with
+    ``gated_linear_unit``)."""
+    glu_linear_offset: float = 0.0
+    """Offset added to the linear (up) half of a gated unit: ``act(gate) · (up + offset)`` (megatron-core's field;
+    GPT-OSS 1.0). Applies to the routed experts (rule ``moe_clamped_glu``)."""
+    activation_func_clamp_value: float | None = None
+    """Clamp of the routed experts' gated unit before the activation (megatron-core's field; GPT-OSS 7.0): the gate
+    to at most this value, the up half to ``±`` it. None: no clamp (rule ``moe_clamped_glu``)."""
     qk_layernorm: bool = False
     """Apply an RMSNorm to queries and keys per head before RoPE (Qwen3)."""
     add_bias_linear: bool = False
-    """Add biases to the attention output and MLP linear layers."""
+    """Add biases to the attention output and MLP linear layers; in MoE layers (as megatron-core) to the router's
+    logits (``mlp.router.bias`` ``[E]``, GPT-OSS) and to the routed experts (``mlp.experts.{gate,up,down}_bias``,
+    ``[E, F]``, ``[E, F]``, ``[E, hidden]``)."""
     attention_output_bias: bool | None = None
     """Bias on the attention output projection; None follows add_bias_linear. Hugging Face's attention_bias sets
     the query/key/value and output projections' biases together, independently of the MLP (mlp_bias)."""
@@ -304,7 +314,7 @@ class ModelConfig(DeclaredFields):
     @property
     def gated_linear_unit(self) -> bool:
         """Whether the MLP is gated (SwiGLU or GeGLU: gate, up and down projections; megatron-core's field)."""
-        return self.activation in ("swiglu", "geglu")
+        return self.activation in ("swiglu", "geglu", "quick_geglu")
 
     @property
     def head_dim(self) -> int:

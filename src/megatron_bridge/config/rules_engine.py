@@ -120,7 +120,9 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     name: megatron-core's local layer spec has no post-norms, no scaled embedding and no per-layer RoPE, and its torch
     norms refuse zero-centred scales (Megatron-Bridge builds them with its own Gemma 3 spec on transformer-engine).
     Attention sinks (softmax_type) are refused: megatron-core 0.19.2's local attention allocates its softmax offset
-    on the current CUDA device (Megatron-LM PR 6270 is open), and transformer-engine needs cuDNN >= 9.18 for them."""
+    on the current CUDA device (Megatron-LM PR 6270 is open), and transformer-engine needs cuDNN >= 9.18 for them.
+    GPT-OSS's experts are refused by name (quick GeGLU, glu_linear_offset, activation_func_clamp_value, and the router
+    and expert biases of an MoE model with add_bias_linear): the provider and its weight layout do not map them yet."""
     m, c = cfg.model, cfg.checkpoint
     ckpt_io = bool(c.save or c.load or c.pretrained_checkpoint)
     checks: list[tuple[bool, str, object, str]] = [
@@ -139,6 +141,12 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (m.layernorm_zero_centered_gamma, "model.layernorm_zero_centered_gamma", True, "False"),
         (m.post_norms, "model.post_norms", True, "False"),
         (m.softmax_type != "vanilla", "model.softmax_type", m.softmax_type, "'vanilla'"),
+        # GPT-OSS's experts: the provider maps neither quick GeGLU nor the clamp/offset, the weight layout no biases
+        (m.activation == "quick_geglu", "model.activation", m.activation, "'swiglu'"),
+        (m.glu_linear_offset != 0.0, "model.glu_linear_offset", m.glu_linear_offset, "0.0"),
+        (m.activation_func_clamp_value is not None, "model.activation_func_clamp_value",
+         m.activation_func_clamp_value, "None"),
+        (m.add_bias_linear and m.num_moe_experts is not None, "model.add_bias_linear", True, "False"),
         (m.scale_embeddings_by_sqrt_hidden, "model.scale_embeddings_by_sqrt_hidden", True, "False"),
         (m.recompute_granularity is not None, "model.recompute_granularity", m.recompute_granularity, "None"),
         (m.cpu_offloading, "model.cpu_offloading", m.cpu_offloading, "False"),
@@ -152,6 +160,7 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 
 MEGATRON_CORE_WEIGHT_FIELDS = ("model.attention_output_bias", "model.post_norms", "model.softmax_type",
+                               "model.add_bias_linear",
                                "model.layernorm_zero_centered_gamma", "model.scale_embeddings_by_sqrt_hidden")
 """The fields of rule ``megatron_core_features`` that change the model's weights: a megatron-core checkpoint of a
 model that sets them cannot be written (the others only refuse training on that engine)."""

@@ -15,7 +15,7 @@ _MOE_ONLY_FIELDS = ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"
 @rule("moe_router", ("model.num_moe_experts", "model.moe_router_topk", "model.moe_router_pre_softmax",
                      "model.moe_router_score_function", "model.activation"),
       "num_moe_experts >= 2 (or None), 1 <= moe_router_topk <= num_moe_experts; pre-softmax needs softmax scoring; "
-      "experts are SwiGLU.")
+      "experts are SwiGLU, or quick GeGLU (GPT-OSS) without a shared expert.")
 def _router(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     if m.num_moe_experts is None:
@@ -31,9 +31,11 @@ def _router(cfg: "ConfigContainer", world_size: int) -> None:
         return
     if not 1 <= k <= e:
         fail(f"model.moe_router_topk={k} must be in 1..model.num_moe_experts={e}", "model.moe_router_topk")
-    if m.activation != "swiglu":
-        fail(f"model.activation={m.activation!r}: the routed and shared experts are SwiGLU MLPs; set "
-             "model.activation='swiglu' for an MoE model", "model.activation")
+    if m.activation not in ("swiglu", "quick_geglu") or (m.activation != "swiglu"
+                                                          and m.moe_shared_expert_intermediate_size):
+        fail(f"model.activation={m.activation!r}: the routed experts are SwiGLU or quick-GeGLU MLPs (GPT-OSS), the "
+             "shared expert SwiGLU; set model.activation='swiglu' (or 'quick_geglu' without a shared expert) for "
+             "an MoE model", "model.activation")
     if m.moe_router_pre_softmax and m.moe_router_score_function != "softmax":
         fail("model.moe_router_pre_softmax=True applies to softmax scoring only (model.moe_router_score_function="
              f"{m.moe_router_score_function!r}): set it to False", "model.moe_router_pre_softmax")
@@ -199,3 +201,40 @@ def _backend(cfg: "ConfigContainer", world_size: int) -> None:
         fail("model.num_moe_experts is set and dist.use_megatron_fsdp=True: Megatron FSDP does not shard the local "
              "engine's expert weights in this version; use DDP or dist.use_torch_fsdp2=True",
              "dist.use_megatron_fsdp", "model.num_moe_experts")
+
+
+@rule("moe_clamped_glu", ("model.glu_linear_offset", "model.activation_func_clamp_value"),
+      "glu_linear_offset and activation_func_clamp_value act on the routed experts only: set them on an MoE model "
+      "whose every layer is MoE, without a shared expert; the clamp value is > 0.")
+def _clamped_glu(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    clamp, offset = m.activation_func_clamp_value, m.glu_linear_offset
+    if clamp is None and not offset:
+        return
+    path = "model.activation_func_clamp_value" if clamp is not None else "model.glu_linear_offset"
+    value = clamp if clamp is not None else offset
+    if clamp is not None and not clamp > 0:
+        fail(f"model.activation_func_clamp_value={clamp!r} must be > 0 (or None: no clamp)", path)
+    if m.num_moe_experts is None or not all(m.moe_layer_pattern()) or m.moe_shared_expert_intermediate_size:
+        fail(f"{path}={value!r} applies to the routed experts only, but the model has dense MLPs or a shared expert "
+             f"(num_moe_experts={m.num_moe_experts}, moe_layer_freq={m.moe_layer_freq!r}, "
+             f"moe_shared_expert_intermediate_size={m.moe_shared_expert_intermediate_size}): make every layer MoE "
+             f"without a shared expert, or unset {path}", path, "model.moe_layer_freq")
+
+
+@rule("moe_expert_bias", ("model.add_bias_linear", "model.expert_tensor_parallel_size"),
+      "An MoE model with add_bias_linear (router and expert biases, GPT-OSS) keeps its experts whole on each rank "
+      "(expert_tensor_parallel_size 1, or TP 1) and has no shared expert.")
+def _expert_bias(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if not m.add_bias_linear or m.num_moe_experts is None:
+        return
+    if m.moe_shared_expert_intermediate_size:
+        fail(f"model.add_bias_linear=True with model.moe_shared_expert_intermediate_size="
+             f"{m.moe_shared_expert_intermediate_size}: the shared expert has no biases here; unset one of them",
+             "model.add_bias_linear", "model.moe_shared_expert_intermediate_size")
+    if expert_tensor_parallel_size(cfg) != 1:
+        fail(f"model.add_bias_linear=True with expert tensor parallelism {expert_tensor_parallel_size(cfg)} "
+             f"(model.expert_tensor_parallel_size={m.expert_tensor_parallel_size!r}, TP "
+             f"{m.tensor_model_parallel_size}): the expert biases are not split over ETP ranks; set "
+             "model.expert_tensor_parallel_size=1", "model.expert_tensor_parallel_size", "model.add_bias_linear")

@@ -51,11 +51,13 @@ dispatchers exchange tokens within the stage's EP group, and a stage without MoE
 Checkpoints are independent of the EP and ETP sizes: :meth:`ExpertParallel.globalize` turns the expert weights (and
 their optimizer state) into DTensors of the full ``[E, ...]`` shape, sharded over ``"ep"`` (and on ``F`` over
 ``"etp"``) and replicated over ``"edp"``, before DCP saves or loads them; :meth:`ExpertParallel.localize` turns them
-back. Experts sharded over ``"edp"`` by FSDP2 are first gathered over ``"edp"`` (``full_tensor``: the EP rank's
-experts, a transient copy while saving or loading), so the checkpoint keys and shapes are the same as under DDP; on
-load :meth:`ExpertParallel.to_live` cuts each rank's ``"edp"`` shard out again (no communication). A checkpoint
-written under DDP loads under FSDP2 and the other way round. A checkpoint written at EP=2 loads at EP=1 (and the
-other way round), one written at TP=2 × EP=2 loads at TP=2 × ETP=2 × EP=1, and training continues identically.
+back. The experts' biases (``model.add_bias_linear``, GPT-OSS) travel with their experts: sharded over ``"ep"`` like
+the weights (rule ``moe_expert_bias`` keeps ETP 1 with them). Experts sharded over ``"edp"`` by FSDP2 are first
+gathered over ``"edp"`` (``full_tensor``: the EP rank's experts, a transient copy while saving or loading), so the
+checkpoint keys and shapes are the same as under DDP; on load :meth:`ExpertParallel.to_live` cuts each rank's
+``"edp"`` shard out again (no communication). A checkpoint written under DDP loads under FSDP2 and the other way
+round. A checkpoint written at EP=2 loads at EP=1 (and the other way round), one written at TP=2 × EP=2 loads at
+TP=2 × ETP=2 × EP=1, and training continues identically.
 """
 
 from dataclasses import dataclass, field
@@ -68,7 +70,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
-from megatron_bridge.config.decoder_names import DOWN, EXPERT_WEIGHTS
+from megatron_bridge.config.decoder_names import DOWN, EXPERT_BIASES, EXPERT_WEIGHTS
 from megatron_bridge.config.rules_moe import expert_tensor_parallel_size, splits_tokens_over_tp
 from megatron_bridge.distributed.common import has_meta_params
 from megatron_bridge.distributed.expert_tokens import TensorParallelTokens
@@ -406,8 +408,10 @@ def _shard_experts(chunk: nn.Module, mesh: DeviceMesh) -> dict[str, tuple[nn.Mod
         experts = module.experts
         per_rank = experts.num_experts // ep
         start = ep_rank * per_rank
-        for weight in EXPERT_WEIGHTS:
+        for weight in (*EXPERT_WEIGHTS, *EXPERT_BIASES):
             full = getattr(experts, weight)
+            if full is None:  # no expert biases
+                continue
             part = full.detach()[start : start + per_rank]
             if etp > 1:
                 dim = etp_dim(weight)

@@ -19,7 +19,7 @@ from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.models.attention import causal_attention
 from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, build_norm
 from megatron_bridge.models.mla import MultiLatentAttention
-from megatron_bridge.models.moe import GroupedExperts, MoELayer, TopKRouter
+from megatron_bridge.models.moe import GroupedExperts, MoELayer, TopKRouter, quick_gelu
 from megatron_bridge.models.validation import validate_model_config
 from megatron_bridge.utils.logging import get_logger, warn_once
 
@@ -125,7 +125,7 @@ class LlamaMLP(nn.Module):
         h, f, bias = config.hidden_size, config.ffn_hidden_size, config.add_bias_linear
         self.gated = config.gated_linear_unit
         self.gate_act: Callable[[torch.Tensor], torch.Tensor] = \
-            _gelu_tanh if config.activation == "geglu" else F.silu
+            {"geglu": _gelu_tanh, "quick_geglu": quick_gelu}.get(config.activation, F.silu)
         self.gate_proj: nn.Linear | None = _linear(h, f, bias, dtype=dtype) if self.gated else None
         self.up_proj = _linear(h, f, bias, dtype=dtype)
         self.down_proj = _linear(f, h, bias, dtype=dtype, output_projection=True)

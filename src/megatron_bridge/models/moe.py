@@ -1,16 +1,25 @@
 """Mixture-of-experts feed-forward layer of the local engine: a top-k router, routed SwiGLU experts computed as
-grouped matmuls, an optional shared expert. Dropless: every token reaches its k experts.
+grouped matmuls (:mod:`megatron_bridge.models.experts`), an optional shared expert. Dropless: every token reaches
+its k experts.
 
 Module and parameter names (one MoE layer, ``layers.N.mlp``)::
 
     router.weight          [E, hidden]        router logits (computed in float32)
+    router.bias            [E]                logit bias (add_bias_linear, GPT-OSS)
     router.expert_bias     [E] (buffer)       aux-loss-free balancing bias (moe_router_enable_expert_bias)
     experts.gate_proj      [E, hidden, F]     routed experts, F = moe_ffn_hidden_size
     experts.up_proj        [E, hidden, F]
     experts.down_proj      [E, F, hidden]
+    experts.{gate,up}_bias [E, F]             expert biases (add_bias_linear, GPT-OSS)
+    experts.down_bias      [E, hidden]
     shared_experts.{gate,up,down}_proj.weight  the shared expert (moe_shared_expert_intermediate_size), a plain MLP
 
-Routing (Megatron-core's rules, per token, on float32 logits ``z``):
+The routed experts compute ``down(act(clamp(gate)) * (clamp(up) + glu_linear_offset)) (+ biases)`` with ``act`` SiLU
+(``swiglu``) or quick GELU ``g * sigmoid(1.702 g)`` (``quick_geglu``), the clamp (``activation_func_clamp_value`` c)
+taking the gate to at most c and the up half into ``[-c, c]``: megatron-core's experts and GPT-OSS's
+(``(up + 1) * gate * sigmoid(1.702 gate)``, c = 7).
+
+Routing (Megatron-core's rules, per token, on float32 logits ``z``, the router bias included):
 
 * ``softmax`` with ``moe_router_pre_softmax=False``: top-k of ``z`` (plus the expert bias), probabilities =
   softmax over the k selected logits (they sum to 1; HF's ``norm_topk_prob=True``);
@@ -50,11 +59,19 @@ from typing import ClassVar, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
 from megatron_bridge.config.model import ModelConfig
-from megatron_bridge.errors import ConfigValidationError
+from megatron_bridge.models.experts import (
+    GroupedExperts,
+    SumGradOver,
+    grouped_mm,
+    grouped_mm_supported,
+    local_dispatch,
+    local_tensor,
+    num_experts_of,
+    quick_gelu,
+)
 
 
 Dispatcher = Callable[["GroupedExperts", torch.Tensor, torch.Tensor], torch.Tensor]
@@ -71,22 +88,6 @@ class TokenSplit(Protocol):
     def gather(self, y: torch.Tensor) -> torch.Tensor:
         """The rank's routed output → the layer's output layout."""
         ...
-
-
-class SumGradOver(torch.autograd.Function):
-    """Identity whose backward sums the gradient over ``group`` (a weight replicated over a group whose ranks see
-    different tokens)."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group  # type: ignore[attr-defined]
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        total = grad.contiguous().clone()
-        dist.all_reduce(total, group=ctx.group)  # type: ignore[attr-defined]
-        return total, None
 
 
 class AuxLossScaler(torch.autograd.Function):
@@ -176,17 +177,6 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _local(weight: torch.Tensor) -> torch.Tensor:
-    """The local tensor of a weight replicated over the TP mesh (as a DTensor), else the weight itself."""
-    return weight.to_local() if isinstance(weight, DTensor) else weight
-
-
-def _num_experts(config: ModelConfig) -> int:
-    if config.num_moe_experts is None:
-        raise ConfigValidationError("an MoE layer needs model.num_moe_experts (got None)", ("model.num_moe_experts",))
-    return config.num_moe_experts
-
-
 class TopKRouter(nn.Module):
     """Router logits ``x @ weight.T`` in float32, top-k routing, auxiliary losses and the step's expert load.
 
@@ -208,9 +198,12 @@ class TopKRouter(nn.Module):
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
         super().__init__()
         self.config = config
-        e = _num_experts(config)
+        e = num_experts_of(config)
         self.num_experts = e
         self.weight = nn.Parameter(torch.empty(e, config.hidden_size, device="meta", dtype=dtype))
+        self.bias: nn.Parameter | None = None
+        if config.add_bias_linear:
+            self.bias = nn.Parameter(torch.empty(e, device="meta", dtype=dtype))
         self.expert_bias: torch.Tensor | None
         if config.moe_router_enable_expert_bias:
             self.register_buffer("expert_bias", torch.zeros(e, device="meta", dtype=torch.float32))
@@ -225,7 +218,7 @@ class TopKRouter(nn.Module):
         self._records: list[tuple[torch.Tensor, float | None]] = []
 
     def reset_parameters(self, std: float) -> None:
-        """``normal(0, std)`` weight (drawn in float32), zero expert bias and counters."""
+        """``normal(0, std)`` weight (drawn in float32), zero biases and counters."""
         with torch.no_grad():
             if self.weight.dtype == torch.float32:
                 self.weight.normal_(0.0, std)
@@ -233,6 +226,8 @@ class TopKRouter(nn.Module):
                 self.weight.copy_(torch.empty_like(self.weight, dtype=torch.float32).normal_(0.0, std))
             if self.expert_bias is not None:
                 self.expert_bias.zero_()
+            if self.bias is not None:
+                self.bias.zero_()
         self.reset_step_stats()
 
     def reset_step_stats(self) -> None:
@@ -307,116 +302,19 @@ class TopKRouter(nn.Module):
         (load balancing + z-loss, a float32 scalar; in training mode) or None when neither is on."""
         b, s, h = x.shape
         with torch.autocast(x.device.type, enabled=False):
-            weight = _local(self.weight)
+            weight = local_tensor(self.weight)
+            bias = None if self.bias is None else local_tensor(self.bias)
             if self.tp_group is not None and self.tp_split > 1:
                 weight = SumGradOver.apply(weight, self.tp_group)
-            logits = F.linear(x.reshape(b * s, h).float(), weight.float())
-        bias = self.expert_bias.detach() if self.expert_bias is not None else None
-        probs, idx, full = route(logits, self.config, bias)
+                bias = None if bias is None else SumGradOver.apply(bias, self.tp_group)
+            logits = F.linear(x.reshape(b * s, h).float(), weight.float(), None if bias is None else bias.float())
+        balance = self.expert_bias.detach() if self.expert_bias is not None else None
+        probs, idx, full = route(logits, self.config, balance)
         counts = torch.bincount(idx.reshape(-1), minlength=self.num_experts)
         aux = self._aux_loss(logits, full, idx, counts, b) if self.training else None
         if self.training and not _in_backward():  # not again when activation checkpointing recomputes
             self._records.append((counts.detach(), None if aux is None else float(aux.detach())))
         return probs, idx, aux
-
-
-class SumOver(torch.autograd.Function):
-    """All-reduce (sum) over ``group`` whose backward passes the gradient through (partial outputs of a weight split
-    over the group, whose consumers are replicated over it)."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        total = x.contiguous().clone()
-        dist.all_reduce(total, group=group)
-        return total
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
-
-
-class GroupedExperts(nn.Module):
-    """The routed SwiGLU experts of one layer as stacked weights ``[E_local, ...]`` (module docstring).
-
-    Expert parallelism keeps only this rank's experts: ``num_local_experts`` of them, global ids
-    ``expert_offset .. expert_offset + num_local_experts - 1``. Expert tensor parallelism (``tp_group`` set,
-    ``expert_tensor_parallel_size`` = TP) keeps the rank's part of the ``F`` dimension of every expert (gate/up
-    column-wise, down row-wise): the input's gradient and the output are summed over the group.
-    """
-
-    def __init__(self, config: ModelConfig, *, dtype: torch.dtype) -> None:
-        super().__init__()
-        e, h, f = _num_experts(config), config.hidden_size, config.expert_ffn_hidden_size
-        self.num_experts = e
-        self.num_local_experts = e
-        self.expert_offset = 0
-        self.grouped_gemm = config.moe_grouped_gemm
-        self.tp_group: dist.ProcessGroup | None = None
-        """The expert-tensor-parallel group when the experts are split over TP (ETP = TP), else None."""
-        self.gate_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
-        self.up_proj = nn.Parameter(torch.empty(e, h, f, device="meta", dtype=dtype))
-        self.down_proj = nn.Parameter(torch.empty(e, f, h, device="meta", dtype=dtype))
-
-    def reset_parameters(self, std: float, out_std: float) -> None:
-        """``normal(0, std)`` for gate/up, ``normal(0, out_std)`` for down (an output projection), drawn per
-        expert in float32 in the order gate, up, down of expert 0, 1, ... (independent of expert parallelism)."""
-        with torch.no_grad():
-            for weight, sd in ((self.gate_proj, std), (self.up_proj, std), (self.down_proj, out_std)):
-                fresh = torch.empty(weight.shape, dtype=torch.float32, device=weight.device).normal_(0.0, sd)
-                weight.copy_(fresh)
-
-    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """``x [N, hidden]``: tokens sorted by local expert, ``counts [E_local]`` tokens per local expert."""
-        dtype = _compute_dtype(x)
-        x = x.to(dtype)
-        if self.tp_group is not None:
-            x = SumGradOver.apply(x, self.tp_group)
-        gate = grouped_mm(x, _local(self.gate_proj).to(dtype), counts, self.grouped_gemm)
-        up = grouped_mm(x, _local(self.up_proj).to(dtype), counts, self.grouped_gemm)
-        y = grouped_mm(F.silu(gate) * up, _local(self.down_proj).to(dtype), counts, self.grouped_gemm)
-        return y if self.tp_group is None else SumOver.apply(y, self.tp_group)
-
-    def extra_repr(self) -> str:
-        """Expert counts and shapes, for ``print(model)``."""
-        return (f"experts={self.num_local_experts}/{self.num_experts} (offset {self.expert_offset}), "
-                f"hidden={self.gate_proj.shape[1]}, ffn={self.gate_proj.shape[2]} (local), "
-                f"grouped_gemm={self.grouped_gemm}")
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
-
-
-def grouped_mm_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``torch._grouped_mm`` computes ``x @ weight[g]`` per group here: rows of 16-byte aligned width (the
-    kernel's stride rule, on CPU too), at least one token (its backward needs one), and a device that has the kernel:
-    CPU (torch >= 2.9) or CUDA with compute capability >= 9.0 in bfloat16."""
-    if not hasattr(torch, "_grouped_mm") or x.shape[0] == 0:
-        return False
-    if (x.shape[1] * x.element_size()) % 16 or (weight.shape[2] * weight.element_size()) % 16:
-        return False
-    if x.device.type == "cpu":
-        return True
-    if x.device.type != "cuda" or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
-        return False
-    return torch.cuda.get_device_capability(x.device) >= (9, 0)
-
-
-def grouped_mm(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, grouped: bool) -> torch.Tensor:
-    """``[N, a] x [G, a, b] -> [N, b]``: rows ``counts[0]`` first go through ``weight[0]``, the next ``counts[1]``
-    through ``weight[1]``, ...; ``torch._grouped_mm`` when ``grouped`` and supported, else one matmul per group."""
-    if grouped and grouped_mm_supported(x, weight):
-        offsets = torch.cumsum(counts, dim=0).to(torch.int32)
-        return torch._grouped_mm(x, weight, offs=offsets)
-    parts = torch.split(x, counts.tolist())
-    return torch.cat([part @ weight[g] for g, part in enumerate(parts)])
-
-
-def local_dispatch(experts: GroupedExperts, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """No expert parallelism: every expert is local."""
-    return experts(x_sorted, counts)
 
 
 class SharedExpertMLP(nn.Module):
@@ -503,8 +401,11 @@ __all__ = [
     "SharedExpertMLP",
     "TopKRouter",
     "grouped_mm",
+    "grouped_mm_supported",
+    "local_dispatch",
     "limit_to_groups",
     "moe_layers",
+    "quick_gelu",
     "route",
     "set_aux_loss_scale",
     "switch_aux_loss",

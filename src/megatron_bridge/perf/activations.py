@@ -108,7 +108,7 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
         norms += latent_norms
     experts = int(cfg_get(m, "num_moe_experts", 0))
     f = m.ffn_hidden_size / tp
-    width = 4 if m.activation in ("swiglu", "geglu") else 2
+    width = 4 if m.gated_linear_unit else 2
     if experts:
         k = int(cfg_get(m, "moe_router_topk", 2))
         fe = int(cfg_get(m, "moe_ffn_hidden_size", m.ffn_hidden_size)) / layout.etp

@@ -119,7 +119,7 @@ def _expert_params(cfg: "ConfigContainer") -> tuple[int, int]:
     m = cfg.model
     experts = int(cfg_get(m, "num_moe_experts", 0))
     h = m.hidden_size
-    n_fc1 = 2 if m.activation in ("swiglu", "geglu") else 1
+    n_fc1 = 2 if m.gated_linear_unit else 1
     fe = int(cfg_get(m, "moe_ffn_hidden_size", m.ffn_hidden_size))
     fs = int(cfg_get(m, "moe_shared_expert_intermediate_size", 0))
     return experts * (n_fc1 + 1) * h * fe, h * experts + (n_fc1 + 1) * h * fs

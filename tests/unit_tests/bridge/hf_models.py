@@ -52,6 +52,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                   "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
     "qwen3-moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                                 "norm_topk_prob": True, "mlp_only_layers": [0]}),
+    "gpt-oss": ("gpt_oss", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+                            "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 64,
+                            "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                "original_max_position_embeddings": 16}}),
     "gemma3": ("gemma3", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
                           "layer_types": ["sliding_attention", "full_attention"],
                           "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
@@ -85,6 +90,8 @@ def hf_model(variant: str, seed: int = 0):  # noqa: ANN201
                 param.copy_(1.0 + 0.1 * torch.randn_like(param))
             elif name.endswith("bias"):
                 param.copy_(0.05 * torch.randn_like(param))
+            elif name.endswith("gate_up_proj"):  # GPT-OSS: large enough that the clamp (swiglu_limit 7) acts
+                param.mul_(200.0)
         for name, buffer in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's expert bias: choice only, so make it count
                 buffer.copy_(0.1 * torch.randn_like(buffer))

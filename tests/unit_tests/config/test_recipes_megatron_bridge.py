@@ -44,6 +44,9 @@ _COMMON = (300_000, 32, 2, 500, None, 500, 32, 3e-4, 3e-5, True, 500, 4096, *_BF
 _COHORT = (100, 1024, 1, 40, 100, 500, 32, 3e-4, 3e-5, False, 50, 4096, *_BF16)  # the 16-GPU convergence recipes
 _DEEPSEEK_V3 = (1_000_000, 4096, 1, 2000, None, 2000, 32, 3e-4, 3e-5, False, 2000, 4096, *_BF16)
 """recipes/deepseek/h100/deepseek_v3.py's training values (both layouts); moonlight/h100/moonlight_16b.py below."""
+_GPT_OSS = (1_000_000, 512, 1, 2000, None, 2000, 32, 3e-4, 3e-5, True, 500, 4096, *_BF16)
+"""recipes/gpt_oss/gpt_oss.py's training values (20B and 120B), read from the stored Megatron-Bridge source (its
+flattened ``_pretrain_common`` form; not re-read at MB_COMMIT)."""
 MB_VALUES: dict[str, tuple] = {
     "llama3_8b": (2, 1, 1, None, 2, 1, False, *_LLAMA, 8192, *_BF16),
     "llama3_8b_16k": (16, 4, 2, None, 2, 1, True, *_LLAMA, 16384, *_BF16),
@@ -72,6 +75,8 @@ MB_VALUES: dict[str, tuple] = {
                         4096, *_BF16),
     "deepseek_v3": (1024, 2, 16, None, 1, 64, True, *_DEEPSEEK_V3),
     "deepseek_v3_32nodes": (256, 2, 8, None, 1, 32, True, *_DEEPSEEK_V3),
+    "gpt_oss_20b": (16, 2, 4, None, 1, 4, True, *_GPT_OSS),
+    "gpt_oss_120b": (64, 2, 4, None, 1, 16, True, *_GPT_OSS),
     "moonlight_16b": (8, 2, 1, None, 1, 8, True, 500_000, 2048, 1, 2000, 500_000, 2000, 32, 3e-4, 3e-5, False,
                       2000, 4096, *_BF16),
     "moonlight_16b_16gpu": (16, 1, 1, None, 1, 8, False, 100, 1024, 2, 40, 100, 2000, 32, 3e-4, 3e-5, False, 50,

@@ -65,7 +65,7 @@ ALLOWED: dict[str, str] = {
     "distributed/pipeline.py::PipelineRunner.__init__": "the backend built has no pipeline group",
     "distributed/tensor_parallel.py::llama_tp_plan": "the model built lacks the Llama modules",
     "distributed/tensor_parallel.py::apply_tensor_parallel": "the mesh built differs from the config",
-    "models/moe.py::_num_experts": "an MoE layer built by hand from a dense ModelConfig",
+    "models/experts.py::num_experts_of": "an MoE layer built by hand from a dense ModelConfig",
     "optimization/distillation.py::Distiller._hook": "the teacher model lacks a module of the layer pairs",
     "optimization/distillation.py::_replicated": "the teacher model's parameters",
     "optimization/distillation.py::teacher_model_config": "the teacher checkpoint (missing, or no run_config.yaml)",

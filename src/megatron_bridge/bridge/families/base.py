@@ -51,6 +51,17 @@ class StackedWeight:
     transpose: bool = False
 
 
+@dataclass(frozen=True)
+class InterleavedWeight:
+    """One of our tensors that is an interleaved part of one HF tensor: ours is ``hf[..., index::parts]`` (the last
+    dimension; GPT-OSS's ``gate_up_proj``: the gate the even columns, the up half the odd ones). Export interleaves
+    the ``parts`` tensors back into the one HF tensor."""
+
+    hf_name: str
+    index: int
+    parts: int = 2
+
+
 class ModelFamily:
     """Base class of a family mapping (see the module docstring); subclasses set the class attributes. Built once
     per family from its :class:`~megatron_bridge.config.families.FamilySpec`, which gives its name and HF names."""
@@ -207,6 +218,10 @@ class ModelFamily:
 
     def stacked_weights(self, config: ModelConfig) -> dict[str, StackedWeight]:
         """Our parameters that are stacks of several HF tensors (MoE families); the rest is ``weight_names``."""
+        return {}
+
+    def interleaved_weights(self, config: ModelConfig) -> dict[str, InterleavedWeight]:
+        """Our parameters that are interleaved parts of one HF tensor (GPT-OSS's experts); none by default."""
         return {}
 
     def layer_weight_names(self, config: ModelConfig) -> list[str]:
