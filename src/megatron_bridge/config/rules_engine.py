@@ -128,6 +128,10 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     checks: list[tuple[bool, str, object, str]] = [
         (m.has_attention_output_bias != m.add_bias_linear, "model.attention_output_bias", m.attention_output_bias,
          "None"),
+        # megatron-core's MoELayer refuses TP > 1 without sequence parallelism (and its local spec needs Apex for SP:
+        # rule megatron_core_sequence_parallel)
+        (m.is_moe and m.tensor_model_parallel_size > 1 and not m.sequence_parallel, "model.sequence_parallel",
+         m.sequence_parallel, "True"),
         # megatron-core scores a group by its top moe_router_topk // group_topk experts, this library by its top 2
         (m.moe_router_num_groups is not None, "model.moe_router_num_groups", m.moe_router_num_groups, "None"),
         (m.rope_scaling and m.rope_low_freq_factor != 1.0, "model.rope_low_freq_factor", m.rope_low_freq_factor,

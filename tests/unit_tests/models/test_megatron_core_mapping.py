@@ -198,6 +198,19 @@ def test_moe_fields_map_to_transformer_config() -> None:
     assert transformer_config(dense, CPU).num_moe_experts is None
 
 
+def test_moe_with_tensor_parallelism_needs_sequence_parallelism_on_megatron_core() -> None:
+    """megatron-core's MoELayer raises at build time for TP > 1 without sequence parallelism ("performance may
+    degrade ..."): validate() refuses it first, naming model.sequence_parallel (with SP, the local spec's Apex rule
+    applies)."""
+    cfg = _mcore_cfg(num_moe_experts=4, tensor_model_parallel_size=2, expert_model_parallel_size=2,
+                     expert_tensor_parallel_size=1)
+    with pytest.raises(ConfigValidationError, match=r"model.sequence_parallel=False.*\[rule megatron_core_features\]"):
+        cfg.validate(world_size=2)
+    cfg.model.sequence_parallel = True
+    with pytest.raises(ConfigValidationError, match=r"\[rule megatron_core_sequence_parallel\]"):
+        cfg.validate(world_size=2)  # no Apex here: the local spec's torch norms refuse SP
+
+
 def test_transformer_engine_spec_without_transformer_engine() -> None:
     cfg = _mcore_cfg(transformer_impl="transformer_engine")
     with pytest.raises(ConfigValidationError, match=r"\[rule transformer_impl_available\]") as info:
