@@ -116,7 +116,7 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
         # the gathered token copies, the expert intermediates, the expert outputs kept in fp32 for the weighted
         # sum, and the int64 routing indices, order and token map (+ the two EP permutations); under MoE parallel
         # folding (ETP 1, EP and TP > 1) each TP rank routes 1/TP of the tokens
-        routed = a / tp if layout.ep > 1 and tp > 1 and layout.etp == 1 else a
+        routed = a / tp if layout.splits_tokens_over_tp else a
         indices = 8 * k * (3 + (2 if layout.ep > 1 else 0))
         mlp = a * (h + width * fs) + routed * k * (h + width * fe) + (4 * k * h + 8 * experts + indices) * routed / a
         gate = a * k * fe

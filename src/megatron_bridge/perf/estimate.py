@@ -72,7 +72,7 @@ def _expert_grid(lay: Layout) -> list[str]:
     """With EP > 1, the folded expert groups of a stage: its tp × cp × dp ranks as etp × ep × edp."""
     if lay.ep <= 1:
         return []
-    split = "each TP rank routes 1/TP of the tokens" if lay.tp > 1 and lay.etp == 1 else "tokens replicated over TP"
+    split = "each TP rank routes 1/TP of the tokens" if lay.splits_tokens_over_tp else "tokens replicated over TP"
     return [f"experts: the {lay.tp * lay.cp * lay.dp} tp x cp x dp ranks of a stage fold as etp {lay.etp} x ep "
             f"{lay.ep} x edp {lay.expert_shard_size} (expert state reduced over edp; {split})"]
 

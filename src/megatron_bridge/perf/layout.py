@@ -63,6 +63,12 @@ class Layout:
         return max(1, self.dp * self.cp * self.tp // (self.ep * self.etp))
 
     @property
+    def splits_tokens_over_tp(self) -> bool:
+        """MoE parallel folding with ETP 1 (EP > 1, TP > 1): each TP rank routes its own 1/TP of the tokens
+        (:func:`megatron_bridge.config.rules_moe.splits_tokens_over_tp` on a config)."""
+        return self.ep > 1 and self.tp > 1 and self.etp == 1
+
+    @property
     def tokens_per_microbatch(self) -> int:
         """Tokens of one micro-batch on one rank (the sequence is split over CP ranks)."""
         return self.micro_batch_size * self.seq_length // self.cp

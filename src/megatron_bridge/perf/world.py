@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 
 from megatron_bridge.config.container import ConfigContainer
+from megatron_bridge.config.rules_moe import expert_tensor_parallel_size
 from megatron_bridge.errors import LaunchError
 
 
@@ -57,9 +58,8 @@ def smallest_world_size(cfg: ConfigContainer) -> int:
     """PP × lcm(TP × CP, EP × ETP): the fewest processes the config's layout runs on (1 for sizes that are not
     positive; ``validate()`` names those). ETP None is TP (Megatron's default)."""
     m = cfg.model
-    etp = m.expert_tensor_parallel_size if m.expert_tensor_parallel_size is not None else m.tensor_model_parallel_size
     sizes = (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
-             m.expert_model_parallel_size, etp)
+             m.expert_model_parallel_size, expert_tensor_parallel_size(cfg))
     if not all(isinstance(s, int) and s > 0 for s in sizes):
         return 1
     tp, pp, cp, ep, etp = sizes
@@ -71,9 +71,7 @@ def layout_text(cfg: ConfigContainer) -> str:
     m = cfg.model
     names, sizes = "TP×PP×CP", [m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size]
     if m.expert_model_parallel_size != 1:
-        etp = m.expert_tensor_parallel_size
-        names, sizes = names + "×EP×ETP", [*sizes, m.expert_model_parallel_size,
-                                           etp if etp is not None else m.tensor_model_parallel_size]
+        names, sizes = names + "×EP×ETP", [*sizes, m.expert_model_parallel_size, expert_tensor_parallel_size(cfg)]
     return f"{names} = {'×'.join(str(s) for s in sizes)}"
 
 

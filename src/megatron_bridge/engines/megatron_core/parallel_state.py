@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from megatron_bridge.config.rules_moe import expert_tensor_parallel_size
 from megatron_bridge.errors import MegatronBridgeError
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
@@ -48,9 +49,8 @@ Layout = tuple[int, int, int, int | None, int, int]
 def layout(cfg: "ConfigContainer") -> Layout:
     """The (TP, PP, CP, VP, EP, ETP) sizes ``cfg.model`` asks megatron-core's parallel state for (ETP None: TP)."""
     m = cfg.model
-    etp = m.expert_tensor_parallel_size if m.expert_tensor_parallel_size is not None else m.tensor_model_parallel_size
     return (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
-            m.virtual_pipeline_model_parallel_size, m.expert_model_parallel_size, etp)
+            m.virtual_pipeline_model_parallel_size, m.expert_model_parallel_size, expert_tensor_parallel_size(cfg))
 
 
 def current_layout() -> Layout | None:
