@@ -43,6 +43,7 @@ from megatron_bridge.launcher.restart import (
     first_failure,
     hold_at_spawn,
     note_stop_signal,
+    request_nnodes,
     restart_policy_agent,
     signal_name,
     stop_signal,
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = parse_args(argv)
     launcher_api.LocalElasticAgent = restart_policy_agent()  # torch's agent, with the restart policy
+    request_nnodes(getattr(args, "nnodes", ""))
     _install_stop_handlers(args, stop_signals_of(own), forced="--stop_signals" in own)
     if "--stop_signals" in own:  # the workers catch them at start-up (launch.py's Slurm workers): none is lost
         hold_at_spawn(tuple(int(sig) for sig in stop_signals_of(own)))
