@@ -455,6 +455,27 @@ def test_detach_then_live_folder_refused_status_and_follow(cluster: SlurmCluster
     assert len(run_jobs(run_dir)) == 1  # a cancelled run is not resubmitted
 
 
+def test_two_submits_into_a_new_folder_at_once_make_one_job(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """Two launches into the same brand-new run folder, started together: the folder's submit lock lets one submit
+    (held, so it stays live) and the other is refused naming that job; one job in Slurm, one in the jobs file."""
+    run_dir = tmp_path / "raced"
+    argv = [*LAUNCH, *RUN, *SLURM, "--additional_slurm_params", "hold", "--output_dir", str(run_dir)]
+    procs = [subprocess.Popen(argv, cwd=REPO, env=_env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    jobs = [line.split()[0] for line in cluster.run(["squeue", "-h", "-n", "mb-raced", "-o", "%i"]).stdout.split()]
+    try:
+        codes = sorted(proc.returncode for proc in procs)
+        assert codes == [0, 2], outputs
+        (job,) = jobs
+        refused = next(err for proc, (_, err) in zip(procs, outputs, strict=True) if proc.returncode == 2)
+        assert f"belongs to Slurm job {job}, which is still pending or running" in refused, refused[-3000:]
+        assert (run_dir / "slurm_jobs.txt").read_text().split() == [job]
+    finally:
+        for job in jobs:
+            cluster.run(["scancel", job])
+
+
 def test_unknown_partition_shows_slurms_message(cluster: SlurmCluster, tmp_path: Path) -> None:
     proc = subprocess.run([*LAUNCH, *RUN, *SLURM[:-4], "-p", "nosuchpartition", "--output_dir", str(tmp_path / "p")],
                           cwd=REPO, env=_env(cluster), capture_output=True, text=True, timeout=120)
