@@ -16,8 +16,8 @@ Anywhere else (CUDA, other dtypes) the sink runs inside SDPA as an explicit extr
 and one extra key that is zero but for a one in it, the values a zero row for that key. That extra key's score is
 exactly the sink logit, so the output is ``softmax([scores, sink])[..., :-1] @ v``, as transformers' GPT-OSS
 ``eager_attention_forward`` computes it; the gradients reach the sinks through the queries' extra dimension. It
-costs about 1.7-2x plain causal attention on CPU (an explicit mask, one more column); the fused path about 1.0-1.1x
-(scripts/performance/sink_attention.py; docs/performance.md).
+costs about 1.7-2.3x plain causal attention on CPU (an explicit mask, one more column); the fused path 0.94-1.13x
+(scripts/performance/sink_attention.py, on a shared 2-core machine; docs/performance.md).
 """
 
 import torch
@@ -50,12 +50,12 @@ def _fused_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _autocast_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``q, k, v`` in the autocast dtype when CPU autocast is on (SDPA is on its lower-precision list), else as
-    they are."""
+    """``q, k, v`` as CPU autocast hands them to SDPA (on its lower-precision list): in the autocast dtype when it is
+    on, fp64 excepted; else as they are."""
     if not torch.is_autocast_enabled("cpu"):
         return q, k, v
     dtype = torch.get_autocast_dtype("cpu")
-    return q.to(dtype), k.to(dtype), v.to(dtype)
+    return tuple(t if t.dtype == torch.float64 else t.to(dtype) for t in (q, k, v))
 
 
 def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
