@@ -25,8 +25,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of ``q`` ``[b, heads, s, d]`` over ``k``/``v`` ``[b, kv_heads, s, d]`` (grouped-query when
     ``kv_heads < heads``), optionally within a sliding ``window`` of tokens, optionally with one sink logit per head
-    (``sinks`` ``[heads]``: :mod:`megatron_bridge.models.attention_sinks`, SDPA with the explicit mask and a sink
-    column on every path).
+    (``sinks`` ``[heads]``: :mod:`megatron_bridge.models.attention_sinks`, the fused kernel with a log-sum-exp
+    rescale on CPU, on every path).
 
     Without a window, or with one at least as long as the sequence, this is SDPA's own causal path; with a shorter
     window, SDPA with the band mask, in query blocks once the sequence is :data:`BLOCKED_MIN_RATIO` windows long or
@@ -34,7 +34,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     """
     gqa = k.shape[1] != q.shape[1]
     s = q.shape[2]
-    if (window is None or window >= s) and sinks is None:
+    if window is None or window >= s:
+        if sinks is not None:
+            return sdpa_with_sink(q, k, v, None, sinks, gqa)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if window is None or s < BLOCKED_MIN_RATIO * window:
         pos = torch.arange(s, device=q.device)
