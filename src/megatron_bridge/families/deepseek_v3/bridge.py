@@ -191,6 +191,7 @@ class DeepseekV3Family(ModelFamily):
         names = {f"{ours}.{name}": f"{hf}.{name}" for name in inside}
         if moe:
             names[f"{ours}.{n.MLP}.{n.ROUTER}.weight"] = f"{hf}.{n.MLP}.gate.weight"
+        if moe and config.moe_router_enable_expert_bias:  # DeepSeek-V2 routes without it
             names[f"{ours}.{n.MLP}.{n.ROUTER}.expert_bias"] = f"{hf}.{n.MLP}.gate.e_score_correction_bias"
         return names
 
