@@ -1,7 +1,7 @@
 """The tiny DeepSeek-V3 with one multi-token prediction depth (``model.mtp_num_layers=1``, megatron-core's loss
 weight 0.1): it trains (the loss and the logged ``mtp_1 loss`` fall), resumes bit-exact, and runs on 2 gloo ranks
-with DDP and with EP=2 (the MTP layer's experts split too) within 1e-5 (relative) per step of one process; pipeline,
-tensor and context parallelism are refused by rule ``multi_token_prediction``."""
+with EP=2 on DDP (the MTP layer's experts split too) and FSDP2 with full activation recompute within 1e-5 (relative)
+per step of one process; pipeline, tensor and context parallelism are refused by rule ``multi_token_prediction``."""
 
 import os
 from pathlib import Path
@@ -16,7 +16,8 @@ from tests.functional_tests.training._common import cached_reference
 
 MTP = {"mtp_num_layers": 1}
 LAYOUTS: dict[str, dict[str, Any]] = {
-    "ddp": {"model": MTP},
+    "fsdp2_recompute": {"use_torch_fsdp2": True, "model": {**MTP, "recompute_granularity": "full",
+                                                           "recompute_method": "uniform", "recompute_num_layers": 1}},
     "ep2": {"expert_model_parallel_size": 2, "model": MTP},
 }
 REFUSED = {"multi_token_prediction": {"pipeline_model_parallel_size": 2, "model": MTP}}
@@ -48,18 +49,6 @@ def test_tiny_deepseek_v3_with_mtp_trains_and_resumes_bit_exact(tmp_path: Path) 
     assert resumed.steps == [5, 6, 7, 8]
     assert resumed.losses == full.losses[4:], (full.losses, resumed.losses)
     assert resumed.mtp_losses["mtp_1 loss"] == mtp[4:]
-
-
-def test_the_mtp_loss_changes_the_training(tmp_path: Path) -> None:
-    """The same run without MTP (same seed, same main weights at step 0) has the same first losses and then departs
-    once the learning rate is > 0: the MTP loss's gradient reaches the shared weights."""
-    from megatron_bridge.training.gpt_step import forward_step
-    from megatron_bridge.training.pretrain import pretrain
-
-    with_mtp = pretrain(tiny_config("tiny_deepseek_v3", train_iters=3, model=dict(MTP)), forward_step).losses
-    without = pretrain(tiny_config("tiny_deepseek_v3", train_iters=3), forward_step).losses
-    assert with_mtp[:2] == without[:2]  # the first step runs at learning rate 0 (one warmup step)
-    assert abs(with_mtp[2] - without[2]) > 1e-4, (with_mtp, without)
 
 
 @pytest.fixture(scope="module")
