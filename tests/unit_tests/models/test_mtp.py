@@ -76,7 +76,7 @@ def test_mtp_loss_is_the_shifted_cross_entropy(recipe: str) -> None:
     model(tokens, labels=labels, loss_mask=mask)
     expected = _by_hand(model, tokens, labels, mask, captured["hidden"])
     for got, want in zip(model.mtp.last_losses, expected, strict=True):
-        assert abs(got.item() - want.item()) <= 1e-6, (got.item(), want.item())
+        assert abs(got.item() - want.item()) <= 5e-6, (got.item(), want.item())  # ~10 float32 ulps at 6.0
     assert all(float(loss) > 1.0 for loss in expected)  # real cross-entropies, not zeros
 
 
@@ -100,7 +100,7 @@ def test_backward_adds_the_scaled_mtp_loss() -> None:
     (hand_main + factor / 2 * sum(losses)).backward(inputs=[p for p in hand.parameters()])
     worst = max((a.grad - b.grad).abs().max().item() for a, b in zip(auto.parameters(), hand.parameters(),
                                                                        strict=True) if b.grad is not None)
-    assert worst <= 1e-6
+    assert worst <= 1e-6, worst
     assert hand.mtp.layers["4"].eh_proj.weight.grad.abs().sum() > 0
 
 
