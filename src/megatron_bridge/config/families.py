@@ -48,6 +48,7 @@ FAMILY_PACKAGES: dict[str, str] = {
     "mistral": "megatron_bridge.families.mistral",
     "mixtral": "megatron_bridge.families.mixtral",
     "deepseek_v3": "megatron_bridge.families.deepseek_v3",
+    "deepseek_v2": "megatron_bridge.families.deepseek_v2",
     "gemma3": "megatron_bridge.families.gemma3",
     "gpt_oss": "megatron_bridge.families.gpt_oss",
 }

@@ -216,3 +216,29 @@ def _engine_layout(cfg: "ConfigContainer", world_size: int) -> None:
         fixes = ", ".join(f"{path}={fix!r}" for path, _, fix in bad)
         fail(f"{what}: not supported by the local engine in this version (use data, tensor, pipeline or context "
              f"parallelism or FSDP): set {fixes}", *(path for path, _, _ in bad))
+
+
+@rule("multi_token_prediction", ("model.mtp_num_layers", "model.mtp_loss_scaling_factor",
+                                 "model.pipeline_model_parallel_size", "model.context_parallel_size",
+                                 "model.tensor_model_parallel_size"),
+      "model.mtp_num_layers is None or >= 0 and mtp_loss_scaling_factor >= 0; multi-token prediction is built with "
+      "pipeline, context and tensor parallel sizes of 1 only.")
+def _mtp(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.mtp_num_layers is not None and m.mtp_num_layers < 0:
+        fail(f"model.mtp_num_layers={m.mtp_num_layers!r} must be >= 1 (prediction depths), or None/0 for none",
+             "model.mtp_num_layers")
+    if not m.mtp_loss_scaling_factor >= 0:
+        fail(f"model.mtp_loss_scaling_factor={m.mtp_loss_scaling_factor!r} must be >= 0 (megatron-core's default "
+             "0.1)", "model.mtp_loss_scaling_factor")
+    if not m.mtp_depths:
+        return
+    for path, size in (("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size),
+                       ("model.context_parallel_size", m.context_parallel_size),
+                       ("model.tensor_model_parallel_size", m.tensor_model_parallel_size)):
+        if size > 1:
+            fail(f"model.mtp_num_layers={m.mtp_num_layers} with {path}={size}: multi-token prediction is built "
+                 "without pipeline stages (it needs the embedding and the output layer of the last stage), without "
+                 "context parallelism (its shifted tokens cross the CP slices) and without tensor parallelism in "
+                 f"this version; set {path}=1 (data parallelism, FSDP and expert parallelism work) or "
+                 "model.mtp_num_layers=None", path, "model.mtp_num_layers")

@@ -184,10 +184,16 @@ OWN_FAMILIES = ("mistral", "mixtral")
 recipes here have no Megatron-Bridge values to equal."""
 
 
+NOT_READ = {"deepseek_v2_lite": "Megatron-Bridge's deepseek_v2_lite_pretrain_8gpu_h100_bf16_config was not read "
+                                  "into this table: ours is DeepSeek-V2-Lite's Hugging Face architecture with this "
+                                  "library's training defaults (families/deepseek_v2/recipes.py)"}
+"""Shipped recipes whose Megatron-Bridge counterpart's values are not in :data:`MB_VALUES`, with the reason."""
+
+
 def test_every_shipped_recipe_is_in_the_table() -> None:
-    """All but this library's own tiny CPU recipes and those of :data:`OWN_FAMILIES`."""
+    """All but this library's own tiny CPU recipes, those of :data:`OWN_FAMILIES` and :data:`NOT_READ`."""
     ours = [name for name, info in RECIPES.items()
-            if not name.startswith("tiny_") and info.fn().model.family not in OWN_FAMILIES]
+            if not name.startswith("tiny_") and info.fn().model.family not in OWN_FAMILIES and name not in NOT_READ]
     assert sorted(ours) == sorted(MB_VALUES)
 
 

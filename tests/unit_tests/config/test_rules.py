@@ -186,6 +186,8 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                     model__cp_comm_type="p2p"), 2, "model.cp_comm_type",
                                _set(model__multi_latent_attention=True, model__q_lora_rank=None, model__qk_head_dim=8,
                                     model__qk_pos_emb_head_dim=4, model__v_head_dim=8, model__kv_lora_rank=16)),
+    "multi_token_prediction": (_set(model__mtp_num_layers=1, model__pipeline_model_parallel_size=2), 2,
+                               "model.pipeline_model_parallel_size", _set(model__mtp_num_layers=2)),
     "megatron_core_mla": (_set(model__engine="megatron_core", model__multi_latent_attention=True), 1,
                           "model.multi_latent_attention", _set(model__multi_latent_attention=True)),
     "megatron_core_context_parallel": (_set(model__engine="megatron_core", model__context_parallel_size=2), 2,

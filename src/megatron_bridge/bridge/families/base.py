@@ -224,6 +224,16 @@ class ModelFamily:
         """Our parameters that are interleaved parts of one HF tensor (GPT-OSS's experts); none by default."""
         return {}
 
+    def copied_weights(self, config: ModelConfig) -> dict[str, str]:
+        """HF tensors that repeat one of our parameters (HF name → our name), as DeepSeek-V3's MTP layers repeat
+        the embedding and the output layer: on import not read (compared with the mapped tensor when present; a
+        differing copy is warned about), on export written again. None by default."""
+        return {}
+
+    def config_for_folder(self, config: ModelConfig, hf: dict[str, Any], tensor_names: list[str]) -> None:
+        """Set on ``config`` what a HF folder's tensors say beyond its config.json (DeepSeek-V3: whether the MTP
+        layers are stored); nothing by default."""
+
     def layer_weight_names(self, config: ModelConfig) -> list[str]:
         """Names inside one decoder layer (identical on both sides for the Llama-style families)."""
         return n.dense_layer_parameters(config)
