@@ -233,6 +233,11 @@ class ModelFamily:
         stored tensor; a family with stored encodings (DeepSeek-V3's fp8 blocks) decodes them here."""
         return reader.get(name)
 
+    def read_hf_shapes(self, reader: Any) -> dict[str, tuple[int, ...]]:
+        """Name → shape of every HF tensor as :meth:`read_hf_tensor` gives it: the stored ones; a family whose
+        encoding stores one tensor as several (GPT-OSS's MXFP4 ``*_blocks`` and ``*_scales``) names the decoded one."""
+        return reader.shapes()
+
     def ignorable_hf_weight(self, name: str, config: ModelConfig) -> bool:
         """HF tensors that are dropped on import: RoPE ``inv_freq`` buffers of old checkpoints, and a stray output
         layer weight stored next to tied embeddings (transformers ignores it as well)."""
