@@ -20,6 +20,7 @@ from megatron_bridge.models.attention import causal_attention
 from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, build_norm
 from megatron_bridge.models.mla import MultiLatentAttention
 from megatron_bridge.models.moe import GroupedExperts, MoELayer, TopKRouter, quick_gelu
+from megatron_bridge.models.softcapping import softcap
 from megatron_bridge.models.validation import validate_model_config
 from megatron_bridge.utils.logging import get_logger, warn_once
 
@@ -80,6 +81,8 @@ class LlamaAttention(nn.Module):
         elif config.softmax_type == "off-by-one":
             self.register_buffer("zero_sinks", torch.zeros(self.num_heads, device="meta", dtype=dtype),
                                  persistent=False)
+        self.softcap = config.attn_logit_softcapping
+        """Soft-capping of the attention scores (``model.attn_logit_softcapping``, Gemma 2); None: none."""
         self.context_parallel: Callable[..., torch.Tensor] | None = None
         """Set by ``apply_context_parallel`` (CP > 1): causal attention of the local zig-zag queries over the whole
         sequence (:class:`megatron_bridge.distributed.cp_attention.ContextParallelAttention`)."""
@@ -96,9 +99,10 @@ class LlamaAttention(nn.Module):
         if self.query_scale != 1.0:
             q = q * self.query_scale
         if self.context_parallel is not None:
-            out = self.context_parallel(q, k, v, window=self.window, sinks=self._sink_logits())
+            out = self.context_parallel(q, k, v, window=self.window, sinks=self._sink_logits(),
+                                        softcap=self.softcap)
         else:
-            out = causal_attention(q, k, v, self.window, sinks=self._sink_logits())
+            out = causal_attention(q, k, v, self.window, sinks=self._sink_logits(), softcap=self.softcap)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
@@ -345,6 +349,8 @@ class LlamaModel(nn.Module):
         hidden_states = self.norm(hidden_states)
         # Through the lm_head module (not F.linear on its weight) so tensor parallelism's module hooks apply.
         logits = F.linear(hidden_states, self.output_weight) if self.lm_head is None else self.lm_head(hidden_states)
+        if self.config.final_logit_softcapping is not None:
+            logits = softcap(logits, self.config.final_logit_softcapping)
         if labels is None:
             return logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
