@@ -171,7 +171,7 @@ def _logit_softcapping(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
     for name in ("attn_logit_softcapping", "final_logit_softcapping"):
         cap = getattr(m, name)
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+        if isinstance(cap, (int, float)) and not isinstance(cap, bool) and not cap > 0:  # types: rule field_types
             fail(f"model.{name}={cap!r}: the cap must be a number > 0 (Gemma 2: attention 50.0, final 30.0), or None "
                  "for no soft-capping", f"model.{name}")
     if m.attn_logit_softcapping is None or m.engine != "native":

@@ -7,8 +7,9 @@
 * older configs carry ``hidden_act`` next to ``hidden_activation`` (both ``gelu_pytorch_tanh``) and
   ``cache_implementation`` (ignored).
 
-Weights: as Gemma 3's (HF ``post_attention_layernorm`` is our ``post_self_attn_layernorm``, ``pre_feedforward_layernorm``
-our ``post_attention_layernorm``, ``post_feedforward_layernorm`` our ``post_mlp_layernorm``), without q/k norms.
+Weights: as Gemma 3's (HF ``post_attention_layernorm`` is our ``post_self_attn_layernorm``,
+``pre_feedforward_layernorm`` our ``post_attention_layernorm``, ``post_feedforward_layernorm`` our
+``post_mlp_layernorm``), without q/k norms.
 """
 
 from typing import Any
