@@ -131,5 +131,14 @@ def test_tiny_gemma2_round_trips_and_gemma3_refuses_caps() -> None:
     model.qk_layernorm, model.family = True, "gemma3"
     with pytest.raises(BridgeError, match="is not a gemma3 model"):
         family_by_name("gemma3").config_to_hf(model)
-    ModelConfig()  # the defaults have no caps
     assert ModelConfig().attn_logit_softcapping is None and ModelConfig().final_logit_softcapping is None
+
+
+def test_families_without_soft_capping_refuse_to_export_a_capped_model() -> None:
+    from megatron_bridge.bridge.families.base import family_by_name
+
+    model = get_recipe("tiny_llama").fn().model
+    family_by_name("llama").config_to_hf(model)
+    model.final_logit_softcapping = 30.0
+    with pytest.raises(BridgeError, match="LlamaForCausalLM has no logit soft-capping.*final_logit_softcapping=30.0"):
+        family_by_name("llama").config_to_hf(model)

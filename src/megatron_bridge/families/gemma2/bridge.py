@@ -29,6 +29,7 @@ class Gemma2Family(Gemma3Family):
     """Names and defaults of transformers' ``Gemma2Config``."""
 
     qk_layernorm = False
+    soft_capping = True
     hf_defaults = {**Gemma3Family.hf_defaults, "max_position_embeddings": 8192, "num_key_value_heads": 4}
     fixed_hf_values = {**{k: v for k, v in Gemma3Family.fixed_hf_values.items() if k not in SOFTCAPS},
                        "hidden_act": ("gelu_pytorch_tanh", None), "use_bidirectional_attention": (False, None)}
