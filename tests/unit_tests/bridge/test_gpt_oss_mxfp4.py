@@ -134,3 +134,14 @@ def test_nibble_order_and_scale_bias() -> None:
     assert out[0, :, 0].abs().sum() == 0
     assert out[0, :4, 1].tolist() == [1.0, 2.0, 0.0, 0.0]
     assert out[0, 30:, 1].tolist() == [-1.0, -12.0]
+
+
+def test_every_byte_and_a_range_of_scales_decode_as_transformers_does() -> None:
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    gen = torch.Generator().manual_seed(3)
+    blocks = torch.randint(0, 256, (3, 40, 4, 16), generator=gen, dtype=torch.uint8)
+    blocks.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
+    scales = torch.randint(100, 150, (3, 40, 4), generator=gen, dtype=torch.uint8)
+    reference = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    assert torch.equal(dequantize("x", blocks, scales), reference)

@@ -98,12 +98,14 @@ def dequantize(name: str, blocks: torch.Tensor, scales: torch.Tensor) -> torch.T
                           f"{scales.dtype}")
     experts, inner, outer = packed_shape(name, tuple(blocks.shape), tuple(scales.shape))
     lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
-    values = torch.empty(*blocks.shape[:-1], 2 * BYTES_PER_BLOCK, dtype=torch.float32)
-    values[..., 0::2] = lut[(blocks & 0x0F).long()]
-    values[..., 1::2] = lut[(blocks >> 4).long()]
-    exponents = scales.to(torch.int32) - SCALE_BIAS
-    values = torch.ldexp(values, exponents.unsqueeze(-1))
-    return values.reshape(experts, outer, inner).transpose(1, 2).contiguous()
+    out = torch.empty(experts, inner, outer, dtype=torch.float32)
+    for e in range(experts):  # one expert at a time: the index and exponent temporaries stay one expert's size
+        values = torch.empty(*blocks.shape[1:-1], 2 * BYTES_PER_BLOCK, dtype=torch.float32)
+        values[..., 0::2] = lut[(blocks[e] & 0x0F).int()]
+        values[..., 1::2] = lut[(blocks[e] >> 4).int()]
+        values = torch.ldexp(values, (scales[e].to(torch.int32) - SCALE_BIAS).unsqueeze(-1))
+        out[e] = values.reshape(outer, inner).T
+    return out
 
 
 @lru_cache(maxsize=8)
