@@ -119,11 +119,11 @@ def slurm_run(args, argv: list[str]) -> int:  # noqa: ANN001
         print(script, end="")
         return 0
     slurm.require_sbatch()
-    from megatron_bridge.launcher.slurm_run_dir import refuse_live_run
+    from megatron_bridge.launcher.slurm_run_dir import submission
 
-    refuse_live_run(run_dir)  # one live job per run folder: nothing is written before this
-    job_id = slurm.submit(slurm.write_script(job, script))
-    (run_dir / slurm.JOBS_FILE).write_text(f"{job_id}\n")
+    with submission(run_dir):  # one live job per run folder: a live one is refused before anything is written
+        job_id = slurm.submit(slurm.write_script(job, script))
+        (run_dir / slurm.JOBS_FILE).write_text(f"{job_id}\n")
     print(f"submitted Slurm job {job_id}; run folder {run_dir}, log {run_dir / f'slurm-{job_id}.out'}", flush=True)
     if args.detach:
         return 0

@@ -7,9 +7,16 @@ every other node compares its own with node 0's and then waits for the verdict. 
 named error (:class:`~megatron_bridge.errors.LaunchError`, exit code 2) within the rendezvous timeout, before any
 worker exists: no hang in torch's rank assignment, no job of a world size nobody asked for, nothing left behind.
 (``--master_addr``/``--master_port`` need no comparison: nodes that reached the same store agree on them.)
+
+Node 0 of a static rendezvous (``--master_addr`` with ``--node_rank``) hosts the store and waits inside torch's
+``TCPStore`` for as many nodes as its ``--nnodes`` says, before any of the above runs: started with a larger
+``--nnodes`` than the others it would only time out. :class:`SettingsWatcher` reads the arriving nodes' settings
+meanwhile (a client of its own store that does not count as a node); at the first difference it publishes node 0's
+settings and the verdict, so every other node stops at once naming the flag, and node 0 names it when its wait ends.
 """
 
 import json
+import threading
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -93,3 +100,53 @@ def _get(store: Any, key: str, timeout_s: float, what: str) -> bytes:
                           "node 0 waits there for as many nodes as its --nnodes says): start the same command on "
                           "every node (the same --nnodes, one --node_rank each), or raise --rdzv_timeout") from exc
     return store.get(key)
+
+
+class SettingsWatcher:
+    """Node 0 of a static rendezvous: compares the settings other nodes write while torch's store still waits for
+    nodes (started by :meth:`start`; :attr:`problem` is the first difference found, or None)."""
+
+    POLL_S = 0.2
+
+    def __init__(self, host: str, port: int, run_id: str, mine: NodeSettings, timeout_s: float) -> None:
+        self._where = (host, port, run_id)
+        self._mine = mine
+        self._timeout_s = timeout_s
+        self._stop = threading.Event()
+        self.problem: str | None = None
+
+    def start(self) -> "SettingsWatcher":
+        threading.Thread(target=self._watch, name="mb-node-settings", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        try:
+            store = self._connect()
+            while not self._stop.is_set() and self.problem is None:
+                self._compare(store)
+                self._stop.wait(self.POLL_S)
+        except Exception:  # noqa: BLE001  (the store went away: the rendezvous itself reports what happened)
+            return
+
+    def _connect(self) -> Any:
+        from torch.distributed import PrefixStore, TCPStore
+
+        host, port, run_id = self._where
+        client = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=self._timeout_s),
+                          wait_for_workers=False)
+        return PrefixStore(run_id, client)
+
+    def _compare(self, store: Any) -> None:
+        for other in range(1, self._mine.nnodes):
+            key = f"{PREFIX}{other}"
+            if not store.check([key]):
+                continue
+            problem = difference(0, self._mine, other, NodeSettings.from_json(store.get(key)))
+            if problem is not None:
+                store.set(f"{PREFIX}0", self._mine.to_json())  # the other nodes compare and stop now
+                store.set(VERDICT_KEY, problem)
+                self.problem = problem
+                return

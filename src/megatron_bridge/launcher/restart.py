@@ -41,6 +41,7 @@ user error) is the one to report and to decide a restart by. A hung rank costs t
 _AGENT: "Any | None" = None
 _STOP_SIGNAL: int | None = None
 _HELD_AT_SPAWN: tuple[int, ...] = ()
+_REQUESTED_NNODES: int | None = None
 
 
 def signal_name(number: int) -> str:
@@ -122,9 +123,31 @@ def hold_at_spawn(signums: tuple[int, ...]) -> None:
     _HELD_AT_SPAWN = tuple(signums)
 
 
+def request_nnodes(nnodes: str) -> None:
+    """The ``--nnodes`` this node was started with: the node count the agreement compares. The rendezvous' own count
+    is the same under ``--master_addr``, but torch's c10d rendezvous completes with as many nodes as the node that
+    asks for the fewest (its ``min_nodes``), so a node started with more would train in a smaller job. An elastic
+    range (``MIN:MAX``) compares the rendezvous' count."""
+    global _REQUESTED_NNODES
+    _REQUESTED_NNODES = int(nnodes) if str(nnodes).isdigit() else None
+
+
 def stop_signal() -> int | None:
     """The stop signal the launcher got (None without one)."""
     return _STOP_SIGNAL
+
+
+def _settings_watcher(spec: Any) -> Any:
+    """Node 0 of a static rendezvous: a started :class:`~megatron_bridge.launcher.node_agreement.SettingsWatcher`
+    (its store waits for nodes before the agreement can run); None for every other node and rendezvous."""
+    handler = spec.rdzv_handler
+    if handler.get_backend() != "static" or getattr(handler, "rank", None) != 0:
+        return None
+    from megatron_bridge.launcher.node_agreement import NodeSettings, SettingsWatcher
+
+    mine = NodeSettings(handler.world_size, spec.local_world_size, spec.max_restarts)
+    timeout_s = handler.timeout.total_seconds()
+    return SettingsWatcher(handler.master_addr, handler.master_port, handler.get_run_id(), mine, timeout_s).start()
 
 
 def restart_policy_agent() -> type:
@@ -155,14 +178,28 @@ def restart_policy_agent() -> type:
                     _send(pid, signum)
                     self._forwarded = {*getattr(self, "_forwarded", set()), pid}
 
+        def _rendezvous(self, worker_group: WorkerGroup) -> None:
+            watcher = _settings_watcher(worker_group.spec) if not getattr(self, "_agreed", False) else None
+            try:
+                super()._rendezvous(worker_group)
+            except Exception as exc:
+                if watcher is not None and watcher.problem is not None:  # node 0's wait ended: name the difference
+                    from megatron_bridge.errors import LaunchError
+
+                    raise LaunchError(watcher.problem) from exc
+                raise
+            finally:
+                if watcher is not None:
+                    watcher.stop()
+
         def _assign_worker_ranks(self, store: Any, group_rank: int, group_world_size: int, spec: Any) -> Any:
             from megatron_bridge.launcher.node_agreement import NodeSettings, agree
 
             if not getattr(self, "_agreed", False):  # once: a restart's rendezvous meets the same launchers
                 timeout = getattr(spec.rdzv_handler, "timeout", None)
                 timeout_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else DEFAULT_RDZV_TIMEOUT_S
-                agree(store, group_rank, NodeSettings(group_world_size, spec.local_world_size, spec.max_restarts),
-                      timeout_s)
+                nnodes = _REQUESTED_NNODES or group_world_size
+                agree(store, group_rank, NodeSettings(nnodes, spec.local_world_size, spec.max_restarts), timeout_s)
                 self._agreed = True
             return super()._assign_worker_ranks(store, group_rank, group_world_size, spec)
 

@@ -4,14 +4,28 @@
 The jobs file (:data:`~megatron_bridge.launcher.slurm.JOBS_FILE`) holds the first job's id, then one line
 ``NEXT after JOB`` per resubmission (:func:`~megatron_bridge.launcher.slurm_follow.run_jobs`); the sbatch script
 holds the run's length and checkpoint folder; the checkpoint folder its progress.
+
+Submitting takes the folder's lock file (:data:`LOCK_NAME`, ``flock``) from the live-job check until the jobs file
+names the new job (:func:`submission`): two launches into one folder at the same instant (a brand-new folder
+included) submit one job, and the other is refused naming it.
 """
 
+import fcntl
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from megatron_bridge.errors import SlurmError
 from megatron_bridge.launcher.slurm import JOBS_FILE, SCRIPT_NAME
 from megatron_bridge.launcher.slurm_follow import JobStatus, job_status, log_path, run_jobs, successor
+from megatron_bridge.utils.logging import get_logger, warn_once
+
+
+logger = get_logger(__name__)
+
+LOCK_NAME = ".submit.lock"
+"""The run folder's submit lock (empty; kept after the submit)."""
 
 
 def chain(run_dir: Path) -> list[str]:
@@ -42,6 +56,22 @@ def refuse_live_run(run_dir: Path) -> None:
         raise SlurmError(f"the run folder {run_dir} belongs to Slurm job {job}, which is still pending or running: "
                          f"follow it (launch.py --follow {run_dir}), wait for it to end, stop it (scancel {job}), or "
                          "give another --output_dir")
+
+
+@contextmanager
+def submission(run_dir: Path) -> Iterator[None]:
+    """Hold the run folder's submit lock, refuse a live job (:func:`refuse_live_run`), and let the caller submit and
+    record its job before the next launch into the folder may check. A file system without ``flock`` (some network
+    mounts) warns once and submits without it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / LOCK_NAME).open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as exc:
+            warn_once(logger, "submit-lock", "no lock on %s (%s): two launches into this folder at the same "
+                      "instant could both submit", run_dir / LOCK_NAME, exc)
+        refuse_live_run(run_dir)
+        yield  # the lock ends with the file's closing
 
 
 def _script_value(run_dir: Path, name: str) -> str | None:

@@ -26,8 +26,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
                      sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """Causal attention of ``q`` ``[b, heads, s, d]`` over ``k``/``v`` ``[b, kv_heads, s, d]`` (grouped-query when
     ``kv_heads < heads``), optionally within a sliding ``window`` of tokens, optionally with one sink logit per head
-    (``sinks`` ``[heads]``: :mod:`megatron_bridge.models.attention_sinks`, SDPA with the explicit mask and a sink
-    column on every path), optionally with the scores soft-capped (``softcap``: Gemma 2's
+    (``sinks`` ``[heads]``: :mod:`megatron_bridge.models.attention_sinks`, the fused kernel with a log-sum-exp
+    rescale on CPU, on every path), optionally with the scores soft-capped (``softcap``: Gemma 2's
     ``cap · tanh(scores / cap)``, :mod:`megatron_bridge.models.softcapping`, explicit scores).
 
     Without a window, or with one at least as long as the sequence, this is SDPA's own causal path; with a shorter
@@ -36,7 +36,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     """
     gqa = k.shape[1] != q.shape[1]
     s = q.shape[2]
-    if (window is None or window >= s) and sinks is None and softcap is None:
+    if (window is None or window >= s) and softcap is None:
+        if sinks is not None:
+            return sdpa_with_sink(q, k, v, None, sinks, gqa)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if window is None or s < BLOCKED_MIN_RATIO * window:
         pos = torch.arange(s, device=q.device)

@@ -126,3 +126,37 @@ def test_nobody_at_the_rendezvous_endpoint_is_a_named_error(tmp_path: Path) -> N
     assert "error: node 1 could not meet the other nodes at 127.0.0.1:" in output, output[-3000:]
     assert "frame #" not in output and "c10d" not in output.split("error: node 1")[0], output[-3000:]  # one line
     assert time.monotonic() - start < 5 + 90, output[-3000:]  # the timeout plus start-up on a loaded machine
+
+
+RENDEZVOUS = {"static": ["--node_rank={node}", "--master_addr=127.0.0.1", "--master_port={port}",
+                          "--rdzv_conf=timeout=15"],
+              "c10d": ["--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=job",
+                        "--rdzv_conf=join_timeout=15"]}
+
+
+@pytest.mark.parametrize("rendezvous", list(RENDEZVOUS))
+def test_a_node_started_with_more_nodes_names_the_setting(rendezvous: str, tmp_path: Path) -> None:
+    """The first node with --nnodes 3, the second with 2 (torch's launcher, our agent), both rendezvous kinds. Static:
+    node 0's store waits for a third node, so its own agreement never runs. c10d: torch completes the rendezvous with
+    two nodes (the second node's min_nodes), so the first would train in a job smaller than it asked for. Either way
+    both end with code 2 naming --nnodes, no worker starts, nothing is left running."""
+    script = tmp_path / "job.py"
+    script.write_text("print('worker started', flush=True)\n")
+    start, procs = time.monotonic(), []
+    with reserved_port() as port:
+        for node, nnodes in ((0, 3), (1, 2)):
+            flags = [flag.format(node=node, port=port) for flag in RENDEZVOUS[rendezvous]]
+            procs.append(subprocess.Popen([sys.executable, "-m", "megatron_bridge.launcher.torchrun",
+                                           f"--nnodes={nnodes}", "--nproc_per_node=1", *flags, str(script)],
+                                          cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+            time.sleep(1)  # c10d: the first launcher hosts the rendezvous
+        (out0, _), (out1, _) = (proc.communicate(timeout=TIMEOUT_S) for proc in procs)
+    outputs = f"first:\n{out0[-3000:]}\nsecond:\n{out1[-3000:]}"
+    assert [proc.returncode for proc in procs] == [2, 2], outputs
+    for out, mine, theirs in ((out0, 3, 2), (out1, 2, 3)):
+        assert "error: the nodes of this job were started with different settings: --nnodes " \
+               f"{mine} on node " in out and f"but {theirs} on node " in out, outputs
+    assert "worker started" not in out0 + out1
+    assert time.monotonic() - start < 15 + 60, outputs
+    assert _processes_naming(tmp_path) == []

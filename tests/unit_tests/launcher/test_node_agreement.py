@@ -57,3 +57,47 @@ def test_a_node_that_never_reports_is_named_within_the_timeout() -> None:
 
     with pytest.raises(LaunchError, match="node 1 did not report its settings within the rendezvous timeout"):
         agree(HashStore(), 0, NodeSettings(2, 1, 0), timeout_s=0.5)
+
+
+NODE0 = NodeSettings(3, 1, 0)
+
+
+def _watched(node1: NodeSettings, node0: NodeSettings = NODE0) -> tuple[str | None, str | None]:
+    """Node 0's store (a real TCPStore server, as torch's static rendezvous makes it) while node 0 still waits for its
+    nodes: node 1 writes ``node1`` and runs its side of the agreement. (node 0's watcher problem, node 1's error)."""
+    from datetime import timedelta
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    from megatron_bridge.launcher.node_agreement import SettingsWatcher
+    from megatron_bridge.utils.launch import reserved_port
+
+    with reserved_port() as port:
+        server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+        watcher = SettingsWatcher("127.0.0.1", port, "run", node0, timeout_s=10).start()
+        node1_store = PrefixStore("run", TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10)))
+        error = None
+        try:
+            agree(node1_store, 1, node1, timeout_s=3)
+        except LaunchError as exc:
+            error = str(exc)
+        watcher.stop()
+        del server
+    return watcher.problem, error
+
+
+def test_node_zero_waiting_for_more_nodes_names_the_difference() -> None:
+    """Node 0 started with --nnodes 3, node 1 with 2: torch's store on node 0 waits for a third node, so the agreement
+    cannot run there yet; the watcher finds the difference and node 1 stops at once naming it."""
+    problem, error = _watched(NodeSettings(2, 1, 0))
+    assert problem == ("the nodes of this job were started with different settings: --nnodes 3 on node 0 but 2 on "
+                       "node 1; start every node with the same --nnodes (only --node_rank differs)")
+    assert error is not None and error.startswith("the nodes of this job were started with different settings: "
+                                                  "--nnodes 2 on node 1 but 3 on node 0")
+
+
+def test_the_watcher_leaves_agreeing_nodes_alone() -> None:
+    """Same settings: no problem, and node 1 waits for node 0's own agreement (here: never comes, so it times out)."""
+    problem, error = _watched(NodeSettings(3, 1, 0))
+    assert problem is None
+    assert error is not None and error.startswith("node 0 did not report its settings")

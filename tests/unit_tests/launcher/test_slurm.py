@@ -239,6 +239,33 @@ def test_a_live_run_folder_is_refused_naming_its_job(tmp_path: Path, monkeypatch
     slurm_run_dir.refuse_live_run(tmp_path / "new")  # no run yet
 
 
+def test_a_submit_waits_for_the_folders_lock_then_sees_the_job(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first launch holds the submit lock of a brand-new folder until its jobs file names its job; a second one
+    started meanwhile waits, then is refused naming that job."""
+    import threading
+
+    run_dir = tmp_path / "new run"
+    _fake_states(monkeypatch, {"41": "PENDING"})
+    outcome: list[str] = []
+
+    def second() -> None:
+        try:
+            with slurm_run_dir.submission(run_dir):
+                outcome.append("submitted")
+        except SlurmError as exc:
+            outcome.append(str(exc))
+
+    with slurm_run_dir.submission(run_dir):
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join(timeout=1.0)
+        assert thread.is_alive() and outcome == []  # waits for the lock
+        (run_dir / slurm.JOBS_FILE).write_text("41\n")
+    thread.join(timeout=10)
+    assert len(outcome) == 1 and "belongs to Slurm job 41, which is still pending or running" in outcome[0], outcome
+
+
 def test_status_reports_every_job_and_the_checkpoint_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "sbatch.sh").write_text(f"CHECKPOINT_DIR={tmp_path}/ck\nTRAIN_ITERS=10\n")
     (tmp_path / "ck").mkdir()
