@@ -34,6 +34,7 @@ FUNCTIONAL_S: dict[str, float] = {
     "families/test_deepseek_v3_layouts.py": 40,
     "families/test_deepseek_v3_mtp.py": 60,  # 112-220 s measured at load average 13-21 on 2 cores
     "families/test_gpt_oss_layouts.py": 45,
+    "families/test_gemma2_layouts.py": 30,
     "context_parallel/test_cp_pretrain.py": 115,
     "distributed/test_ddp_two_ranks.py": 147,  # the launch shared with 4 other files (launcher.py's TWO_RANKS)
     "distributed/test_fsdp2_two_ranks.py": 0,  # the four files in test_ddp_two_ranks.py's shared launch: counted there

@@ -68,9 +68,10 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         if mapped != set(self.shapes):
             raise BridgeError(f"the {family.name} mapping and the model disagree on the parameters: "
                               f"{sorted(mapped ^ set(self.shapes))[:_MAX_NAMED]}")
+        found = family.read_hf_shapes(reader)
         if self.allowed:
-            self._skip_allowed(reader.shapes())
-        self._check(reader.shapes())
+            self._skip_allowed(found)
+        self._check(found)
 
     def _skip_allowed(self, found: dict[str, tuple[int, ...]]) -> None:
         """Leave out the allowed parameters the folder lacks or holds in another shape."""

@@ -121,6 +121,13 @@ class ModelConfig(DeclaredFields):
     """Attention softmax (megatron-core's field): "vanilla"; "off-by-one" joins a zero logit to every query's softmax
     (dropped after it); "learnable" joins one learned logit per head, the attention's ``sinks`` parameter (GPT-OSS's
     attention sinks, initialized to zero)."""
+    attn_logit_softcapping: float | None = None
+    """Soft-capping of the attention scores before the softmax, ``cap · tanh(scores / cap)`` (Gemma 2, 50.0;
+    Megatron-Bridge's Gemma2 provider field). The native engine computes the scores explicitly then (SDPA takes no
+    function of them). None: no capping."""
+    final_logit_softcapping: float | None = None
+    """Soft-capping of the output layer's logits, ``cap · tanh(logits / cap)`` (Gemma 2, 30.0; Megatron-Bridge's
+    Gemma2 provider field). None: no capping."""
     activation: Literal["swiglu", "gelu", "geglu", "quick_geglu"] = "swiglu"
     """MLP activation: SwiGLU (gated SiLU, Llama), GELU (ungated, exact erf GELU, GPT-2), GeGLU (gated GELU with the
     tanh approximation, Gemma's ``gelu_pytorch_tanh``; megatron-core's ``fast_gelu``) or "quick_geglu", the gate

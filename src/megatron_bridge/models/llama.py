@@ -21,6 +21,7 @@ from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, a
 from megatron_bridge.models.mla import MultiLatentAttention
 from megatron_bridge.models.moe import GroupedExperts, MoELayer, TopKRouter, quick_gelu
 from megatron_bridge.models.mtp import MultiTokenPrediction
+from megatron_bridge.models.softcapping import softcap
 from megatron_bridge.models.validation import validate_model_config
 from megatron_bridge.utils.logging import get_logger, warn_once
 
@@ -81,6 +82,8 @@ class LlamaAttention(nn.Module):
         elif config.softmax_type == "off-by-one":
             self.register_buffer("zero_sinks", torch.zeros(self.num_heads, device="meta", dtype=dtype),
                                  persistent=False)
+        self.softcap = config.attn_logit_softcapping
+        """Soft-capping of the attention scores (``model.attn_logit_softcapping``, Gemma 2); None: none."""
         self.context_parallel: Callable[..., torch.Tensor] | None = None
         """Set by ``apply_context_parallel`` (CP > 1): causal attention of the local zig-zag queries over the whole
         sequence (:class:`megatron_bridge.distributed.cp_attention.ContextParallelAttention`)."""
@@ -97,9 +100,10 @@ class LlamaAttention(nn.Module):
         if self.query_scale != 1.0:
             q = q * self.query_scale
         if self.context_parallel is not None:
-            out = self.context_parallel(q, k, v, window=self.window, sinks=self._sink_logits())
+            out = self.context_parallel(q, k, v, window=self.window, sinks=self._sink_logits(),
+                                        softcap=self.softcap)
         else:
-            out = causal_attention(q, k, v, self.window, sinks=self._sink_logits())
+            out = causal_attention(q, k, v, self.window, sinks=self._sink_logits(), softcap=self.softcap)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
@@ -372,9 +376,12 @@ class LlamaModel(nn.Module):
         return hidden_states
 
     def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The output layer on final-normed hidden states (the logits ``[b, s, padded_vocab]``)."""
+        """The output layer on final-normed hidden states (the logits ``[b, s, padded_vocab]``), soft-capped when
+        ``final_logit_softcapping`` is set (Gemma 2)."""
         # Through the lm_head module (not F.linear on its weight) so tensor parallelism's module hooks apply.
-        return F.linear(hidden_states, self.output_weight) if self.lm_head is None else self.lm_head(hidden_states)
+        logits = F.linear(hidden_states, self.output_weight) if self.lm_head is None else self.lm_head(hidden_states)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else softcap(logits, cap)
 
 
 def _zigzag_positions(seq_local: int, layout: tuple[int, int], device: torch.device) -> torch.Tensor:

@@ -77,7 +77,18 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                       "layer_types": ["full_attention", "sliding_attention"], "rope_parameters": {
                                           "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                                           "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    "gemma2": ("gemma2", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                          "attn_logit_softcapping": 0.25, "final_logit_softcapping": 1.5, "tie_word_embeddings": False,
+                          "layer_types": ["sliding_attention", "full_attention"],
+                          "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "gemma2-tied-uncapped": ("gemma2", {"head_dim": 16, "sliding_window": 6, "query_pre_attn_scalar": 16,
+                                     "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                                     "num_hidden_layers": 3, "rope_parameters": {"rope_type": "default",
+                                                                                 "rope_theta": 100000.0}}),
 }
+"""The Gemma 2 variants: caps small enough that they bend a random model's scores and logits (so a missing cap
+shows), untied; ``gemma2-tied-uncapped`` has null caps, tied embeddings and transformers' default ``layer_types``
+(window, full, window)."""
 
 
 def hf_config(variant: str):  # noqa: ANN201  (a transformers config)

@@ -47,6 +47,9 @@ _DEEPSEEK_V3 = (1_000_000, 4096, 1, 2000, None, 2000, 32, 3e-4, 3e-5, False, 200
 _GPT_OSS = (1_000_000, 512, 1, 2000, None, 2000, 32, 3e-4, 3e-5, True, 500, 4096, *_BF16)
 """recipes/gpt_oss/gpt_oss.py's training values (20B and 120B), read from the stored Megatron-Bridge source (its
 flattened ``_pretrain_common`` form; not re-read at MB_COMMIT)."""
+_GEMMA2 = (300_000, 32, 2, 500, None, 500, 32, 3e-4, 3e-5, False, 500, 4096, *_BF16)
+"""recipes/gemma/h100/gemma2.py's ``gemma2_2b_pretrain_2gpu_h100_bf16_config`` (``_pretrain_common`` with
+``ddp.grad_reduce_in_fp32=False``), read from the stored Megatron-Bridge source (not re-read at MB_COMMIT)."""
 MB_VALUES: dict[str, tuple] = {
     "llama3_8b": (2, 1, 1, None, 2, 1, False, *_LLAMA, 8192, *_BF16),
     "llama3_8b_16k": (16, 4, 2, None, 2, 1, True, *_LLAMA, 16384, *_BF16),
@@ -64,6 +67,7 @@ MB_VALUES: dict[str, tuple] = {
     "llama32_1b": (1, 1, 1, None, 1, 1, False, *_LLAMA, 8192, *_BF16),
     "llama32_3b": (1, 1, 1, None, 1, 1, False, *_LLAMA, 8192, *_BF16),
     "gemma3_1b": (1, 1, 1, None, 1, 1, False, *_LLAMA, 32768, *_BF16),
+    "gemma2_2b": (2, 2, 1, None, 1, 1, False, *_GEMMA2),
     "qwen3_600m": (1, 1, 1, None, 1, 1, False, *_COMMON),
     "qwen3_1p7b": (1, 1, 1, None, 1, 1, False, *_COMMON),
     "qwen3_4b": (2, 2, 1, None, 1, 1, False, *_COMMON),
