@@ -132,7 +132,6 @@ def _run(cfg: ConfigContainer, label: str, *extra: Callback) -> tuple[list[float
     return result.losses, weights.weights
 
 
-@pytest.mark.support_cells("qwen3_moe:megatron_fsdp")
 def test_ep2_every_strategy(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_ep2_every_strategy")  # type: ignore[union-attr]
