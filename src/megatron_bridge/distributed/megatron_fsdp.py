@@ -13,6 +13,11 @@ Context parallelism (``model.context_parallel_size > 1``): as megatron-core's ad
 gradients and optimizer state are sharded, and gradients reduced, over dp × cp ranks (all ranks: TP = PP = 1 here);
 the attention modules get the CP attention over the ``"cp"`` group of the layout's mesh (:mod:`.context_parallel`,
 the same path as DDP and FSDP2).
+
+Mixture-of-experts models: :mod:`.expert_parallel` keeps each rank's experts (EP folded over dp × cp), and
+megatron-fsdp gets an expert mesh whose ``"dp_cp"`` groups are the expert-data-parallel groups, so the routed
+experts' parameters, gradients and optimizer state are sharded and reduced over those (:mod:`.megatron_fsdp_experts`,
+which also gives checkpoints the global ``[E, ...]`` expert tensors).
 """
 
 import math
