@@ -9,7 +9,8 @@ differences come from float summation order only).
 * ``test_ep2_every_strategy``: 2 ranks, EP=2 (expert-data-parallel size 1), each sharding strategy (``no_shard``,
   ``optim``, ``optim_grads``, ``optim_grads_params``); then EP=1 (the experts sharded over both ranks, edp 2) with
   ``optim_grads_params``; then an fsdp_dtensor checkpoint of the EP=2 run at step 4 resumes bit for bit (losses and
-  weights equal the uninterrupted run), and its model weights load under DDP at EP=2 (``checkpoint.load_optim=False``:
+  weights equal the uninterrupted run), resumes at EP=1 (edp 2; optimizer state included) matching the reference, and
+  its model weights load under DDP at EP=2 (``checkpoint.load_optim=False``:
   the optimizer state of Megatron FSDP is keyed differently), matching the reference.
 * ``test_four_ranks_edp2``: 4 ranks, DP=4 × EP=2 (edp 2) with ``no_shard`` (the experts replicated over their edp
   group: the gradient norm counts them once) and ``optim_grads_params``; DP=2 × CP=2 with EP=2 over the dp × cp ranks
@@ -150,6 +151,12 @@ def test_ep2_every_strategy(launches: LaunchGroups | None) -> None:
     resumed = pretrain(resumed_cfg, callbacks=[weights])
     assert resumed.steps == [5, 6, 7, 8] and resumed.losses == full[0][4:], (resumed.losses, full[0])
     assert max_weight_diff(weights.weights, full[1]) == 0.0
+    ep1 = mfsdp_moe_config(1)  # global expert tensors: the EP=2 checkpoint (optimizer state too) resumes at EP=1
+    ep1.checkpoint.load, ep1.checkpoint.ckpt_step = str(folder), 4
+    weights = FullWeights()
+    moved = pretrain(ep1, callbacks=[weights])
+    assert moved.steps == [5, 6, 7, 8]
+    _compare(moved.losses, weights.weights, "EP=2 -> fsdp_dtensor checkpoint -> EP=1 (edp 2)", first_step=4)
     ddp = moe_config(ep=2)  # the same global expert tensors as a DDP checkpoint's
     ddp.checkpoint.load, ddp.checkpoint.ckpt_step, ddp.checkpoint.load_optim = str(folder), 4, False
     global_weights = GlobalWeights()
