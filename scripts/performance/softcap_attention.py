@@ -10,12 +10,11 @@ against transformers' Gemma 2 formula written out (scores ``cap · tanh(s / cap)
 """
 
 import argparse
-import datetime
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
+
+from attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
 
 
 GRID = ((1024, None), (1024, 128), (2048, None), (2048, 256))
@@ -26,32 +25,19 @@ CAP = 50.0
 
 def parse_args() -> argparse.Namespace:
     """Command line."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--steps", type=int, default=2, help="forward+backward passes per variant and round")
-    p.add_argument("--rounds", type=int, default=3)
-    return p.parse_args()
+    return attention_parser(__doc__, kv_heads=4, steps=2, rounds=3).parse_args()
 
 
 def main() -> int:
     """Entry point."""
     args = parse_args()
-    import torch
-
+    torch = setup(args, f", cap {CAP}")
     from megatron_bridge.models.attention import band_mask, causal_attention
 
-    torch.manual_seed(0)
-    print(f"# {datetime.date.today()} {platform.machine()} torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; batch {args.batch}, heads {args.heads}/{args.kv_heads}, "
-          f"head dim {args.head_dim}, cap {CAP}")
     print("| seq | window | plain (ms) | soft-capped (ms) | time ratio |")
     print("|---|---|---|---|---|")
     for s, w in GRID:
-        q = torch.randn(args.batch, args.heads, s, args.head_dim, requires_grad=True)
-        k, v = (torch.randn(args.batch, args.kv_heads, s, args.head_dim, requires_grad=True) for _ in range(2))
+        q, k, v = qkv(args, s)
         with torch.no_grad():
             pos, groups = torch.arange(s), args.heads // args.kv_heads
             k_r, v_r = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
@@ -59,15 +45,12 @@ def main() -> int:
             scores = scores.masked_fill(~band_mask(pos, pos, w), float("-inf"))
             torch.testing.assert_close(causal_attention(q, k, v, w, softcap=CAP), scores.softmax(-1) @ v_r,
                                        atol=1e-5, rtol=1e-5)
-        times: dict[float | None, list[float]] = {None: [], CAP: []}
-        for _ in range(args.rounds):
-            for cap in (None, CAP):
-                start = time.perf_counter()
-                for _ in range(args.steps):
-                    causal_attention(q, k, v, w, softcap=cap).sum().backward()
-                times[cap].append((time.perf_counter() - start) / args.steps)
-        plain, capped = statistics.median(times[None]), statistics.median(times[CAP])
-        print(f"| {s} | {w or 'full'} | {plain * 1e3:.1f} | {capped * 1e3:.1f} | {capped / plain:.2f} |")
+        times = interleaved({"plain": lambda: causal_attention(q, k, v, w).sum().backward(),  # noqa: B023
+                             "capped": lambda: causal_attention(q, k, v, w, softcap=CAP).sum().backward()},  # noqa: B023
+                            args.rounds, args.steps)
+        plain, capped = statistics.median(times["plain"]), statistics.median(times["capped"])
+        print(f"| {s} | {w or 'full'} | {plain * 1e3:.1f} | {capped * 1e3:.1f} | "
+              f"{median_ratio(times['capped'], times['plain']):.2f} |")
     return 0
 
 
