@@ -27,7 +27,10 @@ INSTALL_HINT = "apt-get update && apt-get install -y slurm-wlm munge"
 """What to run (as root) where the Slurm tests skip."""
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
-NODES = ("n1", "n2")
+NODES = ("n1", "n2", "n3", "n4")
+SPARE_PARTITION = "SPARE"
+"""Partition of n3 and n4: a test that kills a node's slurmd runs there, so the other tests' jobs (on n1 and n2,
+the main partition) never land on a node that is down."""
 
 
 def missing_programs() -> list[str]:
@@ -44,7 +47,8 @@ def _program(name: str) -> str:
 
 
 class SlurmCluster:
-    """Two emulated nodes (n1, n2) on 127.0.0.1 in partition ``partition``; ``start()``, then ``stop()``."""
+    """Emulated nodes on 127.0.0.1: n1 and n2 in partition ``partition``, n3 and n4 in :data:`SPARE_PARTITION`;
+    ``start()``, then ``stop()``."""
 
     def __init__(self, root: Path, partition: str = "debug", cpus: int = 2) -> None:
         self.root, self.partition, self.cpus = root, partition, cpus
@@ -83,8 +87,9 @@ class SlurmCluster:
         ]
         lines += [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus} State=UNKNOWN"
                   for n, p in zip(NODES, node_ports, strict=True)]
-        lines.append(f"PartitionName={self.partition} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP "
-                     "OverSubscribe=FORCE:4")
+        for name, nodes, default in ((self.partition, NODES[:2], "YES"), (SPARE_PARTITION, NODES[2:], "NO")):
+            lines.append(f"PartitionName={name} Nodes={','.join(nodes)} Default={default} MaxTime=INFINITE "
+                         "State=UP OverSubscribe=FORCE:4")
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
@@ -160,7 +165,8 @@ class SlurmCluster:
 
     def cancel_all(self, timeout: float = 60.0) -> None:
         """Cancel every job and wait until the queue is empty."""
-        self.run(["scancel", f"--partition={self.partition}"], check=False)
+        for partition in (self.partition, SPARE_PARTITION):
+            self.run(["scancel", f"--partition={partition}"], check=False)
         deadline = time.monotonic() + timeout
         while self.queue() and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from megatron_bridge.launcher.slurm_follow import run_jobs
-from tests.functional_tests.slurm.cluster import INSTALL_HINT, SlurmCluster, missing_programs
+from tests.functional_tests.slurm.cluster import INSTALL_HINT, SPARE_PARTITION, SlurmCluster, missing_programs
 
 
 REPO = Path(__file__).resolve().parents[3]
@@ -265,21 +265,21 @@ def _freeze_node_mid_run(cluster: SlurmCluster, launch: Launch, job: str, after_
 
 
 def _kill_node_mid_run(cluster: SlurmCluster, launch: Launch) -> None:
-    """Job 1, once it saved a checkpoint: node n2 dies whole (SIGKILL at once to its slurmd, the job's step daemon
-    there, its launcher and worker: a power loss); n2's slurmd starts again (the node rebooted) once the run
-    resubmitted itself (or after 150 s). Other runs' step daemons on n2 live on; their next jobs wait for n2."""
+    """Job 1 (in the spare partition: n3, n4), once it saved a checkpoint: node n4 dies whole (SIGKILL at once to its
+    slurmd, the job's step daemon there, its launcher and worker: a power loss); n4's slurmd starts again (the node
+    rebooted) once the run resubmitted itself (or after 150 s). The other runs' jobs never use n3 or n4."""
     deadline, killed = time.monotonic() + TIMEOUT_S, False
     try:
         job = _nth_job(launch.run_dir, 1, deadline)
-        _wait_for(lambda: _checkpoint_step(launch.run_dir) >= 2 and _node_task(job, "n2") is not None, deadline,
+        _wait_for(lambda: _checkpoint_step(launch.run_dir) >= 2 and _node_task(job, "n4") is not None, deadline,
                   f"a checkpoint of job {job}")
-        task = _node_task(job, "n2")
+        task = _node_task(job, "n4")
         if task is None:
-            raise TimeoutError(f"no task of job {job} on n2")
-        for pid in [cluster.pid("slurmd-n2"), _parent(task), *_descendants(task)]:
+            raise TimeoutError(f"no task of job {job} on n4")
+        for pid in [cluster.pid("slurmd-n4"), _parent(task), *_descendants(task)]:
             os.kill(pid, signal.SIGKILL)
         killed = True
-        launch.events.append(f"killed n2 of job {job} whole after checkpoint step {_checkpoint_step(launch.run_dir)} "
+        launch.events.append(f"killed n4 of job {job} whole after checkpoint step {_checkpoint_step(launch.run_dir)} "
                              f"at {time.time():.0f}")
         from megatron_bridge.launcher.slurm_follow import successor
 
@@ -289,7 +289,7 @@ def _kill_node_mid_run(cluster: SlurmCluster, launch: Launch) -> None:
         launch.events.append(f"watcher: {exc}")
     finally:
         if killed:
-            cluster.start_node("n2")
+            cluster.start_node("n4")
 
 
 @pytest.fixture(scope="module")
@@ -304,9 +304,11 @@ def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         # a worker killed in job 1, node n2 frozen whole in job 2 (found within --node_timeout): both retried
         "failed": _start(cluster, root, "failed", [*RUN, *SLURM, "--detach", "false", "--max_retries", "2",
                                                    "--node_timeout", "15", "checkpoint.save_interval=2"]),
-        # node n2 killed whole in job 1 (slurmd included), found within --node_timeout: one retry finishes the run
-        "node_killed": _start(cluster, root, "node_killed", [*RUN, *SLURM, "--detach", "false", "--max_retries", "1",
-                                                             "--node_timeout", "15", "checkpoint.save_interval=2"]),
+        # node n4 killed whole in job 1 (slurmd included; the spare partition), found within --node_timeout: one retry
+        # finishes the run
+        "node_killed": _start(cluster, root, "node_killed", [*RUN, *SLURM, "-p", SPARE_PARTITION, "--detach", "false",
+                                                             "--max_retries", "1", "--node_timeout", "15",
+                                                             "checkpoint.save_interval=2"]),
         # fails on every node before Python starts: each retry fails the same way
         "exhausted": _start(cluster, root, "exhausted", [*RUN, *SLURM, "--detach", "false", "--max_retries", "1",
                                                          "-ce", "PYTHONHOME=/nonexistent"]),
@@ -424,13 +426,13 @@ def test_a_node_that_stops_answering_is_found_and_the_run_resumes(runs: dict[str
 
 def test_a_node_killed_whole_is_found_and_one_retry_finishes(runs: dict[str, Launch],
                                                               reference: list[float]) -> None:
-    """n2 killed whole in job 1 (slurmd, step daemon, launcher, worker): node 0's launcher ends (its worker lost its
+    """n4 killed whole in job 1 (slurmd, step daemon, launcher, worker): node 0's launcher ends (its worker lost its
     peer) and says so in its last heartbeat, so the script names node 1, the silent one, within --node_timeout plus
-    its check and a heartbeat, and resubmits (--max_retries 1, not Slurm's requeue); the retry, on the rebooted n2,
+    its check and a heartbeat, and resubmits (--max_retries 1, not Slurm's requeue); the retry, on the rebooted n4,
     resumes from the checkpoint and finishes with the local run's losses."""
     launch = runs["node_killed"]
     rc, out = launch.wait()
-    assert launch.events and launch.events[0].startswith("killed n2 of job"), (launch.events, out[-6000:])
+    assert launch.events and launch.events[0].startswith("killed n4 of job"), (launch.events, out[-6000:])
     assert rc == 0, (launch.events, out[-6000:])
     lost = re.search(r"^(\S+) \[slurm job \d+\] node 1 stopped answering: no heartbeat for (\d+) s "
                      r"\(--node_timeout 15\)", out, re.M)
