@@ -217,6 +217,9 @@ class LlamaModel(nn.Module):
         # layer where it does not hold them and keeps its layers in a ModuleDict keyed by global layer index.
         self.embed_tokens: nn.Embedding | None = nn.Embedding(config.padded_vocab_size, config.hidden_size,
                                                               device="meta", dtype=dtype)
+        self.embeds_input = True
+        """Whether the input is token ids for ``embed_tokens`` (False on pipeline stages after the first, among them
+        a tied last stage that keeps ``embed_tokens`` only as its output weight)."""
         self.rotary_emb = RotaryEmbedding(config, device="meta")
         self.layers: nn.ModuleList | nn.ModuleDict = nn.ModuleList(
             LlamaDecoderLayer(config, i, dtype=dtype) for i in range(config.num_layers))
@@ -314,7 +317,8 @@ class LlamaModel(nn.Module):
             cross-entropy ``[b, s]`` in float32 (computed in float32 from the logits, no reduction), as Megatron's
             GPTModel. A pipeline stage without the output layer returns its hidden states ``[b, s, hidden]``.
         """
-        expected_dims = 2 if self.embed_tokens is not None else 3
+        embeds = self.embeds_input and self.embed_tokens is not None
+        expected_dims = 2 if embeds else 3
         if input_ids.dim() != expected_dims:
             what = "input_ids must have shape [batch, seq]" if expected_dims == 2 else \
                 "a pipeline stage's input must have shape [batch, seq, hidden]"
@@ -327,8 +331,8 @@ class LlamaModel(nn.Module):
                 f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}."
             )
 
-        hidden_states = self.embed_tokens(input_ids) if self.embed_tokens is not None else input_ids
-        if self.embed_tokens is not None and self.config.scale_embeddings_by_sqrt_hidden:
+        hidden_states = self.embed_tokens(input_ids) if embeds else input_ids
+        if embeds and self.config.scale_embeddings_by_sqrt_hidden:
             # The factor rounded to the embedding's dtype first, as Gemma (transformers' ScaledWordEmbedding) does.
             scale = torch.tensor(math.sqrt(self.config.hidden_size), dtype=torch.float32, device=hidden_states.device)
             hidden_states = hidden_states * scale.to(hidden_states.dtype)
