@@ -30,7 +30,7 @@ FUNCTIONAL_S: dict[str, float] = {
     "checkpoint/test_any_to_any.py": 36,
     "checkpoint/test_resume_pretrain.py": 32,
     "context_parallel/test_cp_attention.py": 11,
-    "families/test_family_layouts.py": 65,
+    "families/test_family_layouts.py": 68,  # + Gemma 3 at PP=2 (tied embeddings)
     "families/test_deepseek_v3_layouts.py": 40,
     "families/test_gpt_oss_layouts.py": 45,
     "context_parallel/test_cp_pretrain.py": 115,
@@ -57,6 +57,7 @@ FUNCTIONAL_S: dict[str, float] = {
     "training/test_megatron_core_engine.py": 110,  # + the MoE reference and the EP2 / PP2 MoE layouts (issue 44)
     "training/test_megatron_fsdp.py": 72,
     "training/test_pipeline_parallel.py": 87,
+    "training/test_pipeline_tied_embeddings.py": 40,  # a 2-rank and a 4-rank launch (measured 40 s alone, warm)
     "training/test_pretrain_backends.py": 63,
     "training/test_pretrain_single.py": 13,
     "context_parallel/test_cp_ring_cuda.py": 0,  # needs CUDA: skipped on CPU

@@ -4,9 +4,10 @@ The tiny Llama with ``model.share_embeddings_and_output_weights=True`` at PP=2: 
 embedding as its output weight, the two gradients are summed over the first and last stage
 (:mod:`megatron_bridge.distributed.tied_embeddings`). Every run's per-step losses (relative 1e-5) and final weights
 (absolute 1e-5) match a one-process PP=1 run on the same global batches, and the two copies of the embedding are
-bitwise equal at the end. One 2-rank launch runs every case: DDP (1F1B and Interleaved1F1B with VP=2), FSDP2,
-meta-device initialization (the copy set from the first stage), a bit-exact resume at PP=2 and a PP=2 checkpoint
-resumed at PP=1.
+bitwise equal at the end. One 2-rank launch runs DDP (1F1B and Interleaved1F1B with VP=2), FSDP2, meta-device
+initialization (the copy set from the first stage), a bit-exact resume at PP=2 and a PP=2 checkpoint resumed at PP=1;
+one 4-rank launch runs PP=4 (the embedding groups are pairs of the first and last stage), PP=2 × DP=2 (FSDP2 shards)
+and PP=2 × TP=2 (the last stage's TiedOutput over its vocabulary-parallel copy).
 """
 
 import os
@@ -27,7 +28,7 @@ LOSS_RTOL = 1e-5
 WEIGHT_ATOL = 1e-5
 STEPS = 4
 EMBEDDING = "embed_tokens.weight"
-GROUPS = {2: ["test_tied_pp2_matches_one_process", "test_tied_pp2_resumes"]}
+GROUPS = {2: ["test_tied_pp2_matches_one_process", "test_tied_pp2_resumes"], 4: ["test_tied_four_ranks"]}
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -63,7 +64,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         return None
     env = {"MB_REFERENCE": str(cached_reference(tied_config(), tmp_path_factory)),
            "MB_TIED_DIR": str(tmp_path_factory.mktemp("tied_pp"))}
-    return LaunchGroups(__file__, selected_groups(request, GROUPS), {2: 900}, env=env)
+    return LaunchGroups(__file__, selected_groups(request, GROUPS), {2: 900, 4: 900}, env=env)
 
 
 def _join_group() -> None:
@@ -151,3 +152,14 @@ def test_tied_pp2_resumes(launches: LaunchGroups | None) -> None:
     assert _resume_run(root, 2, pipeline_model_parallel_size=2) == full[2:], full
     at_pp1 = _resume_run(root, 2)
     assert all(abs(g - w) <= LOSS_RTOL * abs(w) for g, w in zip(at_pp1, full[2:], strict=True)), (at_pp1, full)
+
+
+def test_tied_four_ranks(launches: LaunchGroups | None) -> None:
+    """PP=4 (DDP), PP=2 × FSDP2 DP=2 and PP=2 × TP=2 (FSDP2) match one process."""
+    if not is_worker():
+        launches.check("test_tied_four_ranks")  # type: ignore[union-attr]
+        return
+    _check_parity("PP4 1F1B DDP", pipeline_model_parallel_size=4)
+    _check_parity("PP2 x FSDP2 DP2", pipeline_model_parallel_size=2, use_torch_fsdp2=True)
+    _check_parity("PP2 x TP2 (FSDP2)", pipeline_model_parallel_size=2, tensor_model_parallel_size=2,
+                  use_torch_fsdp2=True)
