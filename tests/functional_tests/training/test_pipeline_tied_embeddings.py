@@ -142,10 +142,27 @@ def _resume_run(root: Path, load_step: int | None, **layout: Any) -> list[float]
     return result.losses
 
 
-def test_tied_pp2_resumes(launches: LaunchGroups | None) -> None:
-    """A PP=2 run saved at step 2 resumes at PP=2 bit for bit, and at PP=1 (DP=2) within 1e-5."""
+def _check_hf_export(root: Path, out: Path) -> None:
+    from safetensors.torch import load_file
+
+    from megatron_bridge.bridge.auto_bridge import AutoBridge
+    from megatron_bridge.bridge.checkpoints import CheckpointTensors
+
+    AutoBridge.export_ckpt(root, out / "hf", step=2)
+    hf: dict[str, torch.Tensor] = {}
+    for path in sorted((out / "hf").glob("*.safetensors")):
+        hf.update(load_file(path))
+    saved = dict(CheckpointTensors(root, 2).items())
+    assert "lm_head.weight" not in hf and len(hf) == len(saved), sorted(hf)
+    assert torch.equal(hf["model.embed_tokens.weight"], saved[EMBEDDING])
+
+
+def test_tied_pp2_resumes(launches: LaunchGroups | None, tmp_path: Path) -> None:
+    """A PP=2 run saved at step 2 resumes at PP=2 bit for bit, and at PP=1 (DP=2) within 1e-5; the PP=2 checkpoint
+    exports to a tied Hugging Face folder (one embedding, no ``lm_head.weight``) holding the checkpoint's values."""
     if not is_worker():
         launches.check("test_tied_pp2_resumes")  # type: ignore[union-attr]
+        _check_hf_export(Path(launches.env["MB_TIED_DIR"]) / "resume", tmp_path)  # type: ignore[union-attr]
         return
     root = Path(os.environ["MB_TIED_DIR"]) / "resume"
     full = _resume_run(root, None, pipeline_model_parallel_size=2)
