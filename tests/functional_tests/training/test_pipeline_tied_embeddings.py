@@ -4,9 +4,9 @@ The tiny Llama with ``model.share_embeddings_and_output_weights=True`` at PP=2: 
 embedding as its output weight, the two gradients are summed over the first and last stage
 (:mod:`megatron_bridge.distributed.tied_embeddings`). Every run's per-step losses (relative 1e-5) and final weights
 (absolute 1e-5) match a one-process PP=1 run on the same global batches, and the two copies of the embedding are
-bitwise equal at the end. One 2-rank launch runs DDP (1F1B and Interleaved1F1B with VP=2), FSDP2, meta-device
-initialization (the copy set from the first stage), a bit-exact resume at PP=2 and a PP=2 checkpoint resumed at PP=1;
-one 4-rank launch runs PP=4 (the embedding groups are pairs of the first and last stage), PP=2 × DP=2 (FSDP2 shards)
+bitwise equal at the end. One 2-rank launch runs DDP (1F1B and Interleaved1F1B with VP=2), FSDP2 (1F1B and
+InterleavedZeroBubble with VP=2), meta-device initialization (the copy set from the first stage), a bit-exact resume
+at PP=2, a PP=2 checkpoint resumed at PP=1 and exported to Hugging Face; one 4-rank launch runs PP=4 (the embedding groups are pairs of the first and last stage), PP=2 × DP=2 (FSDP2 shards)
 and PP=2 × TP=2 (the last stage's TiedOutput over its vocabulary-parallel copy).
 """
 
@@ -33,9 +33,12 @@ GROUPS = {2: ["test_tied_pp2_matches_one_process", "test_tied_pp2_resumes"], 4: 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 
-def tied_config(**overrides: Any) -> ConfigContainer:
-    """The tiny Llama, tied, 4 steps of 8 samples (micro-batch 2), vocabulary 512, no eval, no checkpoints."""
+def tied_config(model: dict[str, Any] | None = None, **overrides: Any) -> ConfigContainer:
+    """The tiny Llama, tied, 4 steps of 8 samples (micro-batch 2), vocabulary 512, no eval, no checkpoints; ``model``
+    sets model fields."""
     cfg = small_config(**{"train_iters": STEPS, "log_interval": 1, **overrides})
+    for name, value in (model or {}).items():
+        setattr(cfg.model, name, value)
     cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by = 512, 128
     cfg.model.share_embeddings_and_output_weights = True
     return cfg
@@ -116,7 +119,8 @@ def _check_parity(label: str, **overrides: Any) -> None:
 
 
 def test_tied_pp2_matches_one_process(launches: LaunchGroups | None) -> None:
-    """PP=2 with DDP (1F1B; Interleaved1F1B at VP=2) and with FSDP2 matches one process; meta-device
+    """PP=2 with DDP (1F1B; Interleaved1F1B at VP=2) and with FSDP2 (1F1B; InterleavedZeroBubble at VP=2, which
+    splits the backward) matches one process; meta-device
     initialization gives the last stage the first stage's embedding (broadcast again after spoiling the copy)."""
     if not is_worker():
         launches.check("test_tied_pp2_matches_one_process")  # type: ignore[union-attr]
@@ -124,7 +128,9 @@ def test_tied_pp2_matches_one_process(launches: LaunchGroups | None) -> None:
     _check_parity("PP2 1F1B DDP", pipeline_model_parallel_size=2)
     _check_parity("PP2 VP2 Interleaved1F1B DDP", pipeline_model_parallel_size=2,
                   virtual_pipeline_model_parallel_size=2)
-    _check_parity("PP2 FSDP2", pipeline_model_parallel_size=2, use_torch_fsdp2=True)
+    _check_parity("PP2 VP2 InterleavedZeroBubble FSDP2", pipeline_model_parallel_size=2,
+                  virtual_pipeline_model_parallel_size=2, use_torch_fsdp2=True,
+                  model={"pipeline_schedule": "InterleavedZeroBubble"})
     _train("PP2 FSDP2 meta-device init", meta=True, pipeline_model_parallel_size=2, use_torch_fsdp2=True)
 
 
