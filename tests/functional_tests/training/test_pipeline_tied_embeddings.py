@@ -6,8 +6,8 @@ embedding as its output weight, the two gradients are summed over the first and 
 (absolute 1e-5) match a one-process PP=1 run on the same global batches, and the two copies of the embedding are
 bitwise equal at the end. One 2-rank launch runs DDP (1F1B and Interleaved1F1B with VP=2), FSDP2 (1F1B and
 InterleavedZeroBubble with VP=2), meta-device initialization (the copy set from the first stage), a bit-exact resume
-at PP=2, a PP=2 checkpoint resumed at PP=1 and exported to Hugging Face; one 4-rank launch runs PP=4 (the embedding groups are pairs of the first and last stage), PP=2 × DP=2 (FSDP2 shards)
-and PP=2 × TP=2 (the last stage's TiedOutput over its vocabulary-parallel copy).
+at PP=2, a PP=2 checkpoint resumed at PP=1 and exported to Hugging Face; one 4-rank launch runs PP=4 (the embedding groups are pairs of the first and last stage), PP=2 × DP=2 (FSDP2 shards),
+PP=2 × TP=2 (the last stage's TiedOutput over its vocabulary-parallel copy) and the tiny MoE at PP=2 × EP=2.
 """
 
 import os
@@ -44,6 +44,15 @@ def tied_config(model: dict[str, Any] | None = None, **overrides: Any) -> Config
     return cfg
 
 
+def tied_moe_config(**layout: Any) -> ConfigContainer:
+    """The tiny mixture of experts (tests/functional_tests/families/_tiny_layouts.py), tied."""
+    from tests.functional_tests.families._tiny_layouts import tiny_config
+
+    cfg = tiny_config("tiny_moe", **layout)
+    cfg.model.share_embeddings_and_output_weights = True
+    return cfg
+
+
 class StageWeights(Callback):
     """Full weights of every stage at the end of training, by rank (DTensors gathered), on every rank."""
 
@@ -66,6 +75,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     if is_worker():
         return None
     env = {"MB_REFERENCE": str(cached_reference(tied_config(), tmp_path_factory)),
+           "MB_REFERENCE_MOE": str(cached_reference(tied_moe_config(), tmp_path_factory)),
            "MB_TIED_DIR": str(tmp_path_factory.mktemp("tied_pp"))}
     return LaunchGroups(__file__, selected_groups(request, GROUPS), {2: 900, 4: 900}, env=env)
 
@@ -178,7 +188,8 @@ def test_tied_pp2_resumes(launches: LaunchGroups | None, tmp_path: Path) -> None
 
 
 def test_tied_four_ranks(launches: LaunchGroups | None) -> None:
-    """PP=4 (DDP), PP=2 × FSDP2 DP=2 and PP=2 × TP=2 (FSDP2) match one process."""
+    """PP=4 (DDP), PP=2 × FSDP2 DP=2 and PP=2 × TP=2 (FSDP2) match one process; so does the tied mixture of
+    experts at PP=2 × EP=2 (the expert-parallel gradient clipping counts the tied weight once), per-step losses."""
     if not is_worker():
         launches.check("test_tied_four_ranks")  # type: ignore[union-attr]
         return
@@ -186,3 +197,9 @@ def test_tied_four_ranks(launches: LaunchGroups | None) -> None:
     _check_parity("PP2 x FSDP2 DP2", pipeline_model_parallel_size=2, use_torch_fsdp2=True)
     _check_parity("PP2 x TP2 (FSDP2)", pipeline_model_parallel_size=2, tensor_model_parallel_size=2,
                   use_torch_fsdp2=True)
+    from megatron_bridge.training.gpt_step import forward_step
+    from megatron_bridge.training.pretrain import pretrain
+
+    want = torch.load(os.environ["MB_REFERENCE_MOE"], weights_only=True)["losses"].tolist()
+    got = pretrain(tied_moe_config(pipeline_model_parallel_size=2, expert_model_parallel_size=2), forward_step).losses
+    assert all(abs(g - w) <= LOSS_RTOL * abs(w) for g, w in zip(got, want, strict=True)), (got, want)
