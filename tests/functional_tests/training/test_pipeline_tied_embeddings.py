@@ -3,11 +3,12 @@
 The tiny Llama with ``model.share_embeddings_and_output_weights=True`` at PP=2: the last stage keeps a copy of the
 embedding as its output weight, the two gradients are summed over the first and last stage
 (:mod:`megatron_bridge.distributed.tied_embeddings`). Every run's per-step losses (relative 1e-5) and final weights
-(absolute 1e-5) match a one-process PP=1 run on the same global batches, and the two copies of the embedding are
-bitwise equal at the end. One 2-rank launch runs DDP (1F1B and Interleaved1F1B with VP=2), FSDP2 (1F1B and
-InterleavedZeroBubble with VP=2), meta-device initialization (the copy set from the first stage), a bit-exact resume
-at PP=2, a PP=2 checkpoint resumed at PP=1 and exported to Hugging Face; one 4-rank launch runs PP=4 (the embedding groups are pairs of the first and last stage), PP=2 × DP=2 (FSDP2 shards),
-PP=2 × TP=2 (the last stage's TiedOutput over its vocabulary-parallel copy) and the tiny MoE at PP=2 × EP=2.
+(absolute 1e-5) match a one-process PP=1 run on the same global batches, and the two copies of the embedding are bitwise
+equal at the end. One 2-rank launch runs DDP (1F1B and Interleaved1F1B with VP=2), FSDP2 (1F1B and InterleavedZeroBubble
+with VP=2), meta-device initialization (the copy set from the first stage), a bit-exact resume at PP=2, a PP=2
+checkpoint resumed at PP=1 and exported to Hugging Face; one 4-rank launch runs PP=4 (the embedding groups are pairs of
+the first and last stage), PP=2 × DP=2 (FSDP2 shards), PP=2 × TP=2 (the last stage's TiedOutput over its vocabulary-
+parallel copy) and the tiny MoE at PP=2 × EP=2.
 """
 
 import os
