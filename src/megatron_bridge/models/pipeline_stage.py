@@ -74,7 +74,9 @@ def build_pipeline_chunks(config: ModelConfig, pp_rank: int, *, device: torch.de
         PipelineLayoutError: the pipeline fields of ``config`` cannot split the model.
     """
     all_specs = build_stage_specs(config)
-    log_rank_0(logger, "pipeline layout (%s): %s", resolve_schedule(config), "; ".join(map(describe, all_specs)))
+    tied = config.share_embeddings_and_output_weights
+    log_rank_0(logger, "pipeline layout (%s): %s", resolve_schedule(config),
+               "; ".join(describe(spec, tied=tied) for spec in all_specs))
     full = None if config.init_model_with_meta_device else LlamaModel(config, device=device)
     chunks = []
     for spec in (s for s in all_specs if s.rank == pp_rank):
@@ -85,11 +87,13 @@ def build_pipeline_chunks(config: ModelConfig, pp_rank: int, *, device: torch.de
     return chunks
 
 
-def describe(spec: StageSpec) -> str:
-    """``"stage 0 (rank 0): embedding + layers 0-3"``."""
+def describe(spec: StageSpec, *, tied: bool = False) -> str:
+    """``"stage 0 (rank 0): embedding + layers 0-3"``; with ``tied`` the last stage's output layer is named a copy of
+    the embedding."""
     parts = ["embedding"] if spec.is_first else []
     if spec.layers:
         parts.append(f"layers {spec.layers[0]}-{spec.layers[-1]}")
     if spec.is_last:
-        parts.append("output layer + loss")
+        parts.append("output layer (tied: a copy of the embedding) + loss" if tied and not spec.is_first
+                     else "output layer + loss")
     return f"stage {spec.index} (rank {spec.rank}): {' + '.join(parts)}"
