@@ -15,7 +15,8 @@ gets what is left, and a step with no time left is recorded as skipped):
 3. ``matrix``: 6 steps of the tiny recipe on one GPU for every mixed-precision preset (DDP), every backend (bf16),
    and every engine (``model.engine`` and ``model.transformer_impl``: native, megatron-core local spec, megatron-core
    TE spec; an engine this version or machine cannot build is skipped with its error), and the other families' tiny
-   recipes (``FAMILY_CASES``: Mistral's window on both engines, Mixtral's experts, DeepSeek-V3's MLA); each row
+   recipes (``FAMILY_CASES``: Mistral's window on both engines, Mixtral's experts, DeepSeek-V3's MLA, GPT-OSS's
+   sinks, Gemma 3 and Gemma 2); each row
    compares the CUDA allocator peak with the dry-run memory estimate.
 4. ``mfu``: a Llama-3-8B-shaped model (hidden 4096, 32/8 heads, SwiGLU 14336, vocabulary 128256, sequence 8192) in
    bf16 on one GPU with as many of its 32 blocks as the memory estimate fits into 85% of the GPU, 10 steps through
@@ -70,11 +71,14 @@ ENGINE_SETTINGS = {"local": ("native", "local"), "megatron_core": ("megatron_cor
 local layer spec, and with transformer-engine's spec."""
 ENGINE_PRESET = {"local": "bf16_mixed", "megatron_core": "bf16_mixed", "transformer_engine": "bf16_mixed"}
 """Preset of each engine's case: bf16_mixed everywhere (on megatron-core: bf16 weights, fp32 main parameters)."""
-FAMILY_CASES = {"tiny_mistral": ("local", "megatron_core"), "tiny_mixtral": ("local",), "tiny_deepseek_v3": ("local",)}
+FAMILY_CASES = {"tiny_mistral": ("local", "megatron_core"), "tiny_mixtral": ("local",), "tiny_deepseek_v3": ("local",),
+                "tiny_gpt_oss": ("local",), "tiny_gemma3": ("local",), "tiny_gemma2": ("local",)}
 """The other families' tiny recipes the matrix also trains (bf16, DDP): Mistral's sliding window on both engines
 (megatron-core's local attention builds the window mask on the GPU), Mixtral's experts and DeepSeek-V3's multi-latent
 attention with group-limited routing on the native engine (one GPU: expert parallelism 1; megatron-core refuses MLA,
-rule megatron_core_mla); the GPU-verified column of docs/models.md is what such runs show."""
+rule megatron_core_mla), GPT-OSS's attention sinks (the sink-column path on CUDA) and clamped experts, Gemma 3's
+per-layer RoPE and Gemma 2's soft-capped attention (megatron-core refuses those fields); the GPU-verified column of
+docs/models.md is what such runs show."""
 BACKENDS = ("ddp", "fsdp2", "megatron_fsdp")
 MCORE_FSDP_PRESET = {"fsdp2": "bf16_mixed", "megatron_fsdp": "bf16_mixed"}
 """The preset of the matrix's megatron-core case per FSDP wrapper, bf16_mixed as Megatron-LM runs them: FSDP2 (bf16

@@ -13,13 +13,12 @@ column path's within 1e-5.
 """
 
 import argparse
-import datetime
-import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
+
+from attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
 
 
 GRID = ((1024, None), (2048, None), (2048, 512))
@@ -28,14 +27,7 @@ GRID = ((1024, None), (2048, None), (2048, 512))
 
 def parse_args() -> argparse.Namespace:
     """Command line."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--steps", type=int, default=1, help="passes per variant, mode and round")
-    p.add_argument("--rounds", type=int, default=11)
-    return p.parse_args()
+    return attention_parser(__doc__, kv_heads=8, steps=1, rounds=11).parse_args()
 
 
 def _variants(window: int | None, sinks: "object") -> dict[str, Callable]:
@@ -63,52 +55,40 @@ def _variants(window: int | None, sinks: "object") -> dict[str, Callable]:
             "column": column}
 
 
-def _time(fn: Callable, tensors: tuple, backward: bool, steps: int) -> float:
-    """Seconds per pass of ``fn`` (forward without grad, or forward + backward)."""
+def _pass(fn: Callable, tensors: tuple, backward: bool) -> Callable[[], object]:
+    """One pass of ``fn``: forward without grad, or forward + backward."""
     import torch
 
-    start = time.perf_counter()
-    for _ in range(steps):
+    def run() -> object:
         if backward:
-            fn(*tensors).sum().backward()
-        else:
-            with torch.no_grad():
-                fn(*tensors)
-    return (time.perf_counter() - start) / steps
+            return fn(*tensors).sum().backward()
+        with torch.no_grad():
+            return fn(*tensors)
+
+    return run
 
 
 def main() -> int:
     """Entry point."""
     args = parse_args()
-    import torch
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    print(f"# {datetime.date.today()} {platform.machine()} torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread; batch {args.batch}, heads {args.heads}/{args.kv_heads}, "
-          f"head dim {args.head_dim}; {args.rounds} rounds x {args.steps} passes, medians")
+    torch = setup(args)
     print("| seq | window | plain fwd (ms) | sink fwd (ms) | sink / plain fwd | column / plain fwd "
           "| plain fwd+bwd (ms) | sink fwd+bwd (ms) | sink / plain fwd+bwd | column / plain fwd+bwd |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for s, w in GRID:
-        q = torch.randn(args.batch, args.heads, s, args.head_dim, requires_grad=True)
-        k, v = (torch.randn(args.batch, args.kv_heads, s, args.head_dim, requires_grad=True) for _ in range(2))
+        q, k, v = qkv(args, s)
         sinks = torch.randn(args.heads, requires_grad=True)
         variants = _variants(w, sinks)
         with torch.no_grad():
             torch.testing.assert_close(variants["sink"](q, k, v), variants["column"](q, k, v), atol=1e-5, rtol=1e-5)
-        times = {(name, bwd): [] for name in variants for bwd in (False, True)}
-        for _ in range(args.rounds):
-            for bwd in (False, True):
-                for name, fn in variants.items():
-                    times[name, bwd].append(_time(fn, (q, k, v), bwd, args.steps))
-        med = {key: statistics.median(t) for key, t in times.items()}
+        modes = {False: "fwd", True: "fwd+bwd"}
+        times = interleaved({f"{name} {mode}": _pass(fn, (q, k, v), bwd) for bwd, mode in modes.items()
+                             for name, fn in variants.items()}, args.rounds, args.steps)
         cells = []
-        for bwd in (False, True):
-            ratio = {name: statistics.median(a / b for a, b in zip(times[name, bwd], times["plain", bwd], strict=True))
-                     for name in ("sink", "column")}
-            cells += [f"{med['plain', bwd] * 1e3:.1f}", f"{med['sink', bwd] * 1e3:.1f}", f"{ratio['sink']:.2f}",
-                      f"{ratio['column']:.2f}"]
+        for mode in modes.values():
+            plain, sink = times[f"plain {mode}"], times[f"sink {mode}"]
+            cells += [f"{statistics.median(plain) * 1e3:.1f}", f"{statistics.median(sink) * 1e3:.1f}",
+                      f"{median_ratio(sink, plain):.2f}", f"{median_ratio(times[f'column {mode}'], plain):.2f}"]
         print(f"| {s} | {w or 'none'} | " + " | ".join(cells) + " |")
     return 0
 

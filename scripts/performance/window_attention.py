@@ -10,12 +10,11 @@ against ``s``). Also checks that the windowed output equals the band-masked refe
 """
 
 import argparse
-import datetime
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
+
+from attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
 
 
 GRID = ((512, 64), (1024, 128), (2048, 128), (2048, 256), (2048, 512), (2048, 1024), (4096, 512))
@@ -24,45 +23,29 @@ GRID = ((512, 64), (1024, 128), (2048, 128), (2048, 256), (2048, 512), (2048, 10
 
 def parse_args() -> argparse.Namespace:
     """Command line."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--steps", type=int, default=3, help="forward+backward passes per variant and round")
-    p.add_argument("--rounds", type=int, default=3)
-    return p.parse_args()
+    return attention_parser(__doc__, kv_heads=4, steps=3, rounds=3).parse_args()
 
 
 def main() -> int:
     """Entry point."""
     args = parse_args()
-    import torch
-
+    torch = setup(args)
     from megatron_bridge.models.attention import band_mask, causal_attention
 
-    torch.manual_seed(0)
-    print(f"# {datetime.date.today()} {platform.machine()} torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; batch {args.batch}, heads {args.heads}/{args.kv_heads}, "
-          f"head dim {args.head_dim}")
     print("| seq | window | full (ms) | window (ms) | time ratio | attended-key ratio |")
     print("|---|---|---|---|---|---|")
     for s, w in GRID:
-        q = torch.randn(args.batch, args.heads, s, args.head_dim, requires_grad=True)
-        k, v = (torch.randn(args.batch, args.kv_heads, s, args.head_dim, requires_grad=True) for _ in range(2))
+        q, k, v = qkv(args, s)
         pos = torch.arange(s)
         reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=band_mask(pos, pos, w),
                                                                      enable_gqa=True)
         torch.testing.assert_close(causal_attention(q, k, v, w), reference, atol=1e-5, rtol=1e-5)
-        times: dict[int | None, list[float]] = {None: [], w: []}
-        for _ in range(args.rounds):
-            for window in (None, w):
-                start = time.perf_counter()
-                for _ in range(args.steps):
-                    causal_attention(q, k, v, window).sum().backward()
-                times[window].append((time.perf_counter() - start) / args.steps)
-        full, windowed = statistics.median(times[None]), statistics.median(times[w])
-        print(f"| {s} | {w} | {full * 1e3:.1f} | {windowed * 1e3:.1f} | {windowed / full:.2f} | {min(w, s) / s:.2f} |")
+        times = interleaved({"full": lambda: causal_attention(q, k, v, None).sum().backward(),  # noqa: B023
+                             "window": lambda: causal_attention(q, k, v, w).sum().backward()},  # noqa: B023
+                            args.rounds, args.steps)
+        full, windowed = statistics.median(times["full"]), statistics.median(times["window"])
+        print(f"| {s} | {w} | {full * 1e3:.1f} | {windowed * 1e3:.1f} | "
+              f"{median_ratio(times['window'], times['full']):.2f} | {min(w, s) / s:.2f} |")
     return 0
 
 

@@ -98,6 +98,8 @@ class AutoBridge:
         self.hf_path = Path(hf_path) if hf_path is not None else None
         self.dtype = dtype
         self._model_config = family.config_from_hf(self.hf_config)
+        if self.hf_path is not None and is_hf_folder(self.hf_path):
+            family.config_for_folder(self._model_config, self.hf_config, HFWeightsReader(self.hf_path).names())
         if dtype is not None:
             self._model_config.params_dtype = {v: k for k, v in DTYPES.items()}[dtype]  # type: ignore[assignment]
 

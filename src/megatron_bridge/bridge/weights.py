@@ -62,14 +62,16 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         self.names = family.weight_names(config)
         self.stacked = family.stacked_weights(config)
         self.interleaved = family.interleaved_weights(config)
+        self.copies = family.copied_weights(config)
         self.shapes = expected_shapes(config)
         mapped = set(self.names) | set(self.stacked) | set(self.interleaved)
         if mapped != set(self.shapes):
             raise BridgeError(f"the {family.name} mapping and the model disagree on the parameters: "
                               f"{sorted(mapped ^ set(self.shapes))[:_MAX_NAMED]}")
+        found = family.read_hf_shapes(reader)
         if self.allowed:
-            self._skip_allowed(reader.shapes())
-        self._check(reader.shapes())
+            self._skip_allowed(found)
+        self._check(found)
 
     def _skip_allowed(self, found: dict[str, tuple[int, ...]]) -> None:
         """Leave out the allowed parameters the folder lacks or holds in another shape."""
@@ -99,7 +101,8 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         if missing:
             raise BridgeError(f"{where!r} lacks {len(missing)} tensor(s) the {self.family.name} model needs: "
                               f"{missing[:_MAX_NAMED]}")
-        unknown = sorted(n for n in set(found) - wanted if not self.family.ignorable_hf_weight(n, self.config))
+        unknown = sorted(n for n in set(found) - wanted - set(self.copies)
+                         if not self.family.ignorable_hf_weight(n, self.config))
         if unknown:
             raise BridgeError(f"{where!r} holds {len(unknown)} tensor(s) the {self.family.name} mapping does not "
                               f"know: {unknown[:_MAX_NAMED]}")
@@ -137,6 +140,7 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
         if name not in self.names:
             raise KeyError(name)
         tensor = self.family.read_hf_tensor(self.reader, self.names[name])
+        self._compare_copies(name, tensor)
         if self.dtype is not None and tensor.dtype != self.dtype:
             tensor = track(tensor.to(self.dtype))
         rows = self.shapes[name][0]
@@ -145,6 +149,14 @@ class HFModelWeights(Mapping[str, torch.Tensor]):
             padded[: tensor.shape[0]] = tensor
             tensor = track(padded)
         return tensor
+
+    def _compare_copies(self, name: str, tensor: torch.Tensor) -> None:
+        """Warn about a stored copy of ``name`` (:meth:`ModelFamily.copied_weights`) that differs from it: the model
+        keeps one tensor, so an export writes the copy equal to it."""
+        for copy in (hf for hf, ours in self.copies.items() if ours == name and hf in self.reader.weight_map):
+            if not torch.equal(self.family.read_hf_tensor(self.reader, copy), tensor):
+                logger.warning("%s: %r differs from %r, which the model shares (%r); an export writes it equal",
+                               self.reader.folder, copy, self.names[name], name)
 
     def __iter__(self) -> Iterator[str]:
         back: dict[str, list[str]] = {hf: [ours] for ours, hf in self.names.items()}
@@ -185,6 +197,7 @@ def hf_tensor_shapes(family: ModelFamily, config: ModelConfig) -> dict[str, tupl
     any tensor exists: the streaming writer lays out its shards from it)."""
     names, stacks = family.weight_names(config), family.stacked_weights(config)
     interleaved = family.interleaved_weights(config)
+    copies = family.copied_weights(config)
     out: dict[str, tuple[int, ...]] = {}
     for ours, shape in expected_shapes(config).items():
         if ours in interleaved:
@@ -193,6 +206,7 @@ def hf_tensor_shapes(family: ModelFamily, config: ModelConfig) -> dict[str, tupl
             out.update(dict.fromkeys(stacks[ours].hf_names, _part_shape(shape, stacks[ours])))
         elif ours in names:
             out[names[ours]] = hf_shape(ours, shape, config)
+            out.update(dict.fromkeys((hf for hf, of in copies.items() if of == ours), out[names[ours]]))
     return out
 
 
@@ -204,6 +218,7 @@ def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily
     names: dict[str, str] = family.weight_names(config)
     stacks = family.stacked_weights(config)
     interleaved = family.interleaved_weights(config)
+    copies = family.copied_weights(config)
     pending: dict[str, dict[int, torch.Tensor]] = {}
     seen = set()
     for name, tensor in pairs:
@@ -230,6 +245,8 @@ def to_hf_tensors(pairs: Iterable[tuple[str, torch.Tensor]], family: ModelFamily
         if name in VOCAB_PARAMS:
             tensor = tensor[: config.vocab_size]
         yield names[name], tensor
+        for copy in (hf for hf, of in copies.items() if of == name):
+            yield copy, tensor
     missing = sorted((set(names) | set(stacks) | set(interleaved)) - seen)
     if missing and not partial:
         raise BridgeError(f"the model has no {len(missing)} parameter(s) the {family.name} mapping needs: "

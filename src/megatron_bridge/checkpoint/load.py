@@ -258,7 +258,8 @@ def load_dcp(source: LoadSource, state: dict[str, Any], group: dist.ProcessGroup
     except CheckpointError:
         raise
     except DCP_ERRORS as exc:
-        raise CheckpointError(f"loading {source.path!r} failed: {dcp_error_message(exc)}") from exc
+        raise CheckpointError(f"loading {source.path!r} failed: {dcp_error_message(exc)}"
+                              + saved_run.optimizer_layout_fix(source.path, state)) from exc
 
 
 def full_state_of(source: LoadSource, padded_vocab_size: int | None, model_config: ModelConfig | None = None,

@@ -119,7 +119,8 @@ class _ParameterView(torch.nn.Module):
 
 
 _SWIGLU_FC1 = re.compile(r"\.mlp\.linear_fc1\.(weight|bias)$")
-"""The dense SwiGLU ``linear_fc1`` keys megatron-core splits (MoE is refused with Megatron FSDP: rule moe_backend)."""
+"""The dense SwiGLU ``linear_fc1`` keys megatron-core splits (the megatron-core engine's MoE is refused with Megatron
+FSDP: rule moe_backend)."""
 
 
 def _replicated_halves(data: Any, param: Any) -> tuple[Any, Any]:

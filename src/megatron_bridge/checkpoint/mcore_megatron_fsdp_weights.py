@@ -16,8 +16,8 @@ model tensor whole with DCP (which assembles the shards of every rank, uneven on
   (``input_layernorm``, ``pre_mlp_layernorm``), which :mod:`megatron_bridge.engines.megatron_core.weights` maps.
 
 Tensors are copied as stored, never recomputed. Optimizer state, scheduler and RNG states are not read. Checkpoints
-of several model chunks (``model0``, ...: virtual pipeline stages) and of MoE experts are refused (Megatron FSDP
-runs neither here: rules ``pipeline_megatron_fsdp``, ``moe_backend``).
+of several model chunks (``model0``, ...: virtual pipeline stages) and of MoE experts are refused (the megatron-core
+engine runs neither under Megatron FSDP: rules ``pipeline_megatron_fsdp``, ``moe_backend``).
 """
 
 import re

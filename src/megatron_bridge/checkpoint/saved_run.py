@@ -157,3 +157,23 @@ def model_mismatch_fix(folder: str | Path, model_cfg: Any = None) -> str:
                 "resume it, or point checkpoint.load / checkpoint.pretrained_checkpoint at a checkpoint of this model")
     return (". Fix: set the model.* fields the checkpoint was saved with (its run_config.yaml), or point "
             "checkpoint.load / checkpoint.pretrained_checkpoint at a checkpoint of this model")
+
+
+def optimizer_layout_fix(folder: str | Path, state: dict[str, Any]) -> str:
+    """The fix to append to a failed DCP load of the native engine when ``folder`` was written by the other kind of
+    backend: Megatron FSDP keys its optimizer state per parameter in nested form (``{"state": {name: ...}}``), DDP and
+    FSDP2 flat (``state.<name>.<key>``), so one cannot load the other's (the model weights can). Empty when no
+    optimizer state is loaded, the run_config.yaml does not say, or the layouts agree."""
+    optimizer = state.get("optimizer")
+    config = read_run_config(folder)
+    saved = config.get("dist") if config is not None else None
+    if not isinstance(optimizer, dict) or not isinstance(saved, dict) or not isinstance(
+            saved.get("use_megatron_fsdp"), bool):
+        return ""
+    written_by_mfsdp, loading_nested = saved["use_megatron_fsdp"], isinstance(optimizer.get("state"), dict)
+    if written_by_mfsdp == loading_nested:
+        return ""
+    writer = "Megatron FSDP (dist.use_megatron_fsdp=True)" if written_by_mfsdp else "DDP or FSDP2"
+    return (f". The checkpoint was written by {writer}, whose optimizer state is keyed differently from this "
+            "backend's. Fix: set checkpoint.load_optim=False to load its model weights with a fresh optimizer, or "
+            f"resume it with dist.use_megatron_fsdp={written_by_mfsdp}")

@@ -65,6 +65,11 @@ EXPERT_WEIGHTS = MLP_PROJECTIONS
 """Parameter names of the routed experts (each ``[num_local_experts, ...]``)."""
 EXPERT_BIASES = ("gate_bias", "up_bias", "down_bias")
 """Parameter names of the routed experts' biases (``model.add_bias_linear``; each ``[num_local_experts, ...]``)."""
+# multi-token prediction (model.mtp_num_layers; megatron-core's MultiTokenPredictionLayer names)
+MTP = "mtp"
+MTP_ENORM, MTP_HNORM, MTP_EH_PROJ = "enorm", "hnorm", "eh_proj"
+MTP_LAYER, MTP_NORM = "transformer_layer", "final_layernorm"
+"""One depth's decoder layer and the norm before the shared output layer."""
 VOCAB_PARAMETERS = (f"{EMBEDDING}.weight", f"{OUTPUT}.weight")
 """The parameters with a vocabulary dimension (0): the embedding and the untied output layer."""
 
@@ -95,13 +100,40 @@ def _mlp_names(cfg: "ModelConfig", prefix: str, moe: bool) -> list[str]:
     return names
 
 
-def _layer_names(cfg: "ModelConfig", i: int, moe: bool) -> list[str]:
-    attn = attention(i)
+def mtp_layer(i: int | str) -> str:
+    """The name of the multi-token prediction depth whose layer index is ``i`` (``num_layers + depth - 1``, the index
+    Hugging Face DeepSeek-V3 checkpoints give it)."""
+    return f"{MTP}.{LAYERS}.{i}"
+
+
+def mtp_layer_indices(cfg: "ModelConfig") -> list[int]:
+    """The layer indices of the multi-token prediction depths: ``num_layers .. num_layers + mtp_depths - 1``."""
+    return [cfg.num_layers + k for k in range(cfg.mtp_depths)]
+
+
+def _layer_names(cfg: "ModelConfig", i: int, moe: bool, where: str | None = None) -> list[str]:
+    at = layer(i) if where is None else where
+    attn = f"{at}.{ATTENTION}"
     norms = [f"{attn}.{n}" for n in HEAD_NORMS] if cfg.qk_layernorm else []
     inner = mla_modules(cfg) if cfg.multi_latent_attention else PROJECTIONS
-    post = [f"{layer(i)}.{n}" for n in POST_NORMS] if cfg.post_norms else []
-    return [layer(i), f"{layer(i)}.{ATTENTION_NORM}", attn, *(f"{attn}.{n}" for n in inner), *norms,
-            *post[:1], f"{layer(i)}.{MLP_NORM}", *_mlp_names(cfg, mlp(i), moe), *post[1:]]
+    post = [f"{at}.{n}" for n in POST_NORMS] if cfg.post_norms else []
+    return [at, f"{at}.{ATTENTION_NORM}", attn, *(f"{attn}.{n}" for n in inner), *norms,
+            *post[:1], f"{at}.{MLP_NORM}", *_mlp_names(cfg, f"{at}.{MLP}", moe), *post[1:]]
+
+
+def _mtp_names(cfg: "ModelConfig") -> list[str]:
+    """The multi-token prediction depths' modules: each has the two input norms, the projection, a decoder layer
+    built like the last one, and the norm before the output layer."""
+    if not cfg.mtp_depths:
+        return []
+    names = [MTP, f"{MTP}.{LAYERS}"]
+    last_moe = bool(cfg.moe_layer_pattern()[-1])
+    for i in mtp_layer_indices(cfg):
+        at = mtp_layer(i)
+        names += [at, *(f"{at}.{sub}" for sub in (MTP_ENORM, MTP_HNORM, MTP_EH_PROJ))]
+        names += _layer_names(cfg, cfg.num_layers - 1, last_moe, f"{at}.{MTP_LAYER}")
+        names.append(f"{at}.{MTP_NORM}")
+    return names
 
 
 def native_module_names(cfg: "ModelConfig") -> list[str]:
@@ -114,7 +146,7 @@ def native_module_names(cfg: "ModelConfig") -> list[str]:
     names.append(FINAL_NORM)
     if not cfg.share_embeddings_and_output_weights:
         names.append(OUTPUT)
-    return names
+    return names + _mtp_names(cfg)
 
 
 def dense_layer_parameters(cfg: "ModelConfig") -> list[str]:

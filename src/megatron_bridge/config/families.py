@@ -48,7 +48,9 @@ FAMILY_PACKAGES: dict[str, str] = {
     "mistral": "megatron_bridge.families.mistral",
     "mixtral": "megatron_bridge.families.mixtral",
     "deepseek_v3": "megatron_bridge.families.deepseek_v3",
+    "deepseek_v2": "megatron_bridge.families.deepseek_v2",
     "gemma3": "megatron_bridge.families.gemma3",
+    "gemma2": "megatron_bridge.families.gemma2",
     "gpt_oss": "megatron_bridge.families.gpt_oss",
 }
 """Every registered family: ``model.family`` value → its folder's package. Adding a family adds one line here."""

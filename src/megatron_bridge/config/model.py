@@ -121,6 +121,13 @@ class ModelConfig(DeclaredFields):
     """Attention softmax (megatron-core's field): "vanilla"; "off-by-one" joins a zero logit to every query's softmax
     (dropped after it); "learnable" joins one learned logit per head, the attention's ``sinks`` parameter (GPT-OSS's
     attention sinks, initialized to zero)."""
+    attn_logit_softcapping: float | None = None
+    """Soft-capping of the attention scores before the softmax, ``cap · tanh(scores / cap)`` (Gemma 2, 50.0;
+    Megatron-Bridge's Gemma2 provider field). The native engine computes the scores explicitly then (SDPA takes no
+    function of them). None: no capping."""
+    final_logit_softcapping: float | None = None
+    """Soft-capping of the output layer's logits, ``cap · tanh(logits / cap)`` (Gemma 2, 30.0; Megatron-Bridge's
+    Gemma2 provider field). None: no capping."""
     activation: Literal["swiglu", "gelu", "geglu", "quick_geglu"] = "swiglu"
     """MLP activation: SwiGLU (gated SiLU, Llama), GELU (ungated, exact erf GELU, GPT-2), GeGLU (gated GELU with the
     tanh approximation, Gemma's ``gelu_pytorch_tanh``; megatron-core's ``fast_gelu``) or "quick_geglu", the gate
@@ -191,8 +198,9 @@ class ModelConfig(DeclaredFields):
     ``(..)*N`` and ``x*N`` repeat, commas are cosmetic) or a list of lists
     (``[["embedding"], ["decoder"] * 4, ["decoder", "loss"]]``). Stage ``s`` runs on pipeline rank ``s % PP``
     (the V schedules: their V placement); PP × (VP or 1) stages, the embedding first in stage 0, the loss last in the
-    last stage, num_layers decoder layers; no MTP (none here). None: the split of the fields above. Not with
-    num_layers_in_first/last_pipeline_stage or account_for_*_in_pipeline_split (docs/training/pipeline-parallel.md)."""
+    last stage, num_layers decoder layers; no MTP (mtp_num_layers is built without pipeline stages). None: the split
+    of the fields above. Not with num_layers_in_first/last_pipeline_stage or account_for_*_in_pipeline_split
+    (docs/training/pipeline-parallel.md)."""
     pipeline_dtype: DType | None = None
     """Dtype of the activations sent between pipeline stages: each stage but the last casts its output to it
     (e.g. "bfloat16" halves the traffic of fp32 residual streams). None sends them as computed. Ignored with PP=1."""
@@ -297,6 +305,17 @@ class ModelConfig(DeclaredFields):
     moe_permute_fusion: bool = False
     """Megatron's fused permutation kernels (Transformer Engine). A GPU performance switch with no effect on the
     local engine (it always permutes with index ops); kept so Megatron-Bridge configs load."""
+    mtp_num_layers: int | None = None
+    """Multi-token prediction depths (megatron-core's field; Hugging Face DeepSeek-V3's
+    ``num_nextn_predict_layers``): depth k embeds the tokens shifted by k, joins them with the previous depth's hidden
+    states (``eh_proj`` of the normalized pair), runs one decoder layer built like the last one and predicts the
+    token k + 1 ahead through the shared output layer (``models/mtp.py``). Its loss is added in training only; the
+    main logits are unchanged. None or 0: off. Pipeline, context and tensor parallel sizes of 1 only (rule
+    multi_token_prediction)."""
+    mtp_loss_scaling_factor: float = 0.1
+    """Weight of the multi-token-prediction loss: the mean over depths of each depth's masked cross-entropy, times
+    this factor, is added to the training objective (megatron-core's field and default)."""
+
     engine: Literal["native", "megatron_core"] = "native"
     """Which implementation builds the model from these fields: "native" (this library's torch-native
     ``LlamaModel``: every feature, CPU and GPU) or "megatron_core" (megatron-core's ``GPTModel`` with the layer spec
@@ -354,6 +373,11 @@ class ModelConfig(DeclaredFields):
     def expert_ffn_hidden_size(self) -> int:
         """Inner width of one routed expert (moe_ffn_hidden_size, else ffn_hidden_size)."""
         return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
+
+    @property
+    def mtp_depths(self) -> int:
+        """Multi-token prediction depths built: ``mtp_num_layers``, 0 when None."""
+        return self.mtp_num_layers or 0
 
     def moe_layer_pattern(self) -> list[bool]:
         """Per layer, whether it is an MoE layer (all False for a dense model); see moe_layer_freq."""

@@ -173,8 +173,9 @@ def _check_layout_edges(stages: list[tuple[str, ...]], pp: int, style: str) -> N
     for index, stage in enumerate(stages):
         if "mtp" in stage:
             raise PipelineLayoutError(
-                f"{_LAYOUT}: {_where(index, pp, style)} holds an MTP layer ('m' / 'mtp'): this library builds no "
-                "multi-token prediction layers (no model.mtp_num_layers); remove the MTP entries", (_LAYOUT,))
+                f"{_LAYOUT}: {_where(index, pp, style)} holds an MTP layer ('m' / 'mtp'): this version places "
+                "no multi-token prediction layers in pipeline stages (model.mtp_num_layers is built with "
+                "pipeline_model_parallel_size=1 only, rule multi_token_prediction); remove the MTP entries", (_LAYOUT,))
         for kind, home, pos, letter in (("embedding", 0, 0, "E"), ("loss", last, -1, "L")):
             if kind in stage and (index != home or stage[pos] != kind or stage.count(kind) > 1):
                 place = "the first entry of stage 0" if kind == "embedding" else f"the last entry of stage {last}"

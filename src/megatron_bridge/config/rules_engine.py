@@ -121,8 +121,11 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
     norms refuse zero-centred scales (Megatron-Bridge builds them with its own Gemma 3 spec on transformer-engine).
     Attention sinks (softmax_type) are refused: megatron-core 0.19.2's local attention allocates its softmax offset
     on the current CUDA device (Megatron-LM PR 6270 is open), and transformer-engine needs cuDNN >= 9.18 for them.
+    Logit soft-capping (Gemma 2) is refused: megatron-core 0.19.2's TransformerConfig has no soft-capping field.
     GPT-OSS's experts are refused by name (quick GeGLU, glu_linear_offset, activation_func_clamp_value, and the router
-    and expert biases of an MoE model with add_bias_linear): the provider and its weight layout do not map them yet."""
+    and expert biases of an MoE model with add_bias_linear): the provider and its weight layout do not map them yet.
+    Multi-token prediction (mtp_num_layers) is refused: megatron-core 0.19.2's MTP loss logger allocates its tracker
+    on the current CUDA device, so its GPTModel cannot train MTP on CPU, and no MTP weight layout is mapped."""
     m, c = cfg.model, cfg.checkpoint
     ckpt_io = bool(c.save or c.load or c.pretrained_checkpoint)
     checks: list[tuple[bool, str, object, str]] = [
@@ -145,6 +148,8 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
         (m.layernorm_zero_centered_gamma, "model.layernorm_zero_centered_gamma", True, "False"),
         (m.post_norms, "model.post_norms", True, "False"),
         (m.softmax_type != "vanilla", "model.softmax_type", m.softmax_type, "'vanilla'"),
+        (m.attn_logit_softcapping is not None, "model.attn_logit_softcapping", m.attn_logit_softcapping, "None"),
+        (m.final_logit_softcapping is not None, "model.final_logit_softcapping", m.final_logit_softcapping, "None"),
         # GPT-OSS's experts: the provider maps neither quick GeGLU nor the clamp/offset, the weight layout no biases
         (m.activation == "quick_geglu", "model.activation", m.activation, "'swiglu'"),
         (m.glu_linear_offset != 0.0, "model.glu_linear_offset", m.glu_linear_offset, "0.0"),
@@ -152,6 +157,8 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
          m.activation_func_clamp_value, "None"),
         (m.add_bias_linear and m.num_moe_experts is not None, "model.add_bias_linear", True, "False"),
         (m.scale_embeddings_by_sqrt_hidden, "model.scale_embeddings_by_sqrt_hidden", True, "False"),
+        # megatron-core 0.19.2's MTP loss logger allocates on the current CUDA device (MTPLossLoggingHelper)
+        (bool(m.mtp_depths), "model.mtp_num_layers", m.mtp_num_layers, "None"),
         (m.recompute_granularity is not None, "model.recompute_granularity", m.recompute_granularity, "None"),
         (m.cpu_offloading, "model.cpu_offloading", m.cpu_offloading, "False"),
         (m.init_model_with_meta_device, "model.init_model_with_meta_device", m.init_model_with_meta_device, "False"),
@@ -164,7 +171,7 @@ def _unsupported(cfg: "ConfigContainer") -> list[tuple[str, object, str]]:
 
 
 MEGATRON_CORE_WEIGHT_FIELDS = ("model.attention_output_bias", "model.post_norms", "model.softmax_type",
-                               "model.add_bias_linear",
+                               "model.add_bias_linear", "model.mtp_num_layers",
                                "model.layernorm_zero_centered_gamma", "model.scale_embeddings_by_sqrt_hidden")
 """The fields of rule ``megatron_core_features`` that change the model's weights: a megatron-core checkpoint of a
 model that sets them cannot be written (the others only refuse training on that engine)."""

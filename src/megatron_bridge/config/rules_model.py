@@ -163,6 +163,30 @@ def _attention_sinks(cfg: "ConfigContainer", world_size: int) -> None:
              "the gathered sequence joins the sinks)", "model.cp_comm_type", "model.softmax_type")
 
 
+@rule("logit_softcapping", ("model.attn_logit_softcapping", "model.final_logit_softcapping", "model.cp_comm_type",
+                            "model.multi_latent_attention"),
+      "model.attn_logit_softcapping and model.final_logit_softcapping are None or > 0; soft-capped attention on the "
+      "native engine: context parallelism with cp_comm_type='all_gather' only, not with multi-latent attention.")
+def _logit_softcapping(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        cap = getattr(m, name)
+        if isinstance(cap, (int, float)) and not isinstance(cap, bool) and not cap > 0:  # types: rule field_types
+            fail(f"model.{name}={cap!r}: the cap must be a number > 0 (Gemma 2: attention 50.0, final 30.0), or None "
+                 "for no soft-capping", f"model.{name}")
+    if m.attn_logit_softcapping is None or m.engine != "native":
+        return  # the megatron-core engine refuses soft-capping itself (rule megatron_core_features)
+    if m.multi_latent_attention:
+        fail(f"model.attn_logit_softcapping={m.attn_logit_softcapping} with model.multi_latent_attention=True: the "
+             "multi-latent attention has no soft-capped path; set model.attn_logit_softcapping=None",
+             "model.attn_logit_softcapping", "model.multi_latent_attention")
+    if m.context_parallel_size > 1 and m.cp_comm_type != "all_gather":
+        fail(f"model.attn_logit_softcapping={m.attn_logit_softcapping} with model.cp_comm_type={m.cp_comm_type!r}: "
+             "ring attention (torch's context_parallel) runs SDPA, which cannot cap the scores; set "
+             "model.cp_comm_type='all_gather' (its attention over the gathered sequence caps them)",
+             "model.cp_comm_type", "model.attn_logit_softcapping")
+
+
 @rule("model_head_dim", ("model.hidden_size", "model.num_attention_heads", "model.kv_channels"),
       "Without model.kv_channels, hidden_size is divisible by num_attention_heads; the head width is even (RoPE).")
 def _head_dim(cfg: "ConfigContainer", world_size: int) -> None:
@@ -216,3 +240,29 @@ def _engine_layout(cfg: "ConfigContainer", world_size: int) -> None:
         fixes = ", ".join(f"{path}={fix!r}" for path, _, fix in bad)
         fail(f"{what}: not supported by the local engine in this version (use data, tensor, pipeline or context "
              f"parallelism or FSDP): set {fixes}", *(path for path, _, _ in bad))
+
+
+@rule("multi_token_prediction", ("model.mtp_num_layers", "model.mtp_loss_scaling_factor",
+                                 "model.pipeline_model_parallel_size", "model.context_parallel_size",
+                                 "model.tensor_model_parallel_size"),
+      "model.mtp_num_layers is None or >= 0 and mtp_loss_scaling_factor >= 0; multi-token prediction is built with "
+      "pipeline, context and tensor parallel sizes of 1 only.")
+def _mtp(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if m.mtp_num_layers is not None and m.mtp_num_layers < 0:
+        fail(f"model.mtp_num_layers={m.mtp_num_layers!r} must be >= 1 (prediction depths), or None/0 for none",
+             "model.mtp_num_layers")
+    if not m.mtp_loss_scaling_factor >= 0:
+        fail(f"model.mtp_loss_scaling_factor={m.mtp_loss_scaling_factor!r} must be >= 0 (megatron-core's default "
+             "0.1)", "model.mtp_loss_scaling_factor")
+    if not m.mtp_depths:
+        return
+    for path, size in (("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size),
+                       ("model.context_parallel_size", m.context_parallel_size),
+                       ("model.tensor_model_parallel_size", m.tensor_model_parallel_size)):
+        if size > 1:
+            fail(f"model.mtp_num_layers={m.mtp_num_layers} with {path}={size}: multi-token prediction is built "
+                 "without pipeline stages (it needs the embedding and the output layer of the last stage), without "
+                 "context parallelism (its shifted tokens cross the CP slices) and without tensor parallelism in "
+                 f"this version; set {path}=1 (data parallelism, FSDP and expert parallelism work) or "
+                 "model.mtp_num_layers=None", path, "model.mtp_num_layers")

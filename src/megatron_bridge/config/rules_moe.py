@@ -191,16 +191,17 @@ def _dispatcher(cfg: "ConfigContainer", world_size: int) -> None:
              "parallelism: set it to 'alltoall'", "model.moe_token_dispatcher_type")
 
 
-@rule("moe_backend", ("model.num_moe_experts", "dist.use_megatron_fsdp"),
-      "MoE models train with DDP or FSDP2 (not Megatron FSDP); pipeline and context parallelism compose.")
+@rule("moe_backend", ("model.num_moe_experts", "dist.use_megatron_fsdp", "model.engine"),
+      "MoE models train with DDP, FSDP2 or, on the native engine, Megatron FSDP (experts sharded over the "
+      "expert-data-parallel group); the megatron-core engine's MoE models do not run on Megatron FSDP.")
 def _backend(cfg: "ConfigContainer", world_size: int) -> None:
     m = cfg.model
-    if m.num_moe_experts is None:
+    if m.num_moe_experts is None or not cfg.dist.use_megatron_fsdp or m.engine != "megatron_core":
         return
-    if cfg.dist.use_megatron_fsdp:
-        fail("model.num_moe_experts is set and dist.use_megatron_fsdp=True: Megatron FSDP does not shard the local "
-             "engine's expert weights in this version; use DDP or dist.use_torch_fsdp2=True",
-             "dist.use_megatron_fsdp", "model.num_moe_experts")
+    fail("model.num_moe_experts is set, dist.use_megatron_fsdp=True and model.engine='megatron_core': the "
+         "megatron-core engine's MoE models are not wired to Megatron FSDP in this version; use "
+         "model.engine='native' (Megatron FSDP shards its experts) or megatron-core DDP "
+         "(dist.use_megatron_fsdp=False)", "dist.use_megatron_fsdp", "model.engine")
 
 
 @rule("moe_clamped_glu", ("model.glu_linear_offset", "model.activation_func_clamp_value"),

@@ -23,7 +23,6 @@ from megatron_bridge.data.zigzag import gathered_positions, query_blocks, zigzag
 from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.models import attention
 from megatron_bridge.models.attention import band_mask
-from megatron_bridge.models.attention_sinks import sdpa_with_sink
 
 
 if TYPE_CHECKING:
@@ -78,7 +77,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup, cp_rank: int,
                          segment_ids: torch.Tensor | None = None, window: int | None = None,
-                         sinks: torch.Tensor | None = None) -> torch.Tensor:
+                         sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """Causal attention of this rank's zig-zag queries over the whole sequence (module docstring).
 
     Args:
@@ -91,6 +90,7 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
         sinks: optional per-head sink logits ``[heads]`` (:mod:`megatron_bridge.models.attention_sinks`); each rank's
             queries join them to their softmax, so their gradient is this rank's part (summed over CP by the
             data-parallel gradient reduction).
+        softcap: optional soft-capping of the scores (:mod:`megatron_bridge.models.softcapping`, Gemma 2).
 
     Returns:
         ``[b, heads, s_local, d]``, equal to the rows of one-process causal attention at this rank's positions.
@@ -113,10 +113,7 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
             same = segment_ids[:, rows, None] == seg_seq[:, None, : block.kv_len]
             mask = (mask[None] & same)[:, None]
         q_rows, k_rows, v_rows = q[:, :, rows], k_seq[:, :, : block.kv_len], v_seq[:, :, : block.kv_len]
-        if sinks is not None:
-            outs.append(sdpa_with_sink(q_rows, k_rows, v_rows, mask, sinks, gqa))
-        else:
-            outs.append(F.scaled_dot_product_attention(q_rows, k_rows, v_rows, attn_mask=mask, enable_gqa=gqa))
+        outs.append(attention.masked_attention(q_rows, k_rows, v_rows, mask, gqa, sinks, softcap))
     return torch.cat(outs, dim=2)
 
 
@@ -156,10 +153,10 @@ class ContextParallelAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  segment_ids: torch.Tensor | None = None, window: int | None = None,
-                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+                 sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
         """Causal attention of the local zig-zag queries over the whole sequence (within ``window`` tokens when
-        given, with the per-head ``sinks`` when given; ring attention has neither: rules ``attention_window`` and
-        ``attention_sinks``)."""
+        given, with the per-head ``sinks`` when given, the scores soft-capped at ``softcap`` when given; ring
+        attention has none of them: rules ``attention_window``, ``attention_sinks`` and ``logit_softcapping``)."""
         if self.comm_type == "p2p":
             if segment_ids is not None:
                 raise ConfigValidationError(
@@ -168,7 +165,7 @@ class ContextParallelAttention:
                     ("model.cp_comm_type",),
                 )
             return ring_attention(q, k, v, self.mesh)
-        return all_gather_attention(q, k, v, self.group, self.rank, segment_ids, window, sinks)
+        return all_gather_attention(q, k, v, self.group, self.rank, segment_ids, window, sinks, softcap)
 
     def __repr__(self) -> str:
         return f"ContextParallelAttention(size={self.size}, rank={self.rank}, comm_type={self.comm_type!r})"

@@ -13,8 +13,14 @@ Context parallelism (``model.context_parallel_size > 1``): as megatron-core's ad
 gradients and optimizer state are sharded, and gradients reduced, over dp × cp ranks (all ranks: TP = PP = 1 here);
 the attention modules get the CP attention over the ``"cp"`` group of the layout's mesh (:mod:`.context_parallel`,
 the same path as DDP and FSDP2).
+
+Mixture-of-experts models: :mod:`.expert_parallel` keeps each rank's experts (EP folded over dp × cp), and
+megatron-fsdp gets an expert mesh whose ``"dp_cp"`` groups are the expert-data-parallel groups, so the routed
+experts' parameters, gradients and optimizer state are sharded and reduced over those (:mod:`.megatron_fsdp_experts`,
+which also gives checkpoints the global ``[E, ...]`` expert tensors).
 """
 
+import math
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -35,12 +41,14 @@ from megatron_bridge.distributed.common import (
     resolve_autocast_dtype,
 )
 from megatron_bridge.distributed.context_parallel import apply_context_parallel
+from megatron_bridge.distributed.expert_parallel import apply_expert_parallel
 from megatron_bridge.distributed.megatron_fsdp_compat import (
     MESH_DIM_NAMES,
     apply_communication_unit_size,
     log_forced_overlap,
     megatron_fsdp_kwargs,
 )
+from megatron_bridge.distributed.megatron_fsdp_experts import ExpertCheckpointView, expert_device_mesh
 from megatron_bridge.errors import CheckpointError, MegatronBridgeError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
@@ -189,6 +197,10 @@ class MegatronFSDPBackend(DataParallelBackend):
         self.cp_mesh: Any = None
         """The context-parallel mesh (None without CP)."""
         self._grads_synced = False
+        self._deferred_scaling: list[tuple[list[nn.Parameter], float]] = []
+        """Gradients megatron-fsdp leaves unscaled, with their factor (``compat.defer_single_rank_grad_scaling``)."""
+        self.expert_view: ExpertCheckpointView | None = None
+        """The checkpoint view of EP-split expert parameters (EP > 1), else None."""
 
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
         """Shard the (single) chunk with ``megatron_fsdp.fully_shard_model``; meta chunks are materialized shard by
@@ -210,6 +222,8 @@ class MegatronFSDPBackend(DataParallelBackend):
         log_forced_overlap(cfg)
         env = initialize_distributed(cfg)
         self.mesh, self.cp_mesh = self._meshes(env)
+        if cfg.model.is_moe:  # before CP and activation checkpointing (the expert names are the state dict's)
+            kwargs["expt_device_mesh"] = self._experts(chunk, env)
         if self.cp_mesh is not None:
             enforce(cfg, "cp_ring_needs_cuda")
             apply_context_parallel(chunk, self.cp_mesh, cfg)
@@ -223,12 +237,25 @@ class MegatronFSDPBackend(DataParallelBackend):
             replay.finish()
             materialize_meta_buffers(wrapped.module, self.device)
         apply_communication_unit_size(wrapped, cfg.ddp.bucket_size)
+        self._deferred_scaling = compat.defer_single_rank_grad_scaling(wrapped)
         self.chunks = [wrapped]
         cp = cfg.model.context_parallel_size
         log_rank_0(logger, "Megatron FSDP %s: %s on %d rank(s) (dp %d × cp %d), units %s", compat.installed_version(),
                    cfg.ddp.data_parallel_sharding_strategy, env.world_size, env.world_size // cp, cp,
                    [c.__name__ for c in kwargs["fsdp_unit_modules"]])
         return self.chunks
+
+    def _experts(self, chunk: nn.Module, env: "DistEnv") -> Any:
+        """An MoE chunk: keep this rank's experts (EP > 1, :mod:`.expert_parallel`; a meta chunk is materialized
+        whole, as :class:`MetaInitReplay` replays linear and embedding draws only) and return megatron-fsdp's expert
+        mesh (:mod:`.megatron_fsdp_experts`)."""
+        from megatron_bridge.models.provider import materialize_meta_model
+
+        self.expert_parallel = apply_expert_parallel([chunk], self.cfg, env, self.device)
+        self.expert_view = ExpertCheckpointView.of(self.expert_parallel)
+        if has_meta_params([chunk]):
+            materialize_meta_model(chunk, self.device)
+        return expert_device_mesh(self.cfg, env)
 
     def _meshes(self, env: "DistEnv") -> tuple[Any, Any]:
         """megatron-fsdp's ``("dp_cp", "tp")`` mesh and, with CP, the ``"cp"`` mesh of the layout.
@@ -309,6 +336,10 @@ class MegatronFSDPBackend(DataParallelBackend):
         """Wait for the reductions and attach the (DTensor) gradients to the distributed parameters."""
         for chunk in self.chunks:
             chunk.finish_grad_sync()
+        for params, factor in self._deferred_scaling:  # megatron-fsdp left these unscaled (compat)
+            for param in params:
+                if param.grad is not None:
+                    _local(param.grad).mul_(factor)
         if self.cfg.ddp.calculate_per_token_loss:  # megatron-fsdp summed; the loop's loss scaling expects a mean
             scale = 1.0 / self.mesh[MESH_DIM_NAMES[0]].size()
             for param in self.parameters():
@@ -330,10 +361,7 @@ class MegatronFSDPBackend(DataParallelBackend):
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         shard_size = self.mesh[MESH_DIM_NAMES[0]].size() if self.mesh is not None else 1
         for grad in grads:
-            square = _local(grad).detach().float().pow(2).sum()
-            if not isinstance(grad, DTensor) or all(p.is_replicate() for p in grad.placements):
-                square = square / shard_size
-            total += square
+            total += _local(grad).detach().float().pow(2).sum() / _copies(grad, shard_size)
         if shard_size > 1:
             dist.all_reduce(total, group=self.mesh.get_group(MESH_DIM_NAMES[0]))
         norm = total.sqrt()
@@ -349,13 +377,16 @@ class MegatronFSDPBackend(DataParallelBackend):
         states = []
         for chunk in self.chunks:
             chunk._replace_param_with_distributed_if_needed()
-            states.append({k.removeprefix("module."): v for k, v in chunk.state_dict().items()})
+            state = {k.removeprefix("module."): v for k, v in chunk.state_dict().items()}
+            states.append(self.expert_view.globalize(state) if self.expert_view is not None else state)
         return _by_chunk(states)
 
     def load_model_state_dict(self, state: dict[str, Any]) -> None:
         """Load what ``model_state_dict`` returned; megatron-fsdp's load hook installs the weights."""
         for chunk, chunk_state in zip(self.chunks, _from_chunks(state, len(self.chunks))):
             chunk._replace_param_with_distributed_if_needed()
+            if self.expert_view is not None:
+                chunk_state = self.expert_view.localize(chunk_state)
             chunk.module.load_state_dict(chunk_state, strict=True)
 
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -364,7 +395,8 @@ class MegatronFSDPBackend(DataParallelBackend):
 
         chunk = self._chunk()
         chunk._replace_param_with_distributed_if_needed()
-        return get_optimizer_state_dict(chunk.module, optimizer)
+        state = get_optimizer_state_dict(chunk.module, optimizer)
+        return self.expert_view.globalize_optimizer(state) if self.expert_view is not None else state
 
     def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """Load what ``optimizer_state_dict`` returned. Parameters whose shard is empty on this rank have no state
@@ -373,6 +405,8 @@ class MegatronFSDPBackend(DataParallelBackend):
 
         chunk = self._chunk()
         chunk._replace_param_with_distributed_if_needed()
+        if self.expert_view is not None:
+            state = self.expert_view.localize(state)
         saved = set(state.get("state", {}))
         missing = [name for name, p in chunk.module.named_parameters()
                    if p.requires_grad and _local(p).numel() > 0 and name not in saved]
@@ -392,6 +426,15 @@ def _last_microbatch(chunks: list[nn.Module], is_last: bool) -> Iterator[None]:
     for chunk in chunks:
         chunk.is_last_microbatch = is_last and chunk.ddp_config.overlap_grad_reduce
     yield
+
+
+def _copies(grad: torch.Tensor, shard_size: int) -> int:
+    """How many ranks of the data × context-parallel group hold this gradient shard: the sizes of the mesh
+    dimensions it is replicated over (its own group for expert gradients: the expert-data-parallel one)."""
+    if not isinstance(grad, DTensor):
+        return shard_size
+    mesh = grad.device_mesh
+    return math.prod(mesh.size(i) for i, p in enumerate(grad.placements) if p.is_replicate())
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

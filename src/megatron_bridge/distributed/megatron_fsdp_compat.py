@@ -347,3 +347,29 @@ def log_forced_overlap(cfg: "ConfigContainer") -> None:
         forced.append("overlap_param_gather")
     if forced:
         log_rank_0(logger, "Megatron FSDP: %s turned on by megatron-fsdp for sharding strategy %r", forced, strategy)
+
+
+def defer_single_rank_grad_scaling(wrapped: nn.Module) -> list[tuple[list[nn.Parameter], float]]:
+    """Work around megatron-fsdp 0.6.1 scaling accumulated gradients again at every micro-batch when a bucket's
+    data-parallel group has one rank under sharded gradients (``optim_grads``/``optim_grads_params``): its gradient
+    buffer is then not distributed, the reduction runs in place on it, and ``gradient_reduce_preprocessing`` multiplies
+    the earlier micro-batches' (already scaled) gradients once more (micro-batch 1 of 2 ends up at 1/4 instead of 1/2
+    of its sum at DP 2). That happens to the experts of an expert-data-parallel group of one rank (EP = dp × cp).
+
+    Such buckets get no scaling from megatron-fsdp (a sum over one rank changes nothing); the returned
+    ``(distributed parameters, factor)`` pairs are scaled once by the backend after the reduction
+    (``MegatronFSDPBackend.finish_grad_sync``). Empty for other strategies and groups.
+    """
+    if getattr(wrapped, "data_parallel_sharding_strategy", None) not in ("optim_grads", "optim_grads_params"):
+        return []
+    buffer = wrapped.param_and_grad_buffer
+    optimized = dict(buffer.optimizer_named_parameters)  # the parameters megatron-fsdp attaches gradients to
+    deferred = []
+    for group in buffer.parameter_groups:
+        gbuf = group.main_grad_buffer
+        if gbuf is None or gbuf.is_data_distributed or gbuf.gradient_scaling_factor is None:
+            continue
+        params = [optimized[buffer.param_to_name[p]] for p in group.params]
+        deferred.append((params, float(gbuf.gradient_scaling_factor)))
+        gbuf.gradient_scaling_factor = None
+    return deferred

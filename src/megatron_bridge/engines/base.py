@@ -104,6 +104,11 @@ class Engine(Protocol):
         ``last``: :class:`megatron_bridge.engines.native.moe_stats.MoETracker`'s interface), None for a dense model."""
         ...
 
+    def mtp_tracker(self, cfg: "ConfigContainer", chunks: list[nn.Module], device: torch.device) -> Any:
+        """The per-step bookkeeping of multi-token prediction (``begin_step``, ``end_step`` → ``{"mtp_1 loss": ...}``:
+        :class:`megatron_bridge.engines.native.mtp_stats.MTPTracker`'s interface), None without MTP."""
+        ...
+
     def destroy_groups(self) -> None:
         """Release the process-group state this engine set up (before the default group goes)."""
         ...

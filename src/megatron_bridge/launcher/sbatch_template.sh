@@ -56,7 +56,8 @@ clear_stale_lock() {  # a lock an earlier job of this run left behind (its rank 
     fi
 }
 
-watch_nodes() {  # a node whose launcher wrote no heartbeat for NODE_TIMEOUT s (by this shell's clock): stop the step
+watch_nodes() {  # a node whose launcher wrote no heartbeat for NODE_TIMEOUT s (by this shell's clock) and did not
+    # end (its last heartbeat then says "ended CODE"): stop the step
     local -A last seen
     local n beat now
     while kill -0 "$SRUN_PID" 2>/dev/null; do
@@ -64,6 +65,7 @@ watch_nodes() {  # a node whose launcher wrote no heartbeat for NODE_TIMEOUT s (
         now=$SECONDS
         for ((n = 0; n < {{NODES}}; n++)); do
             beat=$(cat "$MB_HEARTBEATS/node$n" 2>/dev/null) || continue  # not started yet: the rendezvous timeout
+            [[ "$beat" == ended* ]] && continue  # its launcher ended (its exit code reaches srun): not silent
             if [[ "$beat" != "${last[$n]:-}" ]]; then
                 last[$n]=$beat
                 seen[$n]=$now

@@ -173,15 +173,26 @@ def start_heartbeat(path: str, every_s: float = HEARTBEAT_S) -> threading.Event:
         count = 0
         while not stop.is_set():
             count += 1
-            try:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                Path(path).write_text(f"{count}\n")
-            except OSError:
-                pass  # a full or unreachable filesystem: the script will call this node silent, which it is
+            _write_beat(path, f"{count}\n")
             stop.wait(every_s)
 
     threading.Thread(target=beat, name="mb-heartbeat", daemon=True).start()
     return stop
+
+
+def end_heartbeat(path: str, beating: threading.Event, code: int | None) -> None:
+    """The launcher ends: its last heartbeat says so (``ended CODE``), and the Slurm script stops watching this node.
+    The node whose launcher died with it (killed whole) never writes it: that is the one it names as lost."""
+    beating.set()
+    _write_beat(path, f"ended {'?' if code is None else code}\n")
+
+
+def _write_beat(path: str, text: str) -> None:
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    except OSError:
+        pass  # a full or unreachable filesystem: the script will call this node silent, which it is
 
 
 def quiet_cpp_logs() -> None:
@@ -202,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     argv, own = take_own_flags(list(sys.argv[1:] if argv is None else argv))
     _OWN.clear()
     _OWN.update(own)
-    if "--heartbeat_file" in own:
-        start_heartbeat(own["--heartbeat_file"])
+    beating = start_heartbeat(own["--heartbeat_file"]) if "--heartbeat_file" in own else None
     quiet_cpp_logs()
     import torch.distributed.launcher.api as launcher_api
     from torch.distributed.run import parse_args, run
@@ -218,11 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     if "--stop_signals" in own:  # the workers catch them at start-up (launch.py's Slurm workers): none is lost
         hold_at_spawn(tuple(int(sig) for sig in stop_signals_of(own)))
     _OWN["node_rank"] = str(getattr(args, "node_rank", "?"))
+    code = None
     try:
-        return _run(args, run)
+        code = _run(args, run)
+        return code
     finally:  # a repeated stop signal while Python exits (its finalization restores the default action) is ignored
         for sig in stop_signals_of(own):
             signal.signal(sig, signal.SIG_IGN)
+        if beating is not None:
+            end_heartbeat(own["--heartbeat_file"], beating, code)
 
 
 def _run(args: object, run: object) -> int:

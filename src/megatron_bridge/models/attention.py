@@ -10,6 +10,7 @@ import torch
 from torch.nn import functional as F
 
 from megatron_bridge.models.attention_sinks import sdpa_with_sink
+from megatron_bridge.models.softcapping import softcapped_attention
 
 
 def band_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -22,11 +23,12 @@ def band_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> t
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
-                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """Causal attention of ``q`` ``[b, heads, s, d]`` over ``k``/``v`` ``[b, kv_heads, s, d]`` (grouped-query when
     ``kv_heads < heads``), optionally within a sliding ``window`` of tokens, optionally with one sink logit per head
     (``sinks`` ``[heads]``: :mod:`megatron_bridge.models.attention_sinks`, the fused kernel with a log-sum-exp
-    rescale on CPU, on every path).
+    rescale on CPU, on every path), optionally with the scores soft-capped (``softcap``: Gemma 2's
+    ``cap · tanh(scores / cap)``, :mod:`megatron_bridge.models.softcapping`, explicit scores).
 
     Without a window, or with one at least as long as the sequence, this is SDPA's own causal path; with a shorter
     window, SDPA with the band mask, in query blocks once the sequence is :data:`BLOCKED_MIN_RATIO` windows long or
@@ -34,17 +36,26 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     """
     gqa = k.shape[1] != q.shape[1]
     s = q.shape[2]
-    if window is None or window >= s:
+    if (window is None or window >= s) and softcap is None:
         if sinks is not None:
             return sdpa_with_sink(q, k, v, None, sinks, gqa)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if window is None or s < BLOCKED_MIN_RATIO * window:
         pos = torch.arange(s, device=q.device)
-        mask = band_mask(pos, pos, window)
-        if sinks is not None:
-            return sdpa_with_sink(q, k, v, mask, sinks, gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-    return _blocked_window_attention(q, k, v, window, gqa, sinks)
+        return masked_attention(q, k, v, band_mask(pos, pos, window), gqa, sinks, softcap)
+    return _blocked_window_attention(q, k, v, window, gqa, sinks, softcap)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, gqa: bool,
+                     sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Attention of ``q`` over ``k``/``v`` under the boolean ``mask`` (True = visible), scale ``1/sqrt(d)``: SDPA,
+    with the sink column (:func:`sdpa_with_sink`), or with soft-capped explicit scores
+    (:func:`softcapped_attention`, the sinks joined after the cap)."""
+    if softcap is not None:
+        return softcapped_attention(q, k, v, mask, softcap, sinks)
+    if sinks is not None:
+        return sdpa_with_sink(q, k, v, mask, sinks, gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 BLOCKED_MIN_RATIO = 2
@@ -53,7 +64,8 @@ shorter ones in one SDPA call with the band mask."""
 
 
 def _blocked_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
-                              gqa: bool, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                              gqa: bool, sinks: torch.Tensor | None = None,
+                              softcap: float | None = None) -> torch.Tensor:
     """Window attention in blocks of ``window`` queries, each over the ``2 * window`` keys that end with its own block
     (the keys before the sequence are padding, masked out): one SDPA call over ``[b * blocks, heads, W, 2W]``, about
     ``2 * W`` keys per query instead of the whole sequence."""
@@ -67,10 +79,7 @@ def _blocked_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     mask = mask.expand(b, blocks, 1, window, 2 * window).clone()
     mask[:, 0, :, :, :window] = False  # block 0's first half is padding before the sequence
     mask = mask.view(b * blocks, 1, window, -1)
-    if sinks is not None:
-        out = sdpa_with_sink(q_blocks, k_blocks, v_blocks, mask, sinks, gqa)
-    else:
-        out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=mask, enable_gqa=gqa)
+    out = masked_attention(q_blocks, k_blocks, v_blocks, mask, gqa, sinks, softcap)
     return out.view(b, blocks, h, window, d).transpose(1, 2).reshape(b, h, blocks * window, d)[:, :, :s]
 
 

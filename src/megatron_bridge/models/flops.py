@@ -81,14 +81,14 @@ def mla_norm_parameters(config: ModelConfig) -> int:
     return (config.q_lora_rank or 0) + config.kv_lora_rank
 
 
-def _mla_forward_flops(config: ModelConfig, attention_keys: int) -> float:
-    """Forward matmul FLOPs per token of every layer's multi-latent attention: its projections
+def _mla_forward_flops(config: ModelConfig, attention_keys: int, layers: int | None = None) -> float:
+    """Forward matmul FLOPs per token of ``layers`` (default: every) layers' multi-latent attention: its projections
     (:func:`mla_projection_parameters`, ``2`` per weight) and the scores and values over ``attention_keys`` keys summed
     over the layers (``2 * nq * (qk_head_dim + qk_pos_emb_head_dim)`` and ``2 * nq * v_head_dim`` per key)."""
     nq = config.num_attention_heads
     qk = config.qk_head_dim + config.qk_pos_emb_head_dim
-    return (config.num_layers * 2 * mla_projection_parameters(config)
-            + 2 * nq * (qk + config.v_head_dim) * attention_keys)
+    layers = config.num_layers if layers is None else layers
+    return layers * 2 * mla_projection_parameters(config) + 2 * nq * (qk + config.v_head_dim) * attention_keys
 
 
 def moe_mlp_parameters(config: ModelConfig, experts: int | None = None) -> int:
@@ -113,9 +113,13 @@ def num_parameters(config: ModelConfig, *, include_embedding: bool = True, activ
     parts = parameter_breakdown(config)
     total = parts.total
     n_moe = sum(config.moe_layer_pattern())
+    experts = config.moe_router_topk if active_only else None
     if n_moe:
-        experts = config.moe_router_topk if active_only else None
         total += n_moe * (moe_mlp_parameters(config, experts) - parts.layer_mlp)
+    if config.mtp_depths:  # each depth: enorm, hnorm, final norm, eh_proj [h, 2h] and a layer like the last one
+        last_mlp = moe_mlp_parameters(config, experts) if config.moe_layer_pattern()[-1] else parts.layer_mlp
+        total += config.mtp_depths * (3 * parts.final_norm + 2 * config.hidden_size ** 2 + parts.layer_attention
+                                      + last_mlp)
     if include_embedding:
         return total
     return total - parts.embedding - parts.output
@@ -138,7 +142,9 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
     * MoE layers (``config.moe_layer_pattern()``): the router ``2*h*E`` plus only the **active** experts,
       ``moe_router_topk`` SwiGLU experts ``3 * 2*h*moe_ffn_hidden_size``, plus the shared expert
       ``3 * 2*h*moe_shared_expert_intermediate_size`` (Megatron's MoE FLOPs formula);
-    * logits: ``2*h*padded_vocab``.
+    * logits: ``2*h*padded_vocab``;
+    * multi-token prediction (``mtp_num_layers`` depths, megatron-core's formula): per depth ``eh_proj``
+      ``2*2h*h``, one layer like the last one (its attention over its keys, its MLP or MoE) and the logits again.
 
     Not counted: norms, RoPE, softmax, activations, bias adds, the loss and the embedding lookup. Backward is twice
     the forward (input- and weight-gradient matmuls), hence the factor 3.
@@ -169,4 +175,12 @@ def num_floating_point_operations(config: ModelConfig, batch_size: int, seq_leng
         attention = _mla_forward_flops(config, attention_keys)
     forward_per_token = (attention + (config.num_layers - n_moe) * mlp
                          + n_moe * moe_mlp + logits)
+    if config.mtp_depths:
+        last = config.num_layers - 1
+        keys = min(config.attention_window(last) or s, s) + (1 if config.softmax_type != "vanilla" else 0)
+        layer_attention = projections + 2 * 2 * d * nq * keys
+        if config.multi_latent_attention:
+            layer_attention = _mla_forward_flops(config, keys, layers=1)
+        last_mlp = moe_mlp if config.moe_layer_pattern()[last] else mlp
+        forward_per_token += config.mtp_depths * (2 * 2 * h * h + layer_attention + last_mlp + logits)
     return float(3 * forward_per_token * batch_size * s)

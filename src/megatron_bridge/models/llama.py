@@ -20,6 +20,8 @@ from megatron_bridge.models.attention import causal_attention
 from megatron_bridge.models.layers import LayerNorm, RMSNorm, RotaryEmbedding, apply_rotary_pos_emb, build_norm
 from megatron_bridge.models.mla import MultiLatentAttention
 from megatron_bridge.models.moe import GroupedExperts, MoELayer, TopKRouter, quick_gelu
+from megatron_bridge.models.mtp import MultiTokenPrediction
+from megatron_bridge.models.softcapping import softcap
 from megatron_bridge.models.validation import validate_model_config
 from megatron_bridge.utils.logging import get_logger, warn_once
 
@@ -80,6 +82,8 @@ class LlamaAttention(nn.Module):
         elif config.softmax_type == "off-by-one":
             self.register_buffer("zero_sinks", torch.zeros(self.num_heads, device="meta", dtype=dtype),
                                  persistent=False)
+        self.softcap = config.attn_logit_softcapping
+        """Soft-capping of the attention scores (``model.attn_logit_softcapping``, Gemma 2); None: none."""
         self.context_parallel: Callable[..., torch.Tensor] | None = None
         """Set by ``apply_context_parallel`` (CP > 1): causal attention of the local zig-zag queries over the whole
         sequence (:class:`megatron_bridge.distributed.cp_attention.ContextParallelAttention`)."""
@@ -96,9 +100,10 @@ class LlamaAttention(nn.Module):
         if self.query_scale != 1.0:
             q = q * self.query_scale
         if self.context_parallel is not None:
-            out = self.context_parallel(q, k, v, window=self.window, sinks=self._sink_logits())
+            out = self.context_parallel(q, k, v, window=self.window, sinks=self._sink_logits(),
+                                        softcap=self.softcap)
         else:
-            out = causal_attention(q, k, v, self.window, sinks=self._sink_logits())
+            out = causal_attention(q, k, v, self.window, sinks=self._sink_logits(), softcap=self.softcap)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
@@ -229,6 +234,13 @@ class LlamaModel(nn.Module):
         self.lm_head: nn.Linear | None = None
         if not config.share_embeddings_and_output_weights:
             self.lm_head = _linear(config.hidden_size, config.padded_vocab_size, False, dtype=dtype)
+        self.mtp: MultiTokenPrediction | None = None
+        """The multi-token prediction depths (``config.mtp_num_layers``; built last, so the other weights draw the
+        same random values as without them)."""
+        if config.mtp_depths:
+            last = config.num_layers - 1
+            self.mtp = MultiTokenPrediction(config, lambda: LlamaDecoderLayer(config, last, dtype=dtype), dtype=dtype,
+                                            linear=_linear)
 
         self.cp_layout: tuple[int, int] | None = None
         """``(context_parallel_size, cp_rank)`` when ``apply_context_parallel`` ran: inputs are this rank's zig-zag
@@ -302,6 +314,7 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the decoder.
 
@@ -311,6 +324,8 @@ class LlamaModel(nn.Module):
             position_ids: RoPE positions ``[b, s]`` (or ``[1, s]``); None means ``0..s-1`` (under context
                 parallelism: the absolute positions of this rank's zig-zag slice).
             labels: target ids ``[b, s]``; positions with label ``-100`` get loss 0.
+            loss_mask: ``[b, s]``, read only by multi-token prediction (``models/mtp.py``; None: every token), which
+                in training mode with labels attaches its loss for backward without changing the returned values.
 
         Returns:
             Without labels, the logits ``[b, s, padded_vocab_size]`` in the model dtype. With labels, the per-token
@@ -331,11 +346,7 @@ class LlamaModel(nn.Module):
                 f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}."
             )
 
-        hidden_states = self.embed_tokens(input_ids) if embeds else input_ids
-        if embeds and self.config.scale_embeddings_by_sqrt_hidden:
-            # The factor rounded to the embedding's dtype first, as Gemma (transformers' ScaledWordEmbedding) does.
-            scale = torch.tensor(math.sqrt(self.config.hidden_size), dtype=torch.float32, device=hidden_states.device)
-            hidden_states = hidden_states * scale.to(hidden_states.dtype)
+        hidden_states = self._embed(input_ids) if embeds else input_ids
         rope = self.rotary_emb(position_ids)
         local_rope = self.rotary_emb(position_ids, local=True) if self.rotary_emb.has_local else rope
         for idx, layer in enumerate(self.decoder_layers()):
@@ -347,14 +358,34 @@ class LlamaModel(nn.Module):
             dtype = self.stage_output_dtype
             return hidden_states if dtype is None or hidden_states.dtype == dtype else hidden_states.to(dtype)
         hidden_states = self.norm(hidden_states)
-        # Through the lm_head module (not F.linear on its weight) so tensor parallelism's module hooks apply.
-        logits = F.linear(hidden_states, self.output_weight) if self.lm_head is None else self.lm_head(hidden_states)
+        if self.mtp is not None and labels is not None and self.training:
+            hidden_states = self.mtp.attach_loss(hidden_states, input_ids, labels, loss_mask, (rope, local_rope),
+                                                 self._embed, self._logits)
+        logits = self._logits(hidden_states)
         if labels is None:
             return logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
         # A fresh tensor, not a view: FSDP2 registers its pre-backward hook on the output, and an in-place op on a
         # view would silently drop it (FSDP2 warns about views).
         return loss.view(b, s).clone()
+
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings ``[b, s, hidden]`` (times sqrt(hidden) with ``scale_embeddings_by_sqrt_hidden``)."""
+        hidden_states = self.embed_tokens(input_ids)
+        if self.config.scale_embeddings_by_sqrt_hidden:
+            # The factor rounded to the embedding's dtype first, as Gemma (transformers' ScaledWordEmbedding) does.
+            scale = torch.tensor(math.sqrt(self.config.hidden_size), dtype=torch.float32, device=hidden_states.device)
+            hidden_states = hidden_states * scale.to(hidden_states.dtype)
+        return hidden_states
+
+    def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The output layer on final-normed hidden states (the logits ``[b, s, padded_vocab]``), soft-capped when
+        ``final_logit_softcapping`` is set (Gemma 2)."""
+        # Through the lm_head module (not F.linear on its weight) so tensor parallelism's module hooks apply.
+        logits = F.linear(hidden_states, self.output_weight) if self.lm_head is None else self.lm_head(hidden_states)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else softcap(logits, cap)
 
 
 def _zigzag_positions(seq_local: int, layout: tuple[int, int], device: torch.device) -> torch.Tensor:

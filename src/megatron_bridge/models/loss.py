@@ -46,5 +46,14 @@ def forward_step(data_iterator: Iterator[Batch], model: nn.Module) -> tuple[torc
     """Run the model on the next micro-batch; return per-token losses and the masked loss function."""
     device = module_device(model)
     batch = get_batch(data_iterator, device)
-    output = model(batch["tokens"], position_ids=batch.get("position_ids"), labels=batch["labels"])
+    extra = {"loss_mask": batch["loss_mask"]} if has_mtp(model) else {}  # MTP's loss reads the mask (models/mtp.py)
+    output = model(batch["tokens"], position_ids=batch.get("position_ids"), labels=batch["labels"], **extra)
     return output, partial(masked_next_token_loss, batch["loss_mask"])
+
+
+def has_mtp(model: nn.Module) -> bool:
+    """Whether ``model`` (or the model a DDP / Megatron FSDP wrapper holds as ``module``) has multi-token prediction
+    depths (``LlamaModel.mtp``)."""
+    while getattr(model, "mtp", None) is None and isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
+    return getattr(model, "mtp", None) is not None

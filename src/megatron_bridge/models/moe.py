@@ -28,7 +28,8 @@ Routing (Megatron-core's rules, per token, on float32 logits ``z``, the router b
 * ``sigmoid``: s = sigmoid(z), top-k of s (+ bias), the selected s divided by their sum when k > 1.
 
 With ``moe_router_num_groups`` the top-k is taken only among the experts of each token's ``moe_router_group_topk``
-best groups (:func:`limit_to_groups`; DeepSeek-V3's group-limited routing).
+best groups (:func:`limit_to_groups`; DeepSeek-V3's group-limited routing, and DeepSeek-V2's
+``group_limited_greedy`` with softmax).
 
 The expert bias shifts only the choice of experts, never the probabilities. ``moe_router_topk_scaling_factor``
 multiplies the probabilities. The expert outputs are weighted by the probabilities and summed per token.
@@ -126,15 +127,18 @@ def switch_aux_loss(scores: torch.Tensor, counts: torch.Tensor, topk: int, coeff
 
 def limit_to_groups(select: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """Group-limited routing (``moe_router_num_groups``/``moe_router_group_topk``): ``select [T, E]`` with the
-    experts outside each token's ``moe_router_group_topk`` best groups set to ``-inf``; a group's score is the sum of
-    its two highest ``select`` values (Hugging Face's ``DeepseekV3TopkRouter``; megatron-core sums the top
-    ``topk // group_topk``, the same two for DeepSeek-V3's 8 of 4 groups). Unchanged without groups."""
+    experts outside each token's ``moe_router_group_topk`` best groups set to ``-inf``. A group's score is, with
+    sigmoid routing, the sum of its two highest ``select`` values (Hugging Face's ``DeepseekV3TopkRouter``;
+    megatron-core sums the top ``topk // group_topk``, the same two for DeepSeek-V3's 8 of 4 groups) and, with softmax
+    routing, its highest value (DeepSeek-V2's ``group_limited_greedy``, ``DeepseekV2TopkRouter``; the logits and the
+    probabilities rank the groups alike). Unchanged without groups."""
     groups, keep = config.moe_router_num_groups, config.moe_router_group_topk
     if not groups or keep is None or keep >= groups:
         return select
     t, e = select.shape
     grouped = select.view(t, groups, e // groups)
-    group_scores = grouped.topk(min(2, e // groups), dim=-1).values.sum(dim=-1)
+    best = 2 if config.moe_router_score_function == "sigmoid" else 1
+    group_scores = grouped.topk(min(best, e // groups), dim=-1).values.sum(dim=-1)
     chosen = torch.topk(group_scores, keep, dim=-1, sorted=False).indices
     mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen, True)
     return grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view(t, e)

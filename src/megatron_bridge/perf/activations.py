@@ -3,11 +3,16 @@ micro-batches a pipeline schedule keeps in flight. Pure arithmetic (no torch).
 
 Counted per token of one block of the local engine (``a`` = compute-dtype bytes, norms compute in fp32):
 
-* the two RMSNorms save their fp32 input and normalized output: ``2 × 2h × 4`` bytes (divided by TP with sequence
-  parallelism, whose norms see a sequence shard);
+* the two RMSNorms (four with ``model.post_norms``) save their fp32 input and normalized output: ``2 × 2h × 4``
+  bytes (divided by TP with sequence parallelism, whose norms see a sequence shard);
 * attention: the q/k/v input ``h``, q, k, v as saved by ``scaled_dot_product_attention`` (``(nq + 2 nkv) d``;
   with all-gather CP (``cp_comm_type``) the gathered keys and values cover the whole sequence, ``× cp``), its
   output and the output projection's input copy (``2 nq d``), times ``a`` — head dimensions divide by TP;
+* soft-capped attention (``model.attn_logit_softcapping``, Gemma 2) computes its scores explicitly
+  (``models/softcapping.py``) and keeps, per query and attended key and local head, the capped scores (``a``), the
+  fp32 probabilities (4) and their cast to the compute dtype (``a`` when ``a < 4``), plus the keys and values
+  repeated to the query heads; the keys a query's row spans are the whole (gathered) sequence, or ``2 W`` for a
+  window layer whose sequence is at least two windows long (the query-block path), averaged over the layers;
 * multi-latent attention instead: its input, the latents, the up-projected keys/values, q, k, v, its output and the
   output projection's input (:func:`_mla_per_token`), plus the latent norms' fp32 input and output;
 * MLP: its input ``h`` and, for SwiGLU, gate, silu(gate), up and their product (``4 f``; GELU ``2 f``), times ``a``;
@@ -21,7 +26,8 @@ block's input (residual dtype) plus one block recomputed during backward; ``reco
 the first ``recompute_num_layers`` blocks; "selective" (torchtitan's policy: attention output and every other matmul
 saved) keeps input, q, v, attention output, gate and MLP output; MLP-only checkpointing keeps the MLP input only.
 The output head adds the final norm, the output layer's input and the fp32 log-softmax of the logits (``4 V``) plus two
-``4 V`` gradients at the start of backward (logits are full-vocabulary on every TP rank).
+``4 V`` gradients at the start of backward (logits are full-vocabulary on every TP rank); with
+``model.final_logit_softcapping`` the capped logits too (``a V``).
 
 Under PP each rank is estimated on its own (its layers as the engine splits them, the embedding and the head where
 it holds them) with the chunk-micro-batches its schedule keeps alive at once
@@ -100,9 +106,9 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
     h, d, tp = m.hidden_size, m.head_dim, layout.tp
     nq, nkv = m.num_attention_heads * d / tp, m.num_kv_heads * d / tp
     sp = tp if layout.sequence_parallel else 1
-    norms = 16 * h / sp + (8 * (nq + nkv) if m.qk_layernorm else 0)
+    norms = 16 * h / sp * (2 if cfg_get(m, "post_norms", False) else 1) + (8 * (nq + nkv) if m.qk_layernorm else 0)
     gathered = layout.cp if cfg_get(m, "cp_comm_type", "all_gather") == "all_gather" else 1  # ring: one shard
-    attn = a * (h + nq + 2 * nkv * gathered + 2 * nq)
+    attn = a * (h + nq + 2 * nkv * gathered + 2 * nq) + _softcap_scores_per_token(m, layout, a)
     if cfg_get(m, "multi_latent_attention", False):
         nq, nkv, attn, latent_norms = _mla_per_token(m, a, tp)
         norms += latent_norms
@@ -133,6 +139,18 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
     }
 
 
+def _softcap_scores_per_token(m: Any, layout: Layout, a: int) -> float:
+    """Bytes per token the explicit scores of soft-capped attention keep (module docstring); 0 without a cap."""
+    if cfg_get(m, "attn_logit_softcapping", None) is None or cfg_get(m, "multi_latent_attention", False):
+        return 0.0
+    s, tp = layout.seq_length, layout.tp
+    windows = [m.attention_window(i) for i in range(m.num_layers)]
+    keys = sum(2 * w if w is not None and s >= 2 * w and layout.cp == 1 else s for w in windows) / len(windows)
+    per_key = a + 4 + (a if a < 4 else 0)
+    repeated = 2 * (m.num_attention_heads - m.num_kv_heads) * m.head_dim / tp * layout.cp  # GQA's copies of k, v
+    return m.num_attention_heads / tp * keys * per_key + a * repeated
+
+
 def estimate_activations(cfg: "ConfigContainer", layout: Layout, rank: RankStages | None = None
                          ) -> ActivationEstimate:
     """Activation bytes of one pipeline rank (default: the first); see the module docstring."""
@@ -156,6 +174,8 @@ def estimate_activations(cfg: "ConfigContainer", layout: Layout, rank: RankStage
     recompute_tmp = per["none"] if mode != "none" else 0.0
     v = m.padded_vocab_size
     head = 8 * m.hidden_size + a * m.hidden_size + 12 * v + (a * v if a < 4 else 0) if rank.last else 0.0
+    if rank.last and cfg_get(m, "final_logit_softcapping", None) is not None:
+        head += a * v  # the capped logits (tanh's output, kept for its backward)
     live_chunks = chunks_in_flight(layout, rank.pp_rank)
     in_flight = live_chunks / rank.chunks
     boundary = live_chunks * 2 * resid * m.hidden_size if layout.pp > 1 else 0.0  # stage input and output kept

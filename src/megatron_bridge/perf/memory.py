@@ -141,6 +141,14 @@ def rank_params(cfg: "ConfigContainer", layout: Layout, rank: RankStages | None 
     dense += parts.final_norm if rank.last else 0
     expert = n_moe * moe_total // (layout.ep * layout.etp)
     model_total = parts.total + _moe_layers(cfg, parts.num_layers) * (moe_total + moe_dense - parts.layer_mlp)
+    depths = int(cfg_get(cfg.model, "mtp_num_layers", 0) or 0)  # MTP: the last rank's, each a layer like the last
+    if depths and rank.last:
+        last_moe = _moe_layers(cfg, (parts.num_layers - 1,)) > 0
+        eh_proj, norms = 2 * cfg.model.hidden_size ** 2, 3 * parts.final_norm
+        dense += depths * (attn + (moe_dense if last_moe else dense_mlp) + norms + eh_proj // tp)
+        expert += depths * (moe_total // (layout.ep * layout.etp) if last_moe else 0)
+        model_total += depths * (parts.layer_attention + (moe_total + moe_dense if last_moe else parts.layer_mlp)
+                                 + norms + eh_proj)
     return RankParams(dense, expert, edge, lookup, attn + dense_mlp, model_total)
 
 

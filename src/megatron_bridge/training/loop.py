@@ -66,6 +66,8 @@ class TrainResult:
     reported_losses: dict[str, list[float]] = field(default_factory=dict)
     """Per step, the global token-weighted value of every loss the forward step reports besides the objective
     (e.g. "lm loss" and "logits distillation loss" with distillation); empty when it reports only "lm loss"."""
+    mtp_losses: dict[str, list[float]] = field(default_factory=dict)
+    """Per step, each multi-token prediction depth's loss (``"mtp_1 loss"``, ...); empty without MTP."""
 
     @property
     def final_loss(self) -> float:
@@ -173,11 +175,15 @@ def train_step(ctx: Any, forward_step_func: Callable[..., Any]) -> tuple[float, 
     global_tokens = _global_tokens(ctx, batches)
     if ctx.moe is not None:  # MoE aux-loss gradients: mean over the step's micro-batches
         ctx.moe.begin_step(n_micro, float(ctx.grad_scaler.get_scale()) if ctx.grad_scaler is not None else 1.0)
+    if ctx.mtp is not None:  # the MTP loss's gradient: mean over the step's micro-batches, as megatron-core's
+        ctx.mtp.begin_step(n_micro, float(ctx.grad_scaler.get_scale()) if ctx.grad_scaler is not None else 1.0)
     backend.zero_grad(ctx.optimizer)
     with timers("forward-backward"):
         local_loss, local_tokens, report_sums = _forward_backward(ctx, forward_step_func, batches, global_tokens)
     if ctx.moe is not None:  # global expert load, expert-bias update, logged statistics
         ctx.moe.end_step()
+    if ctx.mtp is not None:  # the depths' losses, logged as "mtp_{k} loss"
+        ctx.mtp.end_step()
     flat = [local_loss, local_tokens] + [v for pair in report_sums.values() for v in pair]
     total_loss, total_tokens, *reported = _global_sum(flat, ctx.device)
     loss = total_loss / max(total_tokens, 1.0)
@@ -286,10 +292,13 @@ def run_training(ctx: Any, forward_step_func: Callable[..., Any]) -> TrainResult
         _record(result, state.step, loss, grad_norm, lr, step_time)
         for name, value in reported.items():
             result.reported_losses.setdefault(name, []).append(value)
+        for name, value in (ctx.mtp.last.items() if ctx.mtp is not None else ()):
+            result.mtp_losses.setdefault(name, []).append(value)
         metrics = StepMetrics(state.step, loss, grad_norm, lr, step_time, result.tokens_per_step,
                               result.flops_per_step, state.consumed_train_samples,
                               params_norm=params_norm(ctx.backend) if cfg.logger.log_params_norm else None,
                               moe_aux_loss=ctx.moe.last.aux_loss if ctx.moe is not None else None,
+                              mtp_losses=dict(ctx.mtp.last) if ctx.mtp is not None else {},
                               loss_scale=float(ctx.grad_scaler.get_scale()) if ctx.grad_scaler else 1.0,
                               reported_losses=reported)
         ctx.metrics.log_step(metrics)

@@ -35,6 +35,8 @@ class StepMetrics:
     moe_aux_loss: float | None = None
     """MoE auxiliary loss of the step (sum over MoE layers), when the model has one."""
     loss_scale: float = 1.0
+    mtp_losses: dict[str, float] = field(default_factory=dict)
+    """Multi-token prediction: each depth's loss of the step, as ``{"mtp_1 loss": ...}`` (megatron-core's names)."""
     reported_losses: dict[str, float] = field(default_factory=dict)
     """Losses the forward step reports besides the objective (e.g. "lm loss", "logits distillation loss")."""
 
@@ -127,6 +129,8 @@ class TrainingLogger:
             parts.append(f"params norm {last.params_norm:.4f}")
         if last.moe_aux_loss is not None:
             parts.append(f"load balancing loss {last.moe_aux_loss:.6e}")
+        parts += [f"{name} {sum(m.mtp_losses.get(name, 0.0) for m in window) / len(window):.6e}"
+                  for name in last.mtp_losses]
         if self.cfg.logger.log_throughput:
             total_time = sum(m.step_time for m in window)
             tokens_per_s = sum(m.tokens for m in window) / total_time if total_time > 0 else 0.0

@@ -70,6 +70,9 @@ class TrainingContext:
     moe: Any = None
     """Bookkeeping of the MoE layers (the engine's :meth:`~megatron_bridge.engines.base.Engine.moe_tracker`), None
     for dense models."""
+    mtp: Any = None
+    """Bookkeeping of multi-token prediction (the engine's :meth:`~megatron_bridge.engines.base.Engine.mtp_tracker`),
+    None without it."""
     distiller: Any = None
     """The distillation teacher and losses (megatron_bridge.optimization.distillation.Distiller), None without."""
     fp8: Any = None
@@ -208,6 +211,7 @@ def setup(cfg: ConfigContainer, env: Any, callbacks: list[Callback] | CallbackMa
         static_tokens_per_step=None if cfg.dataset.eod_mask_loss else cfg.train.global_batch_size * seq,
         profiler=StepProfiler(cfg, env.rank, env.device), cp_size=cfg.model.context_parallel_size,
         moe=engine.moe_tracker(cfg, [backend.unwrap(c) for c in backend.chunks], env.device, env.world_size),
+        mtp=engine.mtp_tracker(cfg, [backend.unwrap(c) for c in backend.chunks], env.device),
         distiller=distiller, fp8=fp8,
     )
     ctx.pipeline = _pipeline_runner(engine, ctx, forward_step_func)

@@ -201,6 +201,8 @@ class TensorBoardScalars:
         self._both(m.objective_name, m.loss, m.step, samples)
         for name, value in m.reported_losses.items():
             w.add_scalar(name, value, m.step)
+        for name, value in m.mtp_losses.items():  # megatron-core's tags: "mtp_1 loss", ...
+            w.add_scalar(name, value, m.step)
         if lc.log_loss_scale_to_tensorboard:
             self._both("loss-scale", m.loss_scale, m.step, samples)
         if lc.log_world_size_to_tensorboard:

@@ -62,8 +62,11 @@ def check_resume(recipe: str, root: Path, **layout: Any) -> None:
 
 
 def run_layouts(recipe: str, layouts: dict[str, dict[str, Any]], refused: dict[str, dict[str, Any]],
-                reference: str, resume_root: Path, **resume_layout: Any) -> None:
-    """Worker body of a family's layout test: every refusal by its rule, every layout, then the resume."""
+                reference: str, resume_root: Path, harness_layouts: dict[str, dict[str, Any]] | None = None,
+                **resume_layout: Any) -> None:
+    """Worker body of a family's layout test: every refusal by its rule, every layout, the resume, then the
+    ``harness_layouts`` (Megatron FSDP) through the CPU harness (tests/functional_tests/megatron_fsdp_cpu_harness.py,
+    installed last: it makes every collective synchronous)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -74,3 +77,9 @@ def run_layouts(recipe: str, layouts: dict[str, dict[str, Any]], refused: dict[s
     for name, layout in layouts.items():
         check_layout(recipe, name, layout, reference)
     check_resume(recipe, resume_root, **resume_layout)
+    if harness_layouts:
+        from tests.functional_tests.megatron_fsdp_cpu_harness import install
+
+        install()
+        for name, layout in harness_layouts.items():
+            check_layout(recipe, name, layout, reference)

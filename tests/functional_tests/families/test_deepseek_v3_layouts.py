@@ -5,8 +5,8 @@ bias and a shared expert) trains on the parallel layouts the library has for it,
 
 Layouts, each on 2 gloo ranks: DDP, FSDP2 with full activation recompute, TP=2 with sequence parallelism (on FSDP2, as
 the backend rule asks; the MLA heads split, the latent projections replicated), PP=2, EP=2 and CP=2 (all-gather
-attention, the queries pre-scaled to MLA's softmax scale). Refused by name, checked here: Megatron FSDP (rule
-``moe_backend``: it does not shard the native experts yet).
+attention, the queries pre-scaled to MLA's softmax scale), and last Megatron FSDP with EP=2 through the CPU harness
+(the experts sharded over the expert-data-parallel group).
 """
 
 import os
@@ -29,7 +29,9 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "ep2": {"expert_model_parallel_size": 2},
     "cp2": {"context_parallel_size": 2},
 }
-REFUSED = {"moe_backend": {"use_megatron_fsdp": True}}
+REFUSED: dict[str, dict[str, Any]] = {}
+HARNESS_LAYOUTS = {"megatron_fsdp_ep2": {"use_megatron_fsdp": True, "expert_model_parallel_size": 2}}
+"""Through the Megatron FSDP CPU harness, last: the experts split over EP=2 (expert-data-parallel size 1)."""
 GROUPS = {2: ["test_tiny_deepseek_v3_trains_on_its_layouts"]}
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -47,10 +49,10 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
 
 @pytest.mark.support_cells("deepseek_v3:ddp", "deepseek_v3:fsdp2", "deepseek_v3:tp", "deepseek_v3:pp",
                             "deepseek_v3:ep", "deepseek_v3:resume", "deepseek_v3:cp",
-                            "deepseek_v3:megatron_fsdp!moe_backend")
+                            "deepseek_v3:megatron_fsdp")
 def test_tiny_deepseek_v3_trains_on_its_layouts(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_tiny_deepseek_v3_trains_on_its_layouts")  # type: ignore[union-attr]
         return
     run_layouts("tiny_deepseek_v3", LAYOUTS, REFUSED, os.environ["MB_REFERENCE_DEEPSEEK_V3"],
-                Path(os.environ["MB_DEEPSEEK_DIR"]))
+                Path(os.environ["MB_DEEPSEEK_DIR"]), HARNESS_LAYOUTS)

@@ -6,13 +6,12 @@ on the same global batch, and resume bit-exact. One 2-rank torchrun launch runs 
 launch's process group); the launching process computes one single-process reference per family.
 
 Layouts, each on 2 gloo ranks: DDP, FSDP2, TP=2 (with FSDP2, as the backend rule asks), PP=2, CP=2 (all-gather
-attention with the window), and EP=2 for the mixtures of experts; Megatron FSDP for the dense ones through the CPU
-harness (tests/functional_tests/megatron_fsdp_cpu_harness.py, installed last: it makes every collective synchronous).
-Gemma 3's tied embeddings on PP=2: the last stage keeps a copy of the embedding (megatron_bridge.distributed.
-tied_embeddings).
-The mixtures of experts on Megatron FSDP are refused by rule ``moe_backend`` (checked here): Megatron FSDP does not
-shard the native engine's experts yet. Resume: DDP trains 4 steps saving at step 2; a second run resumes from step 2
-and its steps 3 and 4 have exactly the losses of the first run.
+attention with the window), and EP=2 for the mixtures of experts; Megatron FSDP for every family through the CPU
+harness (tests/functional_tests/megatron_fsdp_cpu_harness.py, installed last: it makes every collective synchronous),
+the experts of the mixtures of experts sharded over the expert-data-parallel group (Mixtral at EP=1: both ranks;
+Qwen3-MoE at EP=2: one rank each). Gemma 3's tied embeddings on PP=2: the last stage keeps a copy of the embedding
+(megatron_bridge.distributed.tied_embeddings). Resume: DDP trains 4 steps saving at step 2; a second run resumes from
+step 2 and its steps 3 and 4 have exactly the losses of the first run.
 """
 
 import os
@@ -22,7 +21,6 @@ from typing import Any
 import pytest
 
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import RECIPES
 from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 from tests.functional_tests.training._common import cached_reference
@@ -49,6 +47,9 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 }
 EP2 = {"expert_model_parallel_size": 2}
 MEGATRON_FSDP = {"use_megatron_fsdp": True}
+MOE_MEGATRON_FSDP = {"mixtral": {}, "qwen3_moe": EP2}
+"""The mixtures of experts on Megatron FSDP: Mixtral's experts sharded over both ranks (EP=1, expert-data-parallel
+size 2), Qwen3-MoE's split over EP=2 (expert-data-parallel size 1)."""
 GROUPS = {2: ["test_tiny_families_train_on_every_layout"]}
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
@@ -112,9 +113,9 @@ def _check_resume(family: str, root: Path) -> None:
                             "mistral:cp", "mistral:resume", "qwen3:ddp", "qwen3:fsdp2", "qwen3:megatron_fsdp",
                             "qwen3:tp", "qwen3:pp", "qwen3:cp", "qwen3:resume", "mixtral:ddp", "mixtral:fsdp2",
                             "mixtral:tp", "mixtral:pp", "mixtral:cp", "mixtral:ep", "mixtral:resume",
-                            "mixtral:megatron_fsdp!moe_backend", "qwen3_moe:ddp", "qwen3_moe:fsdp2", "qwen3_moe:tp",
+                            "mixtral:megatron_fsdp", "qwen3_moe:ddp", "qwen3_moe:fsdp2", "qwen3_moe:tp",
                             "qwen3_moe:pp", "qwen3_moe:cp", "qwen3_moe:ep", "qwen3_moe:resume",
-                            "qwen3_moe:megatron_fsdp!moe_backend", "gemma3:ddp", "gemma3:fsdp2", "gemma3:tp",
+                            "qwen3_moe:megatron_fsdp", "gemma3:ddp", "gemma3:fsdp2", "gemma3:tp",
                             "gemma3:pp", "gemma3:cp", "gemma3:resume", "gemma3:megatron_fsdp")
 def test_tiny_families_train_on_every_layout(launches: LaunchGroups | None) -> None:
     if not is_worker():
@@ -130,11 +131,8 @@ def test_tiny_families_train_on_every_layout(launches: LaunchGroups | None) -> N
         _check_resume(family, Path(os.environ["MB_FAMILY_DIR"]))
     for family in MOE:
         _check_layout(family, "ep2", EP2)
-        with pytest.raises(ConfigValidationError, match=r"\[rule moe_backend\]"):
-            family_config(family, **MEGATRON_FSDP).validate(world_size=2)
     from tests.functional_tests.megatron_fsdp_cpu_harness import install
 
     install()  # last: every collective synchronous from here on
     for family in FAMILIES:
-        if family not in MOE:
-            _check_layout(family, "megatron_fsdp", MEGATRON_FSDP)
+        _check_layout(family, "megatron_fsdp", {**MEGATRON_FSDP, **MOE_MEGATRON_FSDP.get(family, {})})

@@ -7,8 +7,8 @@ launch's process group); the launching process computes the one-process referenc
 Layouts, each on 2 gloo ranks: DDP, FSDP2, TP=2 with sequence parallelism (on FSDP2; EP folded over TP: the experts
 and their biases whole and replicated on both TP ranks, each routing its half of the tokens), PP=2, EP=2 (the
 expert biases sharded with their experts) and CP=2 (all-gather attention: ring attention has no sink column, rule
-``attention_sinks``). Refused by name, checked here: Megatron FSDP (rule ``moe_backend``) and
-expert tensor parallelism with expert biases (rule ``moe_expert_bias``).
+``attention_sinks``), and last Megatron FSDP through the CPU harness (EP=1: the experts and their biases sharded over
+both ranks). Refused by name, checked here: expert tensor parallelism with expert biases (rule ``moe_expert_bias``).
 """
 
 import os
@@ -30,8 +30,9 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "ep2": {"expert_model_parallel_size": 2},
     "cp2": {"context_parallel_size": 2, "model": {"cp_comm_type": "all_gather"}},
 }
-REFUSED = {"moe_backend": {"use_megatron_fsdp": True},
-           "moe_expert_bias": {"tensor_model_parallel_size": 2, "use_torch_fsdp2": True,
+HARNESS_LAYOUTS = {"megatron_fsdp": {"use_megatron_fsdp": True}}
+"""Through the Megatron FSDP CPU harness, last: EP=1, the experts and their biases sharded over both ranks."""
+REFUSED = {"moe_expert_bias": {"tensor_model_parallel_size": 2, "use_torch_fsdp2": True,
                                "model": {"expert_tensor_parallel_size": 2}}}
 GROUPS = {2: ["test_tiny_gpt_oss_trains_on_its_layouts"]}
 
@@ -49,11 +50,11 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
 
 
 @pytest.mark.support_cells("gpt_oss:ddp", "gpt_oss:fsdp2", "gpt_oss:tp", "gpt_oss:pp", "gpt_oss:ep",
-                            "gpt_oss:resume", "gpt_oss:cp", "gpt_oss:megatron_fsdp!moe_backend")
+                            "gpt_oss:resume", "gpt_oss:cp", "gpt_oss:megatron_fsdp")
 def test_tiny_gpt_oss_trains_on_its_layouts(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_tiny_gpt_oss_trains_on_its_layouts")  # type: ignore[union-attr]
         return
     # the resume at EP=2: the expert biases are saved as EP shards
     run_layouts("tiny_gpt_oss", LAYOUTS, REFUSED, os.environ["MB_REFERENCE_GPT_OSS"],
-                Path(os.environ["MB_GPT_OSS_DIR"]), expert_model_parallel_size=2)
+                Path(os.environ["MB_GPT_OSS_DIR"]), HARNESS_LAYOUTS, expert_model_parallel_size=2)

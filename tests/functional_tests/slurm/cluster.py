@@ -129,6 +129,10 @@ class SlurmCluster:
             time.sleep(0.1)
         raise RuntimeError(f"{what} within {timeout} s; logs: {self.logs()}")
 
+    def start_node(self, node: str) -> None:
+        """Start ``node``'s slurmd again (after a test killed it: the node rebooted); returns at once."""
+        self._spawn(f"slurmd-{node}", [_program("slurmd"), "-D", "-N", node, "-f", str(self.conf)])
+
     def pid(self, name: str) -> int:
         """The pid of a daemon of this cluster (``slurmctld``, ``slurmd-n1``, ...)."""
         return self._procs[name].pid

@@ -264,6 +264,34 @@ def _freeze_node_mid_run(cluster: SlurmCluster, launch: Launch, job: str, after_
                 pass
 
 
+def _kill_node_mid_run(cluster: SlurmCluster, launch: Launch) -> None:
+    """Job 1, once it saved a checkpoint: node n2 dies whole (SIGKILL at once to its slurmd, the job's step daemon
+    there, its launcher and worker: a power loss); n2's slurmd starts again (the node rebooted) once the run
+    resubmitted itself (or after 150 s). Other runs' step daemons on n2 live on; their next jobs wait for n2."""
+    deadline, killed = time.monotonic() + TIMEOUT_S, False
+    try:
+        job = _nth_job(launch.run_dir, 1, deadline)
+        _wait_for(lambda: _checkpoint_step(launch.run_dir) >= 2 and _node_task(job, "n2") is not None, deadline,
+                  f"a checkpoint of job {job}")
+        task = _node_task(job, "n2")
+        if task is None:
+            raise TimeoutError(f"no task of job {job} on n2")
+        for pid in [cluster.pid("slurmd-n2"), _parent(task), *_descendants(task)]:
+            os.kill(pid, signal.SIGKILL)
+        killed = True
+        launch.events.append(f"killed n2 of job {job} whole after checkpoint step {_checkpoint_step(launch.run_dir)} "
+                             f"at {time.time():.0f}")
+        from megatron_bridge.launcher.slurm_follow import successor
+
+        _wait_for(lambda: successor(launch.run_dir, job) is not None, time.monotonic() + 150, "the retry")
+        launch.events.append("retry submitted")
+    except (TimeoutError, OSError) as exc:
+        launch.events.append(f"watcher: {exc}")
+    finally:
+        if killed:
+            cluster.start_node("n2")
+
+
 @pytest.fixture(scope="module")
 def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launch]]:
     """Start together: the local reference, the plain Slurm run, the preempted one and the one whose worker dies."""
@@ -276,6 +304,9 @@ def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         # a worker killed in job 1, node n2 frozen whole in job 2 (found within --node_timeout): both retried
         "failed": _start(cluster, root, "failed", [*RUN, *SLURM, "--detach", "false", "--max_retries", "2",
                                                    "--node_timeout", "15", "checkpoint.save_interval=2"]),
+        # node n2 killed whole in job 1 (slurmd included), found within --node_timeout: one retry finishes the run
+        "node_killed": _start(cluster, root, "node_killed", [*RUN, *SLURM, "--detach", "false", "--max_retries", "1",
+                                                             "--node_timeout", "15", "checkpoint.save_interval=2"]),
         # fails on every node before Python starts: each retry fails the same way
         "exhausted": _start(cluster, root, "exhausted", [*RUN, *SLURM, "--detach", "false", "--max_retries", "1",
                                                          "-ce", "PYTHONHOME=/nonexistent"]),
@@ -287,7 +318,8 @@ def runs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     watchers = [*(threading.Thread(target=_signal_jobs, args=(cluster, launches[name], plan), daemon=True)
                   for name, plan in plans.items()),
                 threading.Thread(target=_kill_worker_then_freeze_node, args=(cluster, launches["failed"]),
-                                 daemon=True)]
+                                 daemon=True),
+                threading.Thread(target=_kill_node_mid_run, args=(cluster, launches["node_killed"]), daemon=True)]
     for w in watchers:
         w.start()
     yield launches
@@ -388,6 +420,31 @@ def test_a_node_that_stops_answering_is_found_and_the_run_resumes(runs: dict[str
     assert len(run_jobs(launch.run_dir)) == 3
     frozen_step = int(launch.events[1].split("checkpoint step ")[1].split()[0])
     assert json.loads((launch.run_dir / "results.json").read_text())["first_step"] > frozen_step  # job 3 resumed
+
+
+def test_a_node_killed_whole_is_found_and_one_retry_finishes(runs: dict[str, Launch],
+                                                              reference: list[float]) -> None:
+    """n2 killed whole in job 1 (slurmd, step daemon, launcher, worker): node 0's launcher ends (its worker lost its
+    peer) and says so in its last heartbeat, so the script names node 1, the silent one, within --node_timeout plus
+    its check and a heartbeat, and resubmits (--max_retries 1, not Slurm's requeue); the retry, on the rebooted n2,
+    resumes from the checkpoint and finishes with the local run's losses."""
+    launch = runs["node_killed"]
+    rc, out = launch.wait()
+    assert launch.events and launch.events[0].startswith("killed n2 of job"), (launch.events, out[-6000:])
+    assert rc == 0, (launch.events, out[-6000:])
+    lost = re.search(r"^(\S+) \[slurm job \d+\] node 1 stopped answering: no heartbeat for (\d+) s "
+                     r"\(--node_timeout 15\)", out, re.M)
+    assert lost, out[-6000:]
+    killed_at = float(launch.events[0].split()[-1])
+    found_at = calendar.timegm(time.strptime(lost.group(1), "%Y-%m-%dT%H:%M:%SZ"))
+    assert found_at - killed_at <= 15 + 5 + 5 + 1, (killed_at, lost.group(0))  # timeout + check + heartbeat + 1 s
+    assert re.search(r"failed \(exit \d+, lost node 1\): retry 1 of 1", out), out[-6000:]
+    assert "requeued by Slurm" not in out
+    assert len(run_jobs(launch.run_dir)) == 2
+    results = json.loads((launch.run_dir / "results.json").read_text())
+    killed_step = int(launch.events[0].split("checkpoint step ")[1].split()[0])
+    assert results["first_step"] > 1 and results["first_step"] <= killed_step + 1, results["first_step"]
+    _assert_close(results["losses"], reference, results["first_step"])
 
 
 def test_retries_end_after_max_retries(runs: dict[str, Launch]) -> None:

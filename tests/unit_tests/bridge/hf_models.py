@@ -50,6 +50,18 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "moonlight": ("deepseek_v3", {**_DEEPSEEK, "q_lora_rank": None, "n_group": 1, "topk_group": 1,
                                   "num_experts_per_tok": 3, "n_shared_experts": 2, "routed_scaling_factor": 2.446,
                                   "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
+    "deepseek-v2-lite": ("deepseek_v2", {**_DEEPSEEK, "q_lora_rank": None, "n_group": 1, "topk_group": 1,
+                                         "topk_method": "greedy", "norm_topk_prob": False, "n_shared_experts": 2,
+                                         "num_experts_per_tok": 3, "routed_scaling_factor": 1.0,
+                                         "max_position_embeddings": 64, "rope_parameters": {
+                                             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                             "mscale": 0.707, "mscale_all_dim": 0.707,
+                                             "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                                             "beta_slow": 1.0, "truncate": True}}),
+    "deepseek-v2-groups": ("deepseek_v2", {**_DEEPSEEK, "q_lora_rank": 16, "n_group": 4, "topk_group": 2,
+                                           "topk_method": "group_limited_greedy", "norm_topk_prob": False,
+                                           "routed_scaling_factor": 2.0,
+                                           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
     "qwen3-moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                                 "norm_topk_prob": True, "mlp_only_layers": [0]}),
     "gpt-oss": ("gpt_oss", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
@@ -65,7 +77,18 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                       "layer_types": ["full_attention", "sliding_attention"], "rope_parameters": {
                                           "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                                           "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    "gemma2": ("gemma2", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                          "attn_logit_softcapping": 0.25, "final_logit_softcapping": 1.5, "tie_word_embeddings": False,
+                          "layer_types": ["sliding_attention", "full_attention"],
+                          "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "gemma2-tied-uncapped": ("gemma2", {"head_dim": 16, "sliding_window": 6, "query_pre_attn_scalar": 16,
+                                     "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                                     "num_hidden_layers": 3, "rope_parameters": {"rope_type": "default",
+                                                                                 "rope_theta": 100000.0}}),
 }
+"""The Gemma 2 variants: caps small enough that they bend a random model's scores and logits (so a missing cap
+shows), untied; ``gemma2-tied-uncapped`` has null caps, tied embeddings and transformers' default ``layer_types``
+(window, full, window)."""
 
 
 def hf_config(variant: str):  # noqa: ANN201  (a transformers config)

@@ -12,7 +12,8 @@ from megatron_bridge.bridge.families import family_for_hf_config
 from tests.unit_tests.bridge.hf_models import hf_model, to_rope_scaling_format, write_tokenizer
 
 
-FAMILY_VARIANTS = ("llama3.1", "qwen3", "qwen3-moe", "mistral-window8", "mixtral", "deepseek-v3", "moonlight")
+FAMILY_VARIANTS = ("llama3.1", "qwen3", "qwen3-moe", "mistral-window8", "mixtral", "deepseek-v3", "moonlight",
+                   "deepseek-v2-lite", "deepseek-v2-groups")
 
 
 def _source(folder: Path, variant: str, *, old_format: bool = False) -> Path:

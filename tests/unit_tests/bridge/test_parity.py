@@ -34,7 +34,7 @@ def _import_logits(folder) -> torch.Tensor:  # noqa: ANN001
 
 
 @pytest.mark.support_cells("llama:hf", "qwen3:hf", "qwen3_moe:hf", "mistral:hf", "mixtral:hf",
-                            "deepseek_v3:hf", "gemma3:hf", "gpt_oss:hf")
+                            "deepseek_v3:hf", "deepseek_v2:hf", "gemma3:hf", "gpt_oss:hf", "gemma2:hf")
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_import_matches_hf_logits(variant, tmp_path) -> None:  # noqa: ANN001
     model = hf_model(variant)

@@ -138,3 +138,23 @@ def test_distributed_optimizer_state_at_another_tp_pp_is_a_named_error(tmp_path:
     _check_optimizer_resharding(cfg, folder, "dp_reshardable")  # the same layout
     cfg.model.tensor_model_parallel_size, cfg.optimizer.use_distributed_optimizer = 1, False
     _check_optimizer_resharding(cfg, folder, None)  # megatron-core's other optimizers reshard
+
+
+def test_optimizer_layout_fix_names_the_backend_that_wrote_the_checkpoint(tmp_path: Path) -> None:
+    """A failed load of another backend kind's optimizer state (Megatron FSDP: nested per parameter; DDP, FSDP2:
+    flat) gets the fix; the same kind, no optimizer state or an unknown writer get nothing."""
+    folder = tmp_path / "iter_0000004"
+    folder.mkdir()
+    (folder / "run_config.yaml").write_text(yaml.safe_dump({"dist": {"use_megatron_fsdp": True}}))
+    flat = {"model": {}, "optimizer": {"state.w.exp_avg": torch.zeros(1)}}
+    nested = {"model": {}, "optimizer": {"state": {"w": {"exp_avg": torch.zeros(1)}}, "param_groups": []}}
+    fix = saved_run.optimizer_layout_fix(folder, flat)
+    assert "written by Megatron FSDP" in fix and "checkpoint.load_optim=False" in fix
+    assert "dist.use_megatron_fsdp=True" in fix
+    assert saved_run.optimizer_layout_fix(folder, nested) == ""
+    assert saved_run.optimizer_layout_fix(folder, {"model": {}}) == ""
+    (folder / "run_config.yaml").write_text(yaml.safe_dump({"dist": {"use_megatron_fsdp": False}}))
+    assert "written by DDP or FSDP2" in saved_run.optimizer_layout_fix(folder, nested)
+    assert saved_run.optimizer_layout_fix(folder, flat) == ""
+    (folder / "run_config.yaml").write_text(yaml.safe_dump({"model": {}}))
+    assert saved_run.optimizer_layout_fix(folder, nested) == ""

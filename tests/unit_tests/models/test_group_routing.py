@@ -43,3 +43,35 @@ def test_groups_mask_the_unchosen_groups_by_hand() -> None:
     assert torch.equal(torch.isinf(masked)[0], torch.tensor([False, False, False, False, True, True, True, True]))
     assert limit_to_groups(select, _config(8, 2, None, None)) is select
     assert limit_to_groups(select, _config(8, 2, 4, 4)) is select
+
+
+@pytest.mark.parametrize(("method", "groups", "keep", "norm"), [("greedy", None, None, False),
+                                                                 ("group_limited_greedy", 4, 2, False),
+                                                                 ("greedy", None, None, True),
+                                                                 ("group_limited_greedy", 4, 1, True)])
+def test_softmax_routing_picks_deepseek_v2_experts(method: str, groups: int | None, keep: int | None,
+                                                   norm: bool) -> None:
+    """DeepSeek-V2's router (softmax over every expert, greedy or group-limited top-k, a group scored by its best
+    expert, no expert bias, times routed_scaling_factor) as the DeepSeek-V2 mapping sets it: softmax with
+    moe_router_pre_softmax (norm_topk_prob false: the k probabilities as they are), or without (true: normalized,
+    which transformers' V2 router does not do, so the reference is normalized here)."""
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    torch.manual_seed(0)
+    hf_cfg = DeepseekV2Config(hidden_size=16, num_attention_heads=4, n_routed_experts=16, num_experts_per_tok=3,
+                              n_group=groups, topk_group=keep, topk_method=method, routed_scaling_factor=1.5)
+    router = DeepseekV2TopkRouter(hf_cfg)
+    with torch.no_grad():
+        router.weight.normal_(0.0, 1.0)
+    logits, hf_weights, hf_idx = router(torch.randn(256, 16))
+    if norm:
+        hf_weights = hf_weights / hf_weights.sum(dim=-1, keepdim=True) * 1.5
+    config = ModelConfig(num_moe_experts=16, moe_router_topk=3, moe_router_score_function="softmax",
+                         moe_router_pre_softmax=not norm, moe_router_topk_scaling_factor=1.5,
+                         moe_router_num_groups=groups, moe_router_group_topk=keep)
+    probs, idx, _ = route(logits, config, None)
+    hf_sorted, order = hf_idx.sort(dim=-1)
+    ours_sorted, ours_order = idx.sort(dim=-1)
+    assert torch.equal(ours_sorted, hf_sorted)
+    assert (probs.gather(-1, ours_order) - hf_weights.gather(-1, order)).abs().max() <= 1e-6

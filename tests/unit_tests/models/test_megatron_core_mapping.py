@@ -295,6 +295,7 @@ REFUSED_WITH = {
     "recompute_method": "recompute_granularity", "recompute_num_layers": "recompute_granularity",
     "cpu_offloading_num_layers": "cpu_offloading", "cpu_offloading_activations": "cpu_offloading",
     "cpu_offloading_weights": "cpu_offloading", "moe_router_group_topk": "moe_router_num_groups",
+    "mtp_loss_scaling_factor": "mtp_num_layers",
     **{name: "multi_latent_attention" for name in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
                                                    "v_head_dim")},
     **{f"yarn_{name}": "position_embedding_type" for name in (

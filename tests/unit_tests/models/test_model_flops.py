@@ -16,6 +16,10 @@ from megatron_bridge.models import LlamaModel, num_floating_point_operations, nu
         {"share_embeddings_and_output_weights": True},
         {"activation": "gelu", "normalization": "LayerNorm", "add_bias_linear": True},
         {"add_qkv_bias": True, "qk_layernorm": True, "kv_channels": 16, "num_query_groups": 1},
+        {"mtp_num_layers": 2},
+        {"mtp_num_layers": 1, "num_moe_experts": 4, "moe_router_topk": 2, "moe_shared_expert_intermediate_size": 32,
+         "multi_latent_attention": True, "q_lora_rank": None, "kv_lora_rank": 8, "qk_head_dim": 8,
+         "qk_pos_emb_head_dim": 4, "v_head_dim": 8},
     ],
 )
 def test_num_parameters_matches_built_model(overrides: dict[str, object]) -> None:
@@ -51,15 +55,16 @@ def test_flops_hand_count() -> None:
     )
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_flops_match_flop_counter_exactly_with_math_attention(tied: bool) -> None:
+@pytest.mark.parametrize("tied", [False, True, "mtp"])
+def test_flops_match_flop_counter_exactly_with_math_attention(tied: bool | str) -> None:
     """FlopCounterMode on a real forward + backward agrees exactly (tolerance 0).
 
     The math SDPA backend decomposes attention into bmm's, which the counter sees (full s x s, like the formula).
     Every matmul has both an input- and a weight-gradient in backward (the embedding needs the input gradient of
     layer 0), so backward is exactly 2x forward. Norms, softmax, RoPE and the loss are not counted on either side.
     """
-    cfg = tiny(share_embeddings_and_output_weights=tied, add_bias_linear=True)
+    cfg = tiny(share_embeddings_and_output_weights=tied is True, add_bias_linear=True,
+               mtp_num_layers=2 if tied == "mtp" else None)  # MTP: two more layers, eh_proj and logits per depth
     torch.manual_seed(0)
     model = LlamaModel(cfg)
     b, s = 2, 12

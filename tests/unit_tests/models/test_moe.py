@@ -376,8 +376,11 @@ def test_moe_layouts_with_pipeline_and_context_parallel_validate() -> None:
     with pytest.raises(ConfigValidationError, match=r"\[rule expert_parallel_layout\]") as info:
         cfg(context_parallel_size=2, expert_model_parallel_size=4).validate(world_size=2)
     assert "model.expert_model_parallel_size" in info.value.paths and "model.context_parallel_size" in info.value.paths
+    cfg(use_megatron_fsdp=True, expert_model_parallel_size=2).validate(world_size=2)  # native: experts on edp
     with pytest.raises(ConfigValidationError, match=r"\[rule moe_backend\]"):
-        cfg(use_megatron_fsdp=True).validate(world_size=2)
+        mcore = cfg(use_megatron_fsdp=True)
+        mcore.model.engine = "megatron_core"
+        mcore.validate(world_size=2)
 
 
 def test_qwen3_235b_layout_shrunk_validates_and_builds() -> None:

@@ -117,14 +117,16 @@ def test_megatron_core_engine_refuses_gpt_oss_pieces_by_name() -> None:
         assert f"model.{field}" in str(err.value)
 
 
-def test_mxfp4_checkpoints_are_refused_by_name() -> None:
+def test_mxfp4_config_is_read_and_other_quantizations_are_refused_by_name() -> None:
+    """MXFP4 folders import (dequantized: tests/unit_tests/bridge/test_gpt_oss_mxfp4.py); another method is named."""
     from megatron_bridge.bridge.families.base import family_by_name
 
     hf = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 32,
           "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 64,
           "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": []}}
-    with pytest.raises(BridgeError, match="quant_method='mxfp4'.*dequantize"):
-        family_by_name("gpt_oss").config_from_hf(hf)
+    assert family_by_name("gpt_oss").config_from_hf(hf).num_moe_experts == 128
+    with pytest.raises(BridgeError, match="quant_method='bitsandbytes'.*only the MXFP4"):
+        family_by_name("gpt_oss").config_from_hf({**hf, "quantization_config": {"quant_method": "bitsandbytes"}})
 
 
 def test_tiny_gpt_oss_config_round_trips_through_the_bridge() -> None:

@@ -54,7 +54,9 @@ def test_dry_run_plans_every_check(tmp_path: Path) -> None:
     assert all(c["status"] == "planned" or c["status"].startswith("skipped: ") for c in cases)
     families = {(c["recipe"], c["engine"]): c["status"] for c in cases if "recipe" in c}
     assert families == {("tiny_mistral", "local"): "planned", ("tiny_mistral", "megatron_core"): "planned",
-                        ("tiny_mixtral", "local"): "planned", ("tiny_deepseek_v3", "local"): "planned"}
+                        ("tiny_mixtral", "local"): "planned", ("tiny_deepseek_v3", "local"): "planned",
+                        ("tiny_gpt_oss", "local"): "planned", ("tiny_gemma3", "local"): "planned",
+                        ("tiny_gemma2", "local"): "planned"}
     mfu = steps["mfu"]
     assert mfu["device"] == "H100" and 1 <= mfu["num_layers"] <= 32
     assert mfu["estimated_peak_gib"] <= 0.85 * 79.6

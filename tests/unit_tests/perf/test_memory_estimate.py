@@ -231,3 +231,18 @@ def test_pipeline_layout_sets_each_ranks_layers() -> None:
     ranks = pipeline_ranks(cfg, layout_of(cfg, 2))
     assert [(r.layers, r.chunks, r.first, r.last) for r in ranks] == [((2, 3), 2, True, False),
                                                                       ((0, 1), 2, False, True)]
+
+
+@pytest.mark.parametrize("recipe", ["tiny_deepseek_v3", "tiny_llama"])
+def test_mtp_layers_are_counted_on_the_last_rank(recipe: str) -> None:
+    """With multi-token prediction the estimate holds the built model's parameters: the model total and, on one
+    rank without expert parallelism, its dense + expert parameters."""
+    from megatron_bridge.models.llama import LlamaModel
+
+    cfg = RECIPES[recipe].fn(expert_model_parallel_size=1)
+    cfg.model.mtp_num_layers = 2
+    cfg.validate(world_size=1)
+    built = sum(p.numel() for p in LlamaModel(cfg.model, device="meta").parameters())
+    params = estimate_memory(cfg, 1).params
+    assert params.model_total == built
+    assert params.dense + params.expert == built

@@ -2,6 +2,7 @@
 logger fed steps, and one real run of the training loop), the timers' levels and windows, and memory statistics."""
 
 import dataclasses
+import logging
 import math
 from pathlib import Path
 
@@ -256,3 +257,20 @@ def test_moe_tags_every_tensorboard_interval(tmp_path: Path) -> None:
     histograms = EventAccumulator(str(tmp_path / "tb"))
     histograms.Reload()
     assert histograms.Tags()["histograms"] == ["moe/tokens_per_expert/layer_00"]
+
+
+def test_mtp_losses_are_written_under_megatron_core_tags(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """Multi-token prediction's per-depth losses: ``mtp_1 loss``, ``mtp_2 loss`` in TensorBoard every step and on the
+    stdout line (mean over the log interval)."""
+    cfg = _config(tmp_path)
+    log = TrainingLogger(cfg, CPU, world_size=1)
+    with caplog.at_level(logging.INFO):
+        for step in (1, 2):
+            log.log_step(StepMetrics(step, loss=2.0, grad_norm=1.5, lr=1e-3, step_time=0.01, tokens=512, flops=1e9,
+                                     consumed_samples=8 * step,
+                                     mtp_losses={"mtp_1 loss": 3.0 + step, "mtp_2 loss": 5.0}))
+    log.close()
+    events = _events(tmp_path / "tb")
+    assert events["mtp_1 loss"] == [(1, 4.0), (2, 5.0)] and events["mtp_2 loss"] == [(1, 5.0), (2, 5.0)]
+    line = next(r.getMessage() for r in caplog.records if "iteration" in r.getMessage())
+    assert "mtp_1 loss 4.500000e+00" in line and "mtp_2 loss 5.000000e+00" in line

@@ -90,6 +90,9 @@ class ModelFamily:
     """Whether the family's models are mixtures of experts (a dense family never matches an MoE config)."""
     mla: ClassVar[bool] = False
     """Whether the family's attention is multi-latent attention (``model.multi_latent_attention``)."""
+    soft_capping: ClassVar[bool] = False
+    """Whether the family's HF config has logit soft-capping (Gemma 2); without it a model with
+    ``model.attn_logit_softcapping`` or ``model.final_logit_softcapping`` set is not exported."""
     hf_defaults: ClassVar[dict[str, Any]] = {}
     """transformers' class defaults for keys a config.json may omit (max_position_embeddings, rms_norm_eps, ...)."""
     fixed_hf_values: ClassVar[dict[str, tuple[Any, ...]]] = {
@@ -171,6 +174,12 @@ class ModelFamily:
         if not self.matches(config):
             raise BridgeError(f"the model (normalization={config.normalization!r}, activation={config.activation!r}, "
                               f"qk_layernorm={config.qk_layernorm}) is not a {self.name} model")
+        caps = (config.attn_logit_softcapping, config.final_logit_softcapping)
+        if not self.soft_capping and caps != (None, None):
+            raise BridgeError(f"{self.name} export: Hugging Face's {self.architectures[0]} has no logit soft-capping, "
+                              f"but the model has model.attn_logit_softcapping={caps[0]} and "
+                              f"model.final_logit_softcapping={caps[1]}; set them to None or use a family that has "
+                              "them (gemma2)")
         if config.add_qkv_bias != config.has_attention_output_bias:
             raise BridgeError(
                 f"{self.name} export: HF attention_bias sets the query/key/value and output projections' biases "
@@ -224,6 +233,16 @@ class ModelFamily:
         """Our parameters that are interleaved parts of one HF tensor (GPT-OSS's experts); none by default."""
         return {}
 
+    def copied_weights(self, config: ModelConfig) -> dict[str, str]:
+        """HF tensors that repeat one of our parameters (HF name → our name), as DeepSeek-V3's MTP layers repeat
+        the embedding and the output layer: on import not read (compared with the mapped tensor when present; a
+        differing copy is warned about), on export written again. None by default."""
+        return {}
+
+    def config_for_folder(self, config: ModelConfig, hf: dict[str, Any], tensor_names: list[str]) -> None:
+        """Set on ``config`` what a HF folder's tensors say beyond its config.json (DeepSeek-V3: whether the MTP
+        layers are stored); nothing by default."""
+
     def layer_weight_names(self, config: ModelConfig) -> list[str]:
         """Names inside one decoder layer (identical on both sides for the Llama-style families)."""
         return n.dense_layer_parameters(config)
@@ -232,6 +251,11 @@ class ModelFamily:
         """HF tensor ``name`` as the model takes it, from ``reader`` (a ``bridge.hf_reader.HFWeightsReader``): the
         stored tensor; a family with stored encodings (DeepSeek-V3's fp8 blocks) decodes them here."""
         return reader.get(name)
+
+    def read_hf_shapes(self, reader: Any) -> dict[str, tuple[int, ...]]:
+        """Name → shape of every HF tensor as :meth:`read_hf_tensor` gives it: the stored ones; a family whose
+        encoding stores one tensor as several (GPT-OSS's MXFP4 ``*_blocks`` and ``*_scales``) names the decoded one."""
+        return reader.shapes()
 
     def ignorable_hf_weight(self, name: str, config: ModelConfig) -> bool:
         """HF tensors that are dropped on import: RoPE ``inv_freq`` buffers of old checkpoints, and a stray output

@@ -89,6 +89,10 @@ class MegatronCoreEngine:
 
         return MegatronCoreMoETracker(cfg.model, device, world_size)
 
+    def mtp_tracker(self, cfg: "ConfigContainer", chunks: list[nn.Module], device: torch.device) -> Any:
+        """None: multi-token prediction is refused on this engine (rule megatron_core_features)."""
+        return None
+
     def destroy_groups(self) -> None:
         """Reset megatron-core's parallel state, if this process created it (:func:`.parallel_state.destroy`)."""
         from megatron_bridge.engines.megatron_core.parallel_state import destroy

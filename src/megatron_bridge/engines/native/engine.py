@@ -114,5 +114,11 @@ class NativeEngine:
 
         return MoETracker.for_chunks(chunks, device, moe_token_copies(cfg), cfg.model)
 
+    def mtp_tracker(self, cfg: "ConfigContainer", chunks: list[nn.Module], device: torch.device) -> Any:
+        """:class:`~megatron_bridge.engines.native.mtp_stats.MTPTracker` over the MTP modules of ``chunks``."""
+        from megatron_bridge.engines.native.mtp_stats import MTPTracker
+
+        return MTPTracker.for_chunks(chunks, device, cfg.model.mtp_depths)
+
     def destroy_groups(self) -> None:
         """Nothing: the native engine's groups are the device mesh's, destroyed with the default group."""

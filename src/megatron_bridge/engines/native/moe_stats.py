@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from megatron_bridge.config.decoder_names import mtp_layer_indices
 from megatron_bridge.config.model import ModelConfig
 from megatron_bridge.engines.base import MoEStepStats
 from megatron_bridge.models.moe import MoELayer, moe_layers, set_aux_loss_scale, update_expert_bias
@@ -64,7 +65,10 @@ class MoETracker:
             return cls(layers, device, model_copies) if layers else None
         if not config.is_moe:
             return None
-        ids = [i for i, moe in enumerate(config.moe_layer_pattern()) if moe]
+        pattern = config.moe_layer_pattern()
+        ids = [i for i, moe in enumerate(pattern) if moe]
+        if pattern[-1]:  # multi-token prediction depths are built like the last layer (models/mtp.py)
+            ids += mtp_layer_indices(config)
         return cls(layers, device, model_copies, ids, config.num_moe_experts, config.context_parallel_size)
 
     def begin_step(self, num_microbatches: int, loss_scale: float = 1.0) -> None:

@@ -12,11 +12,18 @@ and no attention biases.
 The training-only settings of Megatron-Bridge's DeepSeek provider are set on import: sequence-level aux loss with
 ``aux_loss_alpha`` (default 1e-4), expert-bias update rate 1e-3.
 
-Multi-token prediction is not built: ``num_nextn_predict_layers`` is read and dropped with the MTP layers' tensors
-(``model.layers.{L}...``, which transformers drops as well when it loads a model); export writes
-``num_nextn_predict_layers: 0``. fp8 checkpoints (``quantization_config``: DeepSeek-V3's published weights) are
-dequantized on import (``fp8.py``: each weight times its ``weight_scale_inv`` block scale); exports write the
-unquantized weights without ``quantization_config``.
+Multi-token prediction (``models/mtp.py``): a folder that stores the MTP layers (``model.layers.{L + k}``, at most
+``num_nextn_predict_layers`` of them; transformers drops them when it loads a model, so a folder it wrote has none)
+imports with ``mtp_num_layers`` set to their number (:meth:`DeepseekV3Family.config_for_folder`; the config alone
+never sets it). Each layer's ``enorm``, ``hnorm``, ``eh_proj`` map 1:1, ``shared_head.norm`` ↔ our
+``final_layernorm``, its decoder-layer tensors ↔ our ``transformer_layer``; its ``embed_tokens`` and
+``shared_head.head`` are copies of the main ones (our model shares them): compared on import, written again on export.
+With ``mtp_num_layers`` None or 0 the MTP tensors are dropped on import and export writes
+``num_nextn_predict_layers: 0`` (a source config.json's own value is kept).
+
+fp8 checkpoints (``quantization_config``: DeepSeek-V3's published weights) are dequantized on import (``fp8.py``:
+each weight times its ``weight_scale_inv`` block scale); exports write the unquantized weights without
+``quantization_config``.
 
 Weights: names are transformers' under ``model.`` (our module names follow ``DeepseekV3Attention``); the router
 ``mlp.router.weight`` ↔ ``mlp.gate.weight``, its bias buffer ``mlp.router.expert_bias`` ↔
@@ -35,6 +42,9 @@ from megatron_bridge.errors import BridgeError
 
 
 _MISSING = object()
+_SHARED_HEAD = "shared_head"
+"""HF's name of an MTP layer's output part: ``shared_head.norm`` (our ``final_layernorm``) and ``shared_head.head``
+(a copy of the output layer)."""
 
 
 class DeepseekV3Family(ModelFamily):
@@ -137,7 +147,7 @@ class DeepseekV3Family(ModelFamily):
         return out
 
     def extra_hf_config(self, config: ModelConfig) -> dict[str, Any]:
-        """MLA widths, experts, groups and the fixed DeepSeek-V3 keys; no MTP layers."""
+        """MLA widths, experts, groups, the MTP depths and the fixed DeepSeek-V3 keys."""
         pattern = config.moe_layer_pattern()
         return {
             "q_lora_rank": config.q_lora_rank, "kv_lora_rank": config.kv_lora_rank,
@@ -149,7 +159,7 @@ class DeepseekV3Family(ModelFamily):
             "n_group": config.moe_router_num_groups or 1, "topk_group": config.moe_router_group_topk or 1,
             "first_k_dense_replace": pattern.index(True) if True in pattern else len(pattern),
             "routed_scaling_factor": config.moe_router_topk_scaling_factor or 1.0, "norm_topk_prob": True,
-            "rope_interleave": True, "num_nextn_predict_layers": 0, "output_router_logits": False,
+            "rope_interleave": True, "num_nextn_predict_layers": config.mtp_depths, "output_router_logits": False,
             "pretraining_tp": 1,
         }
 
@@ -159,25 +169,60 @@ class DeepseekV3Family(ModelFamily):
         names = {name: f"{HF_DECODER}.{name}" for name in (f"{n.EMBEDDING}.weight", f"{n.FINAL_NORM}.weight")}
         names[f"{n.OUTPUT}.weight"] = f"{n.OUTPUT}.weight"
         for i, moe in enumerate(config.moe_layer_pattern()):
-            inside = [f"{n.ATTENTION_NORM}.weight", f"{n.MLP_NORM}.weight",
-                      *(f"{n.ATTENTION}.{p}" for p in n.mla_parameters(config))]
-            if moe:
-                inside += [f"{n.MLP}.{n.SHARED_EXPERTS}.{p}.weight" for p in n.MLP_PROJECTIONS]
-            else:
-                inside += [f"{n.MLP}.{p}.weight" for p in n.MLP_PROJECTIONS]
-            names.update({f"{n.layer(i)}.{ours}": f"{HF_DECODER}.{n.layer(i)}.{ours}" for ours in inside})
-            if moe:
-                router, gate = f"{n.mlp(i)}.{n.ROUTER}", f"{HF_DECODER}.{n.mlp(i)}.gate"
-                names[f"{router}.weight"] = f"{gate}.weight"
-                names[f"{router}.expert_bias"] = f"{gate}.e_score_correction_bias"
+            names.update(self._layer_names(config, n.layer(i), f"{HF_DECODER}.{n.layer(i)}", moe))
+        last_moe = config.moe_layer_pattern()[-1]
+        for i in n.mtp_layer_indices(config):
+            ours, hf = n.mtp_layer(i), f"{HF_DECODER}.{n.layer(i)}"
+            names.update({f"{ours}.{sub}.weight": f"{hf}.{sub}.weight"
+                          for sub in (n.MTP_ENORM, n.MTP_HNORM, n.MTP_EH_PROJ)})
+            names[f"{ours}.{n.MTP_NORM}.weight"] = f"{hf}.{_SHARED_HEAD}.norm.weight"
+            names.update(self._layer_names(config, f"{ours}.{n.MTP_LAYER}", hf, last_moe))
+        return names
+
+    @staticmethod
+    def _layer_names(config: ModelConfig, ours: str, hf: str, moe: bool) -> dict[str, str]:
+        """One decoder layer's names (ours under ``ours``, HF's under ``hf``), the routed experts left out."""
+        inside = [f"{n.ATTENTION_NORM}.weight", f"{n.MLP_NORM}.weight",
+                  *(f"{n.ATTENTION}.{p}" for p in n.mla_parameters(config))]
+        if moe:
+            inside += [f"{n.MLP}.{n.SHARED_EXPERTS}.{p}.weight" for p in n.MLP_PROJECTIONS]
+        else:
+            inside += [f"{n.MLP}.{p}.weight" for p in n.MLP_PROJECTIONS]
+        names = {f"{ours}.{name}": f"{hf}.{name}" for name in inside}
+        if moe:
+            names[f"{ours}.{n.MLP}.{n.ROUTER}.weight"] = f"{hf}.{n.MLP}.gate.weight"
+        if moe and config.moe_router_enable_expert_bias:  # DeepSeek-V2 routes without it
+            names[f"{ours}.{n.MLP}.{n.ROUTER}.expert_bias"] = f"{hf}.{n.MLP}.gate.e_score_correction_bias"
         return names
 
     def stacked_weights(self, config: ModelConfig) -> dict[str, StackedWeight]:
         """Each MoE layer's expert tensors: ours ``[E, in, out]`` = stack of HF's per-expert ``[out, in]``."""
         experts = range(config.num_moe_experts or 0)
-        return {f"{n.mlp(i)}.{n.EXPERTS}.{proj}": StackedWeight(
-                    tuple(f"{HF_DECODER}.{n.mlp(i)}.{n.EXPERTS}.{j}.{proj}.weight" for j in experts), transpose=True)
-                for i, moe in enumerate(config.moe_layer_pattern()) if moe for proj in n.EXPERT_WEIGHTS}
+        layers = [(n.layer(i), n.layer(i)) for i, moe in enumerate(config.moe_layer_pattern()) if moe]
+        if config.moe_layer_pattern()[-1]:
+            layers += [(f"{n.mtp_layer(i)}.{n.MTP_LAYER}", n.layer(i)) for i in n.mtp_layer_indices(config)]
+        return {f"{ours}.{n.MLP}.{n.EXPERTS}.{proj}": StackedWeight(
+                    tuple(f"{HF_DECODER}.{hf}.{n.MLP}.{n.EXPERTS}.{j}.{proj}.weight" for j in experts), transpose=True)
+                for ours, hf in layers for proj in n.EXPERT_WEIGHTS}
+
+    def copied_weights(self, config: ModelConfig) -> dict[str, str]:
+        """Each MTP layer's copies of the embedding (``embed_tokens``) and of the output layer
+        (``shared_head.head``), which megatron-core and this library share with the main model."""
+        output = f"{n.EMBEDDING if config.share_embeddings_and_output_weights else n.OUTPUT}.weight"
+        out = {}
+        for i in n.mtp_layer_indices(config):
+            out[f"{HF_DECODER}.{n.layer(i)}.{n.EMBEDDING}.weight"] = f"{n.EMBEDDING}.weight"
+            out[f"{HF_DECODER}.{n.layer(i)}.{_SHARED_HEAD}.head.weight"] = output
+        return out
+
+    def config_for_folder(self, config: ModelConfig, hf: dict[str, Any], tensor_names: list[str]) -> None:
+        """``mtp_num_layers``: the MTP layers the folder stores (``model.layers.{L + k}.eh_proj.weight``), at most
+        ``num_nextn_predict_layers``; None when it stores none (a folder transformers wrote: it drops them)."""
+        names, wanted = set(tensor_names), int(hf.get("num_nextn_predict_layers") or 0)
+        depths = 0
+        while depths < wanted and f"{HF_DECODER}.{n.layer(config.num_layers + depths)}.eh_proj.weight" in names:
+            depths += 1
+        config.mtp_num_layers = depths or None
 
     def read_hf_tensor(self, reader: Any, name: str) -> Any:
         """The stored tensor; an fp8 weight with its block scales dequantized to float32 (``fp8.py``)."""
@@ -187,12 +232,12 @@ class DeepseekV3Family(ModelFamily):
 
     def ignorable_hf_weight(self, name: str, config: ModelConfig) -> bool:
         """The shared ones, the fp8 block scales (read with their weights), and the multi-token-prediction layers
-        (``model.layers.{L + i}...``), not built here."""
+        (``model.layers.{L + i}...``) the model does not build (all with ``mtp_num_layers`` None or 0)."""
         if name.endswith(".weight_scale_inv"):
             return True
         prefix = f"{HF_DECODER}.{n.LAYERS}."
         if name.startswith(prefix):
             index = name[len(prefix):].split(".", 1)[0]
-            if index.isdigit() and int(index) >= config.num_layers:
+            if index.isdigit() and int(index) >= config.num_layers + config.mtp_depths:
                 return True
         return super().ignorable_hf_weight(name, config)

@@ -1,8 +1,9 @@
 """DeepSeek-V3 family recipes: Megatron-Bridge's DeepSeek-V3 (671B) and Moonlight-16B-A3B pretraining recipes
 (``recipes/deepseek/h100/deepseek_v3.py``, ``recipes/moonlight/h100/moonlight_16b.py`` at 067f987) with the models'
 Hugging Face shapes, and ``tiny_deepseek_v3``, the CPU-sized model. What they leave out here (multi-token
-prediction, the MTP stage of Megatron-Bridge's pipeline layouts, the flex/DeepEP dispatchers, transformer-engine
-kernels, bf16 parameters and the precision-aware optimizer) is docs/models/deepseek-v3.md."""
+prediction, which Megatron-Bridge's DeepSeek-V3 recipes turn on with an MTP pipeline stage and this version builds at
+PP=1 only, the flex/DeepEP dispatchers, transformer-engine kernels, bf16 parameters and the precision-aware optimizer)
+is docs/models/deepseek-v3.md."""
 
 from typing import Any
 
@@ -98,7 +99,7 @@ def deepseek_v3_pretrain_1024gpu_h100_bf16_config(**overrides: Any) -> ConfigCon
     """DeepSeek-V3 671B on 1024 H100s (Megatron-Bridge's ``deepseek_v3_pretrain_1024gpu_h100_bf16_config``): TP2 PP16
     EP64 with sequence parallelism, 4096 tokens, global batch 4096, 1M steps with 2000 warmup steps, no recompute.
     Megatron-Bridge's pipeline layout (the embedding and 4 layers, 14 stages of 4, the last layer with the loss)
-    without its MTP layer, which is not built here."""
+    without its MTP layer (multi-token prediction is built at PP=1 only)."""
     model = deepseek_v3_model(tensor_model_parallel_size=2, pipeline_model_parallel_size=16,
                               expert_model_parallel_size=64, sequence_parallel=True,
                               pipeline_model_parallel_layout=_deepseek_v3_layout(4, 4, 14, 1))

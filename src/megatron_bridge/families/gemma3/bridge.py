@@ -51,6 +51,13 @@ class Gemma3Family(ModelFamily):
         """The shared fields, then Gemma's: norms, GeGLU, scaled embedding, window pattern, two RoPEs, scale."""
         self.check_hf_config(hf)
         config = super().config_from_hf({k: v for k, v in hf.items() if k not in ROPE_KEYS})
+        self.gemma_fields_from_hf(config, hf)
+        config.rotary_base, config.seq_len_interpolation_factor, config.rotary_base_local = _rope_from_hf(hf)
+        return config
+
+    def gemma_fields_from_hf(self, config: ModelConfig, hf: dict[str, Any], default_pattern: int = 6) -> None:
+        """What Gemma 2 and 3 share: zero-centred norms with post-norms, GeGLU, the scaled embedding, the window
+        (``layer_types``, else every ``default_pattern``-th layer full) and the ``query_pre_attn_scalar`` scale."""
         window = self.hf_value(hf, "sliding_window")
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise BridgeError(f"config.json sliding_window={window!r} must be a positive number of tokens")
@@ -61,9 +68,8 @@ class Gemma3Family(ModelFamily):
         config.layernorm_zero_centered_gamma = config.post_norms = config.scale_embeddings_by_sqrt_hidden = True
         config.softmax_scale = float(scalar) ** -0.5
         config.window_size = (window - 1, 0)
-        config.window_attn_skip_freq = [int(t == SLIDING) for t in _layer_types(hf, config.num_layers)]
-        config.rotary_base, config.seq_len_interpolation_factor, config.rotary_base_local = _rope_from_hf(hf)
-        return config
+        types = layer_types(hf, config.num_layers, default_pattern)
+        config.window_attn_skip_freq = [int(t == SLIDING) for t in types]
 
     # -------------------------------------------------------------------------------------------- config out
     def matches(self, config: ModelConfig) -> bool:
@@ -73,7 +79,8 @@ class Gemma3Family(ModelFamily):
                 and not config.is_moe and config.layernorm_zero_centered_gamma and config.post_norms
                 and config.scale_embeddings_by_sqrt_hidden and config.window_size is not None
                 and not (config.add_qkv_bias or config.add_bias_linear or config.has_attention_output_bias)
-                and not config.rope_scaling and config.position_embedding_type == "rope")
+                and not config.rope_scaling and config.position_embedding_type == "rope"
+                and config.attn_logit_softcapping is None and config.final_logit_softcapping is None)
 
     def config_to_hf(self, config: ModelConfig, *, rope_format: RopeFormat = "rope_parameters",
                      dtype: str = "float32") -> dict[str, Any]:
@@ -87,11 +94,12 @@ class Gemma3Family(ModelFamily):
         return {**out, **_rope_to_hf(config, rope_format)}
 
     def extra_hf_config(self, config: ModelConfig) -> dict[str, Any]:
-        """Window, layer types, ``query_pre_attn_scalar``, GeGLU, no soft-capping."""
+        """Window, layer types, ``query_pre_attn_scalar``, GeGLU, soft-capping (None in Gemma 3)."""
         types = [SLIDING if config.attention_window(i) is not None else FULL for i in range(config.num_layers)]
         return {"hidden_activation": "gelu_pytorch_tanh", "sliding_window": config.window_size[0] + 1,
                 "layer_types": types, "query_pre_attn_scalar": _query_pre_attn_scalar(config),
-                "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                "attn_logit_softcapping": config.attn_logit_softcapping,
+                "final_logit_softcapping": config.final_logit_softcapping,
                 "use_bidirectional_attention": False}
 
     # --------------------------------------------------------------------------------------------- weights
@@ -110,11 +118,12 @@ class Gemma3Family(ModelFamily):
         return out
 
 
-def _layer_types(hf: dict[str, Any], num_layers: int) -> list[str]:
-    """``layer_types``, or from the legacy ``sliding_window_pattern`` N (every N-th layer full; 6 by default)."""
+def layer_types(hf: dict[str, Any], num_layers: int, default_pattern: int = 6) -> list[str]:
+    """``layer_types``, or from the legacy ``sliding_window_pattern`` N (every N-th layer full; ``default_pattern``
+    without one: 6 in Gemma 3, 2 in Gemma 2)."""
     types = hf.get("layer_types")
     if types is None:
-        pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or 6
+        pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or default_pattern
         types = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
     if len(types) != num_layers or any(t not in (SLIDING, FULL) for t in types):
         raise BridgeError(f"config.json layer_types={types!r} must give {num_layers} entries, each {SLIDING!r} or "

@@ -6,8 +6,9 @@ Config: ``sliding_window = W`` (W tokens including the current one) is ``model.w
 (``swiglu_alpha`` must be 1.702: quick GELU); ``num_local_experts``, ``num_experts_per_tok``, ``intermediate_size``
 (the expert width), ``router_aux_loss_coef`` map to the ``moe_*`` fields; sinks (``softmax_type="learnable"``),
 ``glu_linear_offset=1``, biases everywhere (``add_qkv_bias``, ``add_bias_linear``) are fixed. MXFP4-quantized
-checkpoints (``quantization_config.quant_method: mxfp4``, the published weights) are refused by name: dequantize them
-first (transformers loads them with ``Mxfp4Config(dequantize=True)`` and saves them unquantized).
+checkpoints (``quantization_config.quant_method: mxfp4``, the published weights: the experts' ``*_blocks`` and
+``*_scales``) are dequantized on import, one tensor at a time (``mxfp4.py``); exports write the unquantized weights
+(float32 or bfloat16, as asked) without ``quantization_config``.
 
 Weights: transformers' names under ``model.``; the router ``mlp.router.{weight,bias}`` and ``mlp.experts.down_proj``
 (``[E, F, hidden]``) are ours as they are; ``mlp.experts.gate_up_proj`` ``[E, hidden, 2F]`` holds our ``gate_proj``
@@ -40,21 +41,19 @@ class GptOssFamily(ModelFamily):
                    "num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_limit": 7.0,
                    "router_aux_loss_coef": 0.001, "attention_bias": True}
     fixed_hf_values = {**ModelFamily.fixed_hf_values, "attention_bias": (True, None),
-                       "swiglu_alpha": (ALPHA, None), "quantization_config": (None,)}
+                       "swiglu_alpha": (ALPHA, None)}
     ignored_hf_keys = frozenset({"output_router_logits"})
     mapped_hf_keys = (ModelFamily.mapped_hf_keys - {"mlp_bias"}) | {
         "sliding_window", "layer_types", "num_local_experts", "num_experts_per_tok", "swiglu_limit",
-        "router_aux_loss_coef"}
+        "router_aux_loss_coef", "quantization_config"}
 
     # --------------------------------------------------------------------------------------------- config in
     def config_from_hf(self, hf: dict[str, Any]) -> ModelConfig:
         """The shared fields, then GPT-OSS's: sinks, window pattern, experts, the clamped quick-GeGLU, biases."""
-        quant = hf.get("quantization_config")
-        if quant is not None:
-            method = quant.get("quant_method") if isinstance(quant, dict) else quant
-            raise BridgeError(f"gpt_oss config.json quantization_config (quant_method={method!r}): quantized (MXFP4) "
-                              "checkpoints are not imported here; dequantize them first (transformers: "
-                              "Mxfp4Config(dequantize=True), then save_pretrained) and import that folder")
+        if hf.get("quantization_config") is not None:
+            from megatron_bridge.families.gpt_oss.mxfp4 import check_quantization_config
+
+            check_quantization_config(hf["quantization_config"])
         config = super().config_from_hf(hf)
         get = partial(self.hf_value, hf)
         window = get("sliding_window")
@@ -140,6 +139,19 @@ class GptOssFamily(ModelFamily):
             out[f"{experts}.gate_bias"] = InterleavedWeight(f"{hf}_bias", 0)
             out[f"{experts}.up_bias"] = InterleavedWeight(f"{hf}_bias", 1)
         return out
+
+
+    def read_hf_tensor(self, reader: Any, name: str) -> Any:
+        """The stored tensor; an MXFP4 expert tensor (``name_blocks`` and ``name_scales``) dequantized to float32."""
+        from megatron_bridge.families.gpt_oss.mxfp4 import read_dequantized
+
+        return read_dequantized(reader, name)
+
+    def read_hf_shapes(self, reader: Any) -> dict[str, tuple[int, ...]]:
+        """The stored shapes, each MXFP4 ``name_blocks``/``name_scales`` pair as ``name`` dequantized."""
+        from megatron_bridge.families.gpt_oss.mxfp4 import logical_shapes
+
+        return logical_shapes(reader.shapes())
 
 
 def _layer_types(hf: dict[str, Any], num_layers: int) -> list[str]:
