@@ -30,7 +30,7 @@ FUNCTIONAL_S: dict[str, float] = {
     "checkpoint/test_any_to_any.py": 36,
     "checkpoint/test_resume_pretrain.py": 32,
     "context_parallel/test_cp_attention.py": 11,
-    "families/test_family_layouts.py": 75,  # + Megatron FSDP for the MoE families
+    "families/test_family_layouts.py": 78,  # + Megatron FSDP for the MoE families, + Gemma 3 at PP=2 (tied)
     "families/test_deepseek_v3_layouts.py": 45,
     "families/test_deepseek_v3_mtp.py": 60,  # 112-220 s measured at load average 13-21 on 2 cores
     "families/test_gpt_oss_layouts.py": 50,
@@ -60,6 +60,7 @@ FUNCTIONAL_S: dict[str, float] = {
     "training/test_megatron_core_engine.py": 110,  # + the MoE reference and the EP2 / PP2 MoE layouts (issue 44)
     "training/test_megatron_fsdp.py": 72,
     "training/test_pipeline_parallel.py": 87,
+    "training/test_pipeline_tied_embeddings.py": 45,  # a 2-rank and a 4-rank launch, two references (28-60 s alone)
     "training/test_pretrain_backends.py": 63,
     "training/test_pretrain_single.py": 13,
     "context_parallel/test_cp_ring_cuda.py": 0,  # needs CUDA: skipped on CPU

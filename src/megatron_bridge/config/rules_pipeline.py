@@ -140,17 +140,21 @@ def _megatron_fsdp(cfg: "ConfigContainer", world_size: int) -> None:
              "dist.use_torch_fsdp2=True (FSDP2) or DDP with pipeline parallelism", "dist.use_megatron_fsdp", _PP)
 
 
-@rule("pipeline_tied_embeddings", ("model.share_embeddings_and_output_weights", _PP, "model.engine"),
-      "The native engine does not split tied input/output embeddings over pipeline stages in this version "
-      "(the megatron-core engine does).")
+@rule("pipeline_tied_embeddings", ("model.share_embeddings_and_output_weights", _PP, _SCHED, "model.engine"),
+      "Tied input/output embeddings under PP keep a copy on the last stage (native engine), not with the V "
+      "schedules (ZBVZeroBubble, DualPipeV), which put the first and last stage on one rank.")
 def _tied(cfg: "ConfigContainer", world_size: int) -> None:
     if cfg.model.engine == "megatron_core":  # megatron-core keeps a copy on the last stage, synced by its grads
         return
-    if cfg.model.share_embeddings_and_output_weights and _pp(cfg) > 1:
-        fail(f"model.share_embeddings_and_output_weights=True with {_PP}={_pp(cfg)}: the first and last stages "
-             "would each need the embedding; the native engine does not support it in this version: set PP=1, "
-             "untie the embeddings, or use model.engine='megatron_core'",
-             "model.share_embeddings_and_output_weights", _PP)
+    if not (cfg.model.share_embeddings_and_output_weights and _pp(cfg) > 1):
+        return
+    schedule = resolve_schedule(cfg.model) if cfg.model.pipeline_schedule in (None, *SCHEDULES) else None
+    if schedule in V_SCHEDULES:
+        fail(f"model.share_embeddings_and_output_weights=True with {_SCHED}={schedule!r}: the V schedule puts the "
+             "first and the last stage on one rank, where the native engine does not share the embedding between "
+             "the two chunks in this version: use 'Interleaved1F1B' or 'InterleavedZeroBubble' (or '1F1B' without "
+             "virtual stages), untie the embeddings, or use model.engine='megatron_core'",
+             "model.share_embeddings_and_output_weights", _SCHED)
 
 
 @rule("pipeline_ckpt_format", ("checkpoint.ckpt_format", _PP),

@@ -5,7 +5,9 @@ A backend is built by :func:`megatron_bridge.engines.ddp_wrap.ddp_wrap` from the
 ``finish_grad_sync`` after the last micro-batch, ``optimizer_step`` (``clip_grad_norm``, then ``optimizer.step()``).
 Checkpointing uses ``model_state_dict`` / ``load_model_state_dict`` and the optimizer variants (DCP-ready state
 dicts). With expert parallelism (``expert_parallel``, :mod:`.expert_parallel`) the base methods also reduce and clip
-the expert gradients and give the expert weights their global, EP-independent checkpoint shape.
+the expert gradients and give the expert weights their global, EP-independent checkpoint shape. With tied embeddings
+under pipeline parallelism (``tied_embeddings``, :mod:`.tied_embeddings`) they sum the tied weight's gradient over
+the first and last stage and count it once in the norms.
 """
 
 from abc import ABC, abstractmethod
@@ -21,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
     from megatron_bridge.distributed.expert_parallel import ExpertParallel
+    from megatron_bridge.distributed.tied_embeddings import TiedEmbeddings
 
 
 class DataParallelBackend(ABC):
@@ -37,6 +40,8 @@ class DataParallelBackend(ABC):
         """Expert-parallel state when ``model.expert_model_parallel_size > 1`` (set by ``wrap``)."""
         self.pp_group: dist.ProcessGroup | None = None
         """The pipeline-parallel group (PP > 1): gradient and parameter norms are summed over it."""
+        self.tied_embeddings: TiedEmbeddings | None = None
+        """The tied embedding weight of the first/last pipeline stage (tied embeddings at PP > 1; set by ``wrap``)."""
 
     @property
     def pipelined(self) -> bool:
@@ -48,6 +53,15 @@ class DataParallelBackend(ABC):
         if self.pp_group is not None:
             dist.all_reduce(value, group=self.pp_group)
         return value
+
+    def tie_embeddings(self) -> None:
+        """After ``wrap``: with tied embeddings under PP, set up :attr:`tied_embeddings` and give the last stage's
+        copy the first stage's values (collective)."""
+        from megatron_bridge.distributed.tied_embeddings import TiedEmbeddings
+
+        self.tied_embeddings = TiedEmbeddings.build(self.cfg, [self.unwrap(c) for c in self.chunks], self.pp_group)
+        if self.tied_embeddings is not None:
+            self.tied_embeddings.broadcast_weight()
 
     @abstractmethod
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
@@ -67,9 +81,12 @@ class DataParallelBackend(ABC):
 
     def finish_grad_sync(self) -> None:
         """Wait for outstanding gradient reductions (after the last micro-batch's backward); with expert
-        parallelism, reduce the expert gradients over the expert-data-parallel group."""
+        parallelism, reduce the expert gradients over the expert-data-parallel group; with tied embeddings under PP,
+        sum the tied weight's gradient over the first and last stage."""
         if self.expert_parallel is not None:
             self.expert_parallel.reduce_grads()
+        if self.tied_embeddings is not None:
+            self.tied_embeddings.reduce_grads()
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """Reset gradients before a step's first micro-batch."""
@@ -79,17 +96,25 @@ class DataParallelBackend(ABC):
         """All trainable parameters of the wrapped chunks (DTensors for sharded backends)."""
         return [p for chunk in self.chunks for p in chunk.parameters() if p.requires_grad]
 
+    def counted_parameters(self) -> list[nn.Parameter]:
+        """:meth:`parameters` as the norms count them: the last stage's copy of a tied embedding left out."""
+        params = self.parameters()
+        return self.tied_embeddings.counted(params) if self.tied_embeddings is not None else params
+
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Global L2 norm of the gradients over all ranks (before clipping); clips when ``max_norm > 0``.
 
         Under pipeline parallelism the norm covers every stage: each rank's norm is squared, summed over the
-        pipeline group, and every stage clips with the global norm.
+        pipeline group, and every stage clips with the global norm. A tied embedding counts once (its last-stage copy
+        is clipped, not counted).
         """
         if self.expert_parallel is not None:
-            return self.expert_parallel.clip_grad_norm(self.parameters(), max_norm, self.device).detach()
+            return self.expert_parallel.clip_grad_norm(self.parameters(), max_norm, self.device,
+                                                       counted=self.counted_parameters()).detach()
         grads = [p for p in self.parameters() if p.grad is not None]
         if self.pp_group is not None:
-            return self._clip_over_pipeline(grads, max_norm)
+            counted = {id(p) for p in self.counted_parameters()}
+            return self._clip_over_pipeline(grads, max_norm, [p for p in grads if id(p) in counted])
         if not grads:
             return torch.zeros((), device=self.device)
         norm = torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm > 0 else float("inf"), foreach=None)
@@ -97,10 +122,12 @@ class DataParallelBackend(ABC):
             norm = norm.full_tensor()
         return norm.detach()
 
-    def _clip_over_pipeline(self, params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    def _clip_over_pipeline(self, params: list[nn.Parameter], max_norm: float, counted: list[nn.Parameter]
+                            ) -> torch.Tensor:
+        """Clip ``params`` by the norm of ``counted``'s gradients over all stages; returns that norm."""
         local = torch.zeros((), device=self.device, dtype=torch.float32)
-        if params:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=None)
+        if counted:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in counted], foreach=None)
             if hasattr(norm, "full_tensor"):  # DTensor norm of sharded gradients
                 norm = norm.full_tensor()
             local = norm.detach().to(torch.float32)

@@ -161,6 +161,7 @@ class DDPBackend(DataParallelBackend):
             wrapped.append(_replicate(chunk, dp_mesh, self.expert_parallel) if use_replicate
                            else DistributedDataParallel(chunk, **kwargs))
         self.chunks = wrapped
+        self.tie_embeddings()
         if use_replicate:
             log_rank_0(logger, "DDP under pipeline parallelism (%s): %d chunk(s) wrapped with torch's FSDP-based "
                        "replicate over the data-parallel group (classic DistributedDataParallel breaks under "

@@ -225,15 +225,20 @@ class ExpertParallel:
             offset += g.numel()
 
     @torch.no_grad()
-    def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float, device: torch.device) -> torch.Tensor:
-        """Global L2 gradient norm of ``params`` (the backend's, expert parameters included) and clipping by
-        ``max_norm`` (> 0) as ``torch.nn.utils.clip_grad_norm_`` does: ``grads *= min(1, max_norm / (norm + 1e-6))``."""
+    def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float, device: torch.device,
+                       counted: list[nn.Parameter] | None = None) -> torch.Tensor:
+        """Global L2 gradient norm of ``params`` (the backend's, expert parameters included; of ``counted`` among
+        them when given: a tied embedding's last-stage copy is clipped, not counted) and clipping by ``max_norm``
+        (> 0) as ``torch.nn.utils.clip_grad_norm_`` does: ``grads *= min(1, max_norm / (norm + 1e-6))``."""
         expert_ids = {id(p) for p in self.all_params()}
         dense = [p.grad for p in params if p.grad is not None and id(p) not in expert_ids]
+        counted_ids = {id(p) for p in (params if counted is None else counted)}
+        dense_counted = [p.grad for p in params if p.grad is not None and id(p) not in expert_ids
+                         and id(p) in counted_ids]
         experts = [p.grad for p in params if p.grad is not None and id(p) in expert_ids]
         total_sq = torch.zeros((), dtype=torch.float32, device=device)
-        if dense:
-            norm = torch.nn.utils.get_total_norm(dense, 2.0)
+        if dense_counted:
+            norm = torch.nn.utils.get_total_norm(dense_counted, 2.0)
             norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
             total_sq = total_sq + norm.float().square()
         expert_sq = torch.zeros((), dtype=torch.float32, device=device)

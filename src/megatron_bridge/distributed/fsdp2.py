@@ -189,6 +189,7 @@ class FSDP2Backend(DataParallelBackend):
             experts.edp_sharded = True
             experts.refresh_params()  # fully_shard replaced them with DTensor parameters
         self.chunks = list(model_chunks)
+        self.tie_embeddings()
         return self.chunks
 
     def _wrap_chunk(self, chunk: nn.Module, plan: ShardingPlan) -> ShardedModel:

@@ -222,6 +222,9 @@ class LlamaModel(nn.Module):
         # layer where it does not hold them and keeps its layers in a ModuleDict keyed by global layer index.
         self.embed_tokens: nn.Embedding | None = nn.Embedding(config.padded_vocab_size, config.hidden_size,
                                                               device="meta", dtype=dtype)
+        self.embeds_input = True
+        """Whether the input is token ids for ``embed_tokens`` (False on pipeline stages after the first, among them
+        a tied last stage that keeps ``embed_tokens`` only as its output weight)."""
         self.rotary_emb = RotaryEmbedding(config, device="meta")
         self.layers: nn.ModuleList | nn.ModuleDict = nn.ModuleList(
             LlamaDecoderLayer(config, i, dtype=dtype) for i in range(config.num_layers))
@@ -329,7 +332,8 @@ class LlamaModel(nn.Module):
             cross-entropy ``[b, s]`` in float32 (computed in float32 from the logits, no reduction), as Megatron's
             GPTModel. A pipeline stage without the output layer returns its hidden states ``[b, s, hidden]``.
         """
-        expected_dims = 2 if self.embed_tokens is not None else 3
+        embeds = self.embeds_input and self.embed_tokens is not None
+        expected_dims = 2 if embeds else 3
         if input_ids.dim() != expected_dims:
             what = "input_ids must have shape [batch, seq]" if expected_dims == 2 else \
                 "a pipeline stage's input must have shape [batch, seq, hidden]"
@@ -342,7 +346,7 @@ class LlamaModel(nn.Module):
                 f"labels shape {tuple(labels.shape)} must equal input_ids shape {tuple(input_ids.shape)}."
             )
 
-        hidden_states = self._embed(input_ids) if self.embed_tokens is not None else input_ids
+        hidden_states = self._embed(input_ids) if embeds else input_ids
         rope = self.rotary_emb(position_ids)
         local_rope = self.rotary_emb(position_ids, local=True) if self.rotary_emb.has_local else rope
         for idx, layer in enumerate(self.decoder_layers()):

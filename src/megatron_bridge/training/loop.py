@@ -240,8 +240,10 @@ def evaluate(ctx: Any, forward_step_func: Callable[..., Any], data: Iterator[dic
 
 
 def params_norm(backend: Any) -> float:
-    """L2 norm of all parameters over all ranks (sharded DTensors are reduced; pipeline stages summed)."""
-    norms = [p.detach().float().norm() for p in backend.parameters()]
+    """L2 norm of all parameters over all ranks (sharded DTensors are reduced; pipeline stages summed; a tied
+    embedding counted once)."""
+    params = backend.counted_parameters() if hasattr(backend, "counted_parameters") else backend.parameters()
+    norms = [p.detach().float().norm() for p in params]
     local = [n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]
     squared = torch.linalg.vector_norm(torch.stack(local)).pow(2) if local else torch.zeros((), device=backend.device)
     return float(backend.sum_over_pipeline(squared).sqrt())

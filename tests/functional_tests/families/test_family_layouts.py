@@ -9,9 +9,9 @@ Layouts, each on 2 gloo ranks: DDP, FSDP2, TP=2 (with FSDP2, as the backend rule
 attention with the window), and EP=2 for the mixtures of experts; Megatron FSDP for every family through the CPU
 harness (tests/functional_tests/megatron_fsdp_cpu_harness.py, installed last: it makes every collective synchronous),
 the experts of the mixtures of experts sharded over the expert-data-parallel group (Mixtral at EP=1: both ranks;
-Qwen3-MoE at EP=2: one rank each). Gemma 3's tied embeddings on PP=2 are refused by rule ``pipeline_tied_embeddings``
-(checked here). Resume: DDP trains 4 steps saving at step 2; a second run resumes from step 2
-and its steps 3 and 4 have exactly the losses of the first run.
+Qwen3-MoE at EP=2: one rank each). Gemma 3's tied embeddings on PP=2: the last stage keeps a copy of the embedding
+(megatron_bridge.distributed.tied_embeddings). Resume: DDP trains 4 steps saving at step 2; a second run resumes from
+step 2 and its steps 3 and 4 have exactly the losses of the first run.
 """
 
 import os
@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from megatron_bridge.config.container import ConfigContainer
-from megatron_bridge.errors import ConfigValidationError
 from megatron_bridge.recipes import RECIPES
 from tests.functional_tests.launcher import LaunchGroups, is_worker, selected_groups
 from tests.functional_tests.training._common import cached_reference
@@ -39,8 +38,6 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 """Family → the tiny recipe and the model fields that make it the family's (Qwen3: the tiny Llama with q/k norm);
 "sinks" is no family but the shared attention's sinks (GPT-OSS's), on the tiny Mistral's window layers."""
 MOE = ("mixtral", "qwen3_moe")
-TIED = ("gemma3",)
-"""Families with tied embeddings: PP=2 is refused by rule ``pipeline_tied_embeddings`` (checked here)."""
 LAYOUTS: dict[str, dict[str, Any]] = {
     "ddp": {},
     "fsdp2": {"use_torch_fsdp2": True},
@@ -119,7 +116,7 @@ def _check_resume(family: str, root: Path) -> None:
                             "mixtral:megatron_fsdp", "qwen3_moe:ddp", "qwen3_moe:fsdp2", "qwen3_moe:tp",
                             "qwen3_moe:pp", "qwen3_moe:cp", "qwen3_moe:ep", "qwen3_moe:resume",
                             "qwen3_moe:megatron_fsdp", "gemma3:ddp", "gemma3:fsdp2", "gemma3:tp",
-                            "gemma3:pp!pipeline_tied_embeddings", "gemma3:cp", "gemma3:resume", "gemma3:megatron_fsdp")
+                            "gemma3:pp", "gemma3:cp", "gemma3:resume", "gemma3:megatron_fsdp")
 def test_tiny_families_train_on_every_layout(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_tiny_families_train_on_every_layout")  # type: ignore[union-attr]
@@ -130,10 +127,6 @@ def test_tiny_families_train_on_every_layout(launches: LaunchGroups | None) -> N
         dist.init_process_group("gloo")  # pretrain() reuses the launch's group
     for family in FAMILIES:
         for name, layout in LAYOUTS.items():
-            if family in TIED and name == "pp2":
-                with pytest.raises(ConfigValidationError, match=r"\[rule pipeline_tied_embeddings\]"):
-                    family_config(family, **layout).validate(world_size=2)
-                continue
             _check_layout(family, name, layout)
         _check_resume(family, Path(os.environ["MB_FAMILY_DIR"]))
     for family in MOE:

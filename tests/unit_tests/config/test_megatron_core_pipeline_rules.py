@@ -80,13 +80,18 @@ def test_megatron_core_schedules_and_uneven_splits_pass() -> None:
         cfg.validate(world_size=2)
 
 
-def test_tied_embeddings_under_pp_only_on_megatron_core() -> None:
-    """megatron-core keeps a copy of a tied embedding on the last stage; the native engine refuses the split."""
+def test_tied_embeddings_under_pp() -> None:
+    """Both engines keep a copy of a tied embedding on the last stage; the native engine refuses it with the V
+    schedules (first and last stage on one rank)."""
     mcore_pp(2, share_embeddings_and_output_weights=True).validate(world_size=2)
     native = tiny_llama_pretrain_config(pipeline_model_parallel_size=2)
     native.model.share_embeddings_and_output_weights = True
+    native.validate(world_size=2)
+    v_shape = tiny_llama_pretrain_config(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)
+    v_shape.model.share_embeddings_and_output_weights = True
+    v_shape.model.pipeline_schedule = "DualPipeV"
     with pytest.raises(ConfigValidationError, match=r"model.engine='megatron_core'.*\[rule pipeline_tied_embeddings\]"):
-        native.validate(world_size=2)
+        v_shape.validate(world_size=2)
 
 
 def test_native_engine_keeps_its_schedules() -> None:

@@ -42,6 +42,26 @@ def test_stages_keep_full_names_and_weights_and_chain_to_the_full_forward() -> N
     assert torch.equal(hidden, full(ids))
 
 
+def test_tied_last_stage_keeps_its_own_copy_of_the_embedding() -> None:
+    """Tied at PP=2 × VP=2: the last stage holds ``embed_tokens.weight`` (the PP=1 key) as a parameter of its own with
+    the first stage's values, takes hidden states as input, and the chained stages give the full forward."""
+    cfg = _tiny(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
+                share_embeddings_and_output_weights=True)
+    full = _chunks(_tiny(share_embeddings_and_output_weights=True), 0)[0]
+    rank0, rank1 = _chunks(cfg, 0), _chunks(cfg, 1)
+    stages = [rank0[0], rank1[0], rank0[1], rank1[1]]
+    first, last = stages[0].embed_tokens, stages[3].embed_tokens
+    assert last is not None and last.weight is not first.weight and torch.equal(last.weight, first.weight)
+    assert [s.embed_tokens is not None for s in stages] == [True, False, False, True]
+    assert [s.embeds_input for s in stages] == [True, False, False, False]
+    assert sorted({k for s in stages for k in s.state_dict()}) == sorted(full.state_dict())
+    ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    hidden = ids
+    for stage in stages:
+        hidden = stage(hidden)
+    assert torch.equal(hidden, full(ids))
+
+
 def test_pipeline_dtype_casts_stage_outputs() -> None:
     cfg = _tiny(pipeline_model_parallel_size=2, pipeline_dtype="bfloat16")
     first = _chunks(cfg, 0)[0]
