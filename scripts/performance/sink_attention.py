@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
+from _attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
 
 
 GRID = ((1024, None), (2048, None), (2048, 512))

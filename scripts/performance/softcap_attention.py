@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
+from _attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
 
 
 GRID = ((1024, None), (1024, 128), (2048, None), (2048, 256))

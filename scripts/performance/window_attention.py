@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
+from _attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
 
 
 GRID = ((512, 64), (1024, 128), (2048, 128), (2048, 256), (2048, 512), (2048, 1024), (4096, 512))

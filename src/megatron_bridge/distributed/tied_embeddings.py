@@ -1,9 +1,9 @@
 """Tied input/output embeddings under pipeline parallelism, as Megatron does them.
 
 With ``model.share_embeddings_and_output_weights`` and PP > 1 the first stage holds the embedding and the last stage
-a copy of it as its output weight (both named ``embed_tokens.weight``, so checkpoints keep the PP=1 keys: DCP writes
-the identical entries once and both stages read them back; :mod:`megatron_bridge.models.pipeline_stage` builds the
-copy). :class:`TiedEmbeddings` keeps the two equal:
+a copy of it as its output weight (both under the PP=1 model's embedding name, so checkpoints keep the PP=1 keys:
+DCP writes the identical entries once and both stages read them back; :mod:`megatron_bridge.models.pipeline_stage`
+builds the copy). :class:`TiedEmbeddings` keeps the two equal:
 
 * after the data-parallel backend wrapped (and, with ``model.init_model_with_meta_device``, initialized) the chunks,
   the first stage's weight is broadcast to the last stage over the *embedding group*: the first-stage and the
@@ -57,7 +57,7 @@ class TiedEmbeddings:
     """The tied embedding weight of this rank's first or last pipeline stage and its embedding group.
 
     Args:
-        weight: ``embed_tokens.weight`` of the first stage, or the last stage's copy (``is_copy``).
+        weight: the embedding weight of the first stage, or the last stage's copy (``is_copy``).
         is_copy: True on the last stage.
         group: the embedding group (first-stage rank and last-stage rank).
     """
