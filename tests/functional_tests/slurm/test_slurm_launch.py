@@ -234,26 +234,35 @@ def _node_task(job: str, node: str) -> int | None:
     return None
 
 
+def _job_pids_on(launch: Launch, job: str, node: str, after_step: int, deadline: float) -> list[int]:
+    """Once ``job`` saved a checkpoint past ``after_step``: its step daemon on ``node``, its task and workers there."""
+    _wait_for(lambda: _checkpoint_step(launch.run_dir) > after_step and _node_task(job, node) is not None, deadline,
+              f"a checkpoint of job {job}")
+    task = _node_task(job, node)
+    if task is None:
+        raise TimeoutError(f"no task of job {job} on {node}")
+    return [_parent(task), *_descendants(task)]
+
+
+def _until_retry(launch: Launch, job: str, done: str, wait_s: float) -> None:
+    """Record ``done`` (with the checkpoint step and the time), then wait for the run to resubmit itself."""
+    from megatron_bridge.launcher.slurm_follow import successor
+
+    launch.events.append(f"{done} after checkpoint step {_checkpoint_step(launch.run_dir)} at {time.time():.0f}")
+    _wait_for(lambda: successor(launch.run_dir, job) is not None, time.monotonic() + wait_s, "the retry")
+    launch.events.append("retry submitted")
+
+
 def _freeze_node_mid_run(cluster: SlurmCluster, launch: Launch, job: str, after_step: int) -> None:
     """Once ``job`` saved a checkpoint past ``after_step``: node n2 stops answering for the job (SIGSTOP to the job's
     step daemon there, its task and its workers; n2's slurmd stays up so that the other runs' jobs keep starting);
     resumed once the run resubmitted itself (or after 120 s)."""
-    deadline, frozen = time.monotonic() + TIMEOUT_S, []
+    frozen: list[int] = []
     try:
-        _wait_for(lambda: _checkpoint_step(launch.run_dir) > after_step and _node_task(job, "n2") is not None,
-                  deadline, f"a checkpoint of job {job}")
-        task = _node_task(job, "n2")
-        if task is None:
-            raise TimeoutError(f"no task of job {job} on n2")
-        frozen = [_parent(task), *_descendants(task)]
+        frozen = _job_pids_on(launch, job, "n2", after_step, time.monotonic() + TIMEOUT_S)
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
-        launch.events.append(f"froze n2 of job {job} after checkpoint step {_checkpoint_step(launch.run_dir)} at "
-                             f"{time.time():.0f}")
-        from megatron_bridge.launcher.slurm_follow import successor
-
-        _wait_for(lambda: successor(launch.run_dir, job) is not None, time.monotonic() + 120, "the retry")
-        launch.events.append("retry submitted")
+        _until_retry(launch, job, f"froze n2 of job {job}", 120)
     except (TimeoutError, OSError) as exc:
         launch.events.append(f"watcher: {exc}")
     finally:
@@ -271,20 +280,10 @@ def _kill_node_mid_run(cluster: SlurmCluster, launch: Launch) -> None:
     deadline, killed = time.monotonic() + TIMEOUT_S, False
     try:
         job = _nth_job(launch.run_dir, 1, deadline)
-        _wait_for(lambda: _checkpoint_step(launch.run_dir) >= 2 and _node_task(job, "n4") is not None, deadline,
-                  f"a checkpoint of job {job}")
-        task = _node_task(job, "n4")
-        if task is None:
-            raise TimeoutError(f"no task of job {job} on n4")
-        for pid in [cluster.pid("slurmd-n4"), _parent(task), *_descendants(task)]:
+        for pid in [cluster.pid("slurmd-n4"), *_job_pids_on(launch, job, "n4", 1, deadline)]:
             os.kill(pid, signal.SIGKILL)
         killed = True
-        launch.events.append(f"killed n4 of job {job} whole after checkpoint step {_checkpoint_step(launch.run_dir)} "
-                             f"at {time.time():.0f}")
-        from megatron_bridge.launcher.slurm_follow import successor
-
-        _wait_for(lambda: successor(launch.run_dir, job) is not None, time.monotonic() + 150, "the retry")
-        launch.events.append("retry submitted")
+        _until_retry(launch, job, f"killed n4 of job {job} whole", 150)
     except (TimeoutError, OSError) as exc:
         launch.events.append(f"watcher: {exc}")
     finally:
