@@ -1,12 +1,12 @@
 """The tiny Gemma 2 (attention scores soft-capped at 2 and logits at 3, weights drawn with std 0.1 so both caps act,
 a 32-token window on the even layers of 4, post-norms, GeGLU, tied and scaled embedding) trains on DDP, FSDP2, TP=2
-(on FSDP2: each rank caps its own heads' scores) and CP=2 (all-gather attention: each rank caps its queries' scores
-over the gathered keys), each step's loss within 1e-5 (relative) of one process on the same global batch, and resumes
-bit-exact. One 2-rank torchrun launch runs every case (``pretrain()`` reuses the launch's process group); the
-launching process computes the one-process reference.
+(on FSDP2: each rank caps its own heads' scores), CP=2 (all-gather attention: each rank caps its queries' scores over
+the gathered keys) and PP=2 (the last stage keeps a copy of the tied embedding: distributed/tied_embeddings.py), each
+step's loss within 1e-5 (relative) of one process on the same global batch, and resumes bit-exact. One 2-rank
+torchrun launch runs every case (``pretrain()`` reuses the launch's process group); the launching process computes
+the one-process reference.
 
-Refused by name, checked here: CP with ring attention (rule ``logit_softcapping``: SDPA cannot cap the scores) and
-PP=2 with the tied embeddings (rule ``pipeline_tied_embeddings``).
+Refused by name, checked here: CP with ring attention (rule ``logit_softcapping``: SDPA cannot cap the scores).
 """
 
 import os
@@ -25,9 +25,9 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "fsdp2": {"use_torch_fsdp2": True},
     "tp2": {"tensor_model_parallel_size": 2, "use_torch_fsdp2": True},
     "cp2": {"context_parallel_size": 2},
+    "pp2": {"pipeline_model_parallel_size": 2},
 }
-REFUSED = {"logit_softcapping": {"context_parallel_size": 2, "model": {"cp_comm_type": "p2p"}},
-           "pipeline_tied_embeddings": {"pipeline_model_parallel_size": 2}}
+REFUSED = {"logit_softcapping": {"context_parallel_size": 2, "model": {"cp_comm_type": "p2p"}}}
 GROUPS = {2: ["test_tiny_gemma2_trains_on_its_layouts"]}
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -44,7 +44,7 @@ def launches(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
 
 
 @pytest.mark.support_cells("gemma2:ddp", "gemma2:fsdp2", "gemma2:tp", "gemma2:cp", "gemma2:resume",
-                            "gemma2:pp!pipeline_tied_embeddings")
+                            "gemma2:pp")
 def test_tiny_gemma2_trains_on_its_layouts(launches: LaunchGroups | None) -> None:
     if not is_worker():
         launches.check("test_tiny_gemma2_trains_on_its_layouts")  # type: ignore[union-attr]

@@ -129,9 +129,9 @@ def test_nobody_at_the_rendezvous_endpoint_is_a_named_error(tmp_path: Path) -> N
 
 
 RENDEZVOUS = {"static": ["--node_rank={node}", "--master_addr=127.0.0.1", "--master_port={port}",
-                          "--rdzv_conf=timeout=15"],
+                          "--rdzv_conf=timeout=40"],
               "c10d": ["--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=job",
-                        "--rdzv_conf=join_timeout=15"]}
+                        "--rdzv_conf=join_timeout=60"]}
 
 
 @pytest.mark.parametrize("rendezvous", list(RENDEZVOUS))
@@ -158,5 +158,5 @@ def test_a_node_started_with_more_nodes_names_the_setting(rendezvous: str, tmp_p
         assert "error: the nodes of this job were started with different settings: --nnodes " \
                f"{mine} on node " in out and f"but {theirs} on node " in out, outputs
     assert "worker started" not in out0 + out1
-    assert time.monotonic() - start < 15 + 60, outputs
+    assert time.monotonic() - start < 60 + 60, outputs  # the rendezvous timeout plus start-up on a loaded machine
     assert _processes_naming(tmp_path) == []
