@@ -115,12 +115,18 @@ class SettingsWatcher:
         self._stop = threading.Event()
         self.problem: str | None = None
 
+    JOIN_S = 5.0
+
     def start(self) -> "SettingsWatcher":
-        threading.Thread(target=self._watch, name="mb-node-settings", daemon=True).start()
+        self._thread = threading.Thread(target=self._watch, name="mb-node-settings", daemon=True)
+        self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop watching and wait for the thread (it ends within a poll): a thread still inside the store's C++ code
+        when the launcher exits would abort the process."""
         self._stop.set()
+        self._thread.join(timeout=self.JOIN_S)
 
     def _watch(self) -> None:
         try:

@@ -138,10 +138,11 @@ def stop_signal() -> int | None:
 
 
 def _settings_watcher(spec: Any) -> Any:
-    """Node 0 of a static rendezvous: a started :class:`~megatron_bridge.launcher.node_agreement.SettingsWatcher`
-    (its store waits for nodes before the agreement can run); None for every other node and rendezvous."""
+    """Node 0 of a static rendezvous over several nodes: a started
+    :class:`~megatron_bridge.launcher.node_agreement.SettingsWatcher` (its store waits for nodes before the agreement
+    can run); None for every other node and rendezvous, and for one-node jobs."""
     handler = spec.rdzv_handler
-    if handler.get_backend() != "static" or getattr(handler, "rank", None) != 0:
+    if handler.get_backend() != "static" or getattr(handler, "rank", None) != 0 or handler.world_size <= 1:
         return None
     from megatron_bridge.launcher.node_agreement import NodeSettings, SettingsWatcher
 
