@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from megatron_bridge.config.decoder_names import EMBEDDING
+from megatron_bridge.models.experts import local_tensor
 from megatron_bridge.utils.logging import get_logger, log_rank_0
 
 
@@ -33,10 +33,6 @@ if TYPE_CHECKING:
     from megatron_bridge.config.container import ConfigContainer
 
 logger = get_logger(__name__)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def embedding_groups(pp: int, world_size: int, pp_group: dist.ProcessGroup) -> dist.ProcessGroup:
@@ -89,7 +85,7 @@ class TiedEmbeddings:
         if self.weight is None or self.group is None:
             return
         src = dist.get_global_rank(self.group, 0)  # the first stage's rank: the lower global rank of the pair
-        local = _local(self.weight)
+        local = local_tensor(self.weight)
         buffer = local.contiguous()
         dist.broadcast(buffer, src=src, group=self.group)
         if buffer.data_ptr() != local.data_ptr():
@@ -104,7 +100,7 @@ class TiedEmbeddings:
             return
         if self.weight.grad is None:
             self.weight.grad = torch.zeros_like(self.weight)
-        grad = _local(self.weight.grad)
+        grad = local_tensor(self.weight.grad)
         buffer = grad.contiguous()
         dist.all_reduce(buffer, group=self.group)
         if buffer.data_ptr() != grad.data_ptr():

@@ -31,7 +31,8 @@ class SumGradOver(torch.autograd.Function):
 
 
 def local_tensor(weight: torch.Tensor) -> torch.Tensor:
-    """The local tensor of a weight replicated over the TP mesh (as a DTensor), else the weight itself."""
+    """The local tensor of a DTensor (a weight replicated over the TP mesh, a pipeline stage's sharded embedding), else
+    the tensor itself."""
     return weight.to_local() if isinstance(weight, DTensor) else weight
 
 
