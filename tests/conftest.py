@@ -49,8 +49,8 @@ FUNCTIONAL_S: dict[str, float] = {
     "moe/test_expert_parallel.py": 135,  # with the folding, ETP and FSDP2 edp-sharded expert cases (issue 44)
     "moe/test_megatron_fsdp_moe.py": 45,
     "multinode/test_restart.py": 234,  # waits on restarts and daemons: wall time well above its CPU time
-    "multinode/test_two_nodes.py": 197,  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25;
-    # +20 s: nodes started with other --max_restarts (issue 46)
+    "multinode/test_two_nodes.py": 240,  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25;
+    # +20 s: nodes started with other --max_restarts (issue 46); +43 s: a c10d rendezvous that never completes
     "optimization/test_qat_export.py": 48,
     "perf/test_launch.py": 28,
     "perf/test_mcore_memory_estimate.py": 24,

@@ -13,9 +13,16 @@ Node 0 of a static rendezvous (``--master_addr`` with ``--node_rank``) hosts the
 ``--nnodes`` than the others it would only time out. :class:`SettingsWatcher` reads the arriving nodes' settings
 meanwhile (a client of its own store that does not count as a node); at the first difference it publishes node 0's
 settings and the verdict, so every other node stops at once naming the flag, and node 0 names it when its wait ends.
+
+torch's c10d rendezvous (``--rdzv_endpoint`` without ``--node_rank``) has no node ranks before it completes, and it
+never completes when the last node to join asks for more nodes than are there. :class:`ArrivalWatcher` registers
+each launcher's settings in the rendezvous store under an arrival number as it starts to wait and compares every
+other arrival's with its own, so a node whose wait ends names the difference instead of a bare timeout.
 """
 
 import json
+import os
+import socket
 import threading
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -26,6 +33,7 @@ from megatron_bridge.errors import LaunchError
 
 PREFIX = "megatron_bridge/node_settings/"
 VERDICT_KEY = PREFIX + "verdict"
+ARRIVALS_KEY = PREFIX + "arrivals"
 OK = "ok"
 FLAGS = {"nnodes": "--nnodes", "nproc_per_node": "--nproc_per_node", "max_restarts": "--max_restarts"}
 """Each compared setting and the flag that sets it."""
@@ -47,7 +55,7 @@ class NodeSettings:
         return NodeSettings(**json.loads(text))
 
 
-def difference(node: int, mine: NodeSettings, other_node: int, theirs: NodeSettings) -> str | None:
+def difference(node: int | str, mine: NodeSettings, other_node: int | str, theirs: NodeSettings) -> str | None:
     """``--nnodes 3 on node 1 but 2 on node 0 ...`` for the first setting that differs, else None."""
     for field, flag in FLAGS.items():
         a, b = getattr(mine, field), getattr(theirs, field)
@@ -154,5 +162,41 @@ class SettingsWatcher:
             if problem is not None:
                 store.set(f"{PREFIX}0", self._mine.to_json())  # the other nodes compare and stop now
                 store.set(VERDICT_KEY, problem)
+                self.problem = problem
+                return
+
+
+class ArrivalWatcher(SettingsWatcher):
+    """A launcher of a c10d rendezvous: registers its settings under the next arrival number of the rendezvous store
+    (:meth:`start`, before it joins) and compares every other arrival's with its own while it waits. Nodes are
+    named by host and launcher pid (torch's own node names), as ranks do not exist yet."""
+
+    def __init__(self, host: str, port: int, run_id: str, mine: NodeSettings, timeout_s: float) -> None:
+        super().__init__(host, port, run_id, mine, timeout_s)
+        self.label = f"{socket.gethostname()} (launcher pid {os.getpid()})"
+
+    def start(self) -> "ArrivalWatcher":
+        """Register (raises when the store cannot be reached) and start watching."""
+        self._store = self._connect()
+        self._arrival = int(self._store.add(ARRIVALS_KEY, 1))
+        self._store.set(f"{PREFIX}arrival/{self._arrival}", json.dumps({"label": self.label,
+                                                                          **json.loads(self._mine.to_json())}))
+        super().start()
+        return self
+
+    def _connect(self) -> Any:
+        if getattr(self, "_store", None) is not None:
+            return self._store
+        return super()._connect()
+
+    def _compare(self, store: Any) -> None:
+        for other in range(1, int(store.add(ARRIVALS_KEY, 0)) + 1):
+            key = f"{PREFIX}arrival/{other}"
+            if other == self._arrival or not store.check([key]):
+                continue
+            theirs = json.loads(store.get(key))
+            label = theirs.pop("label", f"arrival {other}")
+            problem = difference(self.label, self._mine, label, NodeSettings(**theirs))
+            if problem is not None:
                 self.problem = problem
                 return

@@ -138,17 +138,29 @@ def stop_signal() -> int | None:
 
 
 def _settings_watcher(spec: Any) -> Any:
-    """Node 0 of a static rendezvous over several nodes: a started
-    :class:`~megatron_bridge.launcher.node_agreement.SettingsWatcher` (its store waits for nodes before the agreement
-    can run); None for every other node and rendezvous, and for one-node jobs."""
-    handler = spec.rdzv_handler
-    if handler.get_backend() != "static" or getattr(handler, "rank", None) != 0 or handler.world_size <= 1:
-        return None
-    from megatron_bridge.launcher.node_agreement import NodeSettings, SettingsWatcher
+    """A started watcher of the other nodes' settings while the rendezvous waits
+    (:mod:`megatron_bridge.launcher.node_agreement`): node 0 of a static rendezvous over several nodes (its store
+    waits for nodes before the agreement can run) and every node of a c10d rendezvous started with a fixed
+    ``--nnodes`` above 1 (it may never complete); None for every other node and rendezvous, and for one-node jobs."""
+    from megatron_bridge.launcher import node_agreement
 
-    mine = NodeSettings(handler.world_size, spec.local_world_size, spec.max_restarts)
-    timeout_s = handler.timeout.total_seconds()
-    return SettingsWatcher(handler.master_addr, handler.master_port, handler.get_run_id(), mine, timeout_s).start()
+    handler = spec.rdzv_handler
+    if handler.get_backend() == "static":
+        if getattr(handler, "rank", None) != 0 or handler.world_size <= 1:
+            return None
+        mine = node_agreement.NodeSettings(handler.world_size, spec.local_world_size, spec.max_restarts)
+        return node_agreement.SettingsWatcher(handler.master_addr, handler.master_port, handler.get_run_id(), mine,
+                                              handler.timeout.total_seconds()).start()
+    store = getattr(handler, "_store", None)  # the c10d backend's TCPStore (host and port of the rendezvous)
+    if handler.get_backend() != "c10d" or not _REQUESTED_NNODES or _REQUESTED_NNODES <= 1 or \
+            not hasattr(store, "host"):
+        return None
+    mine = node_agreement.NodeSettings(_REQUESTED_NNODES, spec.local_world_size, spec.max_restarts)
+    try:
+        return node_agreement.ArrivalWatcher(store.host, store.port, handler.get_run_id(), mine,
+                                             DEFAULT_RDZV_TIMEOUT_S).start()
+    except Exception:  # noqa: BLE001  (store unreachable: the rendezvous itself reports it)
+        return None
 
 
 def restart_policy_agent() -> type:

@@ -131,32 +131,38 @@ def test_nobody_at_the_rendezvous_endpoint_is_a_named_error(tmp_path: Path) -> N
 RENDEZVOUS = {"static": ["--node_rank={node}", "--master_addr=127.0.0.1", "--master_port={port}",
                           "--rdzv_conf=timeout=40"],
               "c10d": ["--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=job",
-                        "--rdzv_conf=join_timeout=60"]}
+                        "--rdzv_conf=join_timeout=60"],
+              "c10d-larger-last": ["--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=job",
+                                   "--rdzv_conf=join_timeout=40"]}
+STARTS = {"static": ((0, 3), (1, 2)), "c10d": ((0, 3), (1, 2)), "c10d-larger-last": ((1, 2), (0, 3))}
+"""(node, --nnodes) in start order: under c10d the rendezvous completes with two nodes when the node asking for 3
+joins first, and never when it joins last (torch completes it as the last node to join sees its own max_nodes)."""
 
 
 @pytest.mark.parametrize("rendezvous", list(RENDEZVOUS))
 def test_a_node_started_with_more_nodes_names_the_setting(rendezvous: str, tmp_path: Path) -> None:
-    """The first node with --nnodes 3, the second with 2 (torch's launcher, our agent), both rendezvous kinds. Static:
+    """One node with --nnodes 3, the other with 2 (torch's launcher, our agent), both rendezvous kinds. Static:
     node 0's store waits for a third node, so its own agreement never runs. c10d: torch completes the rendezvous with
-    two nodes (the second node's min_nodes), so the first would train in a job smaller than it asked for. Either way
-    both end with code 2 naming --nnodes, no worker starts, nothing is left running."""
+    two nodes (the second node's min_nodes) when the larger count joins first, so that node would train in a job
+    smaller than it asked for; with the larger count last it never completes. Either way both end with code 2 naming
+    --nnodes, no worker starts, nothing is left running."""
     script = tmp_path / "job.py"
     script.write_text("print('worker started', flush=True)\n")
-    start, procs = time.monotonic(), []
+    start, procs = time.monotonic(), {}
     with reserved_port() as port:
-        for node, nnodes in ((0, 3), (1, 2)):
+        for node, nnodes in STARTS[rendezvous]:
             flags = [flag.format(node=node, port=port) for flag in RENDEZVOUS[rendezvous]]
-            procs.append(subprocess.Popen([sys.executable, "-m", "megatron_bridge.launcher.torchrun",
-                                           f"--nnodes={nnodes}", "--nproc_per_node=1", *flags, str(script)],
-                                          cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
-            time.sleep(1)  # c10d: the first launcher hosts the rendezvous
-        (out0, _), (out1, _) = (proc.communicate(timeout=TIMEOUT_S) for proc in procs)
-    outputs = f"first:\n{out0[-3000:]}\nsecond:\n{out1[-3000:]}"
-    assert [proc.returncode for proc in procs] == [2, 2], outputs
-    for out, mine, theirs in ((out0, 3, 2), (out1, 2, 3)):
+            procs[nnodes] = subprocess.Popen([sys.executable, "-m", "megatron_bridge.launcher.torchrun",
+                                              f"--nnodes={nnodes}", "--nproc_per_node=1", *flags, str(script)],
+                                             cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, text=True)
+            time.sleep(5 if rendezvous == "c10d-larger-last" else 1)  # c10d: the first launcher hosts the rendezvous
+        outs = {nnodes: proc.communicate(timeout=TIMEOUT_S)[0] for nnodes, proc in procs.items()}
+    outputs = f"--nnodes 3:\n{outs[3][-3000:]}\n--nnodes 2:\n{outs[2][-3000:]}"
+    assert [procs[3].returncode, procs[2].returncode] == [2, 2], outputs
+    for mine, theirs in ((3, 2), (2, 3)):
         assert "error: the nodes of this job were started with different settings: --nnodes " \
-               f"{mine} on node " in out and f"but {theirs} on node " in out, outputs
-    assert "worker started" not in out0 + out1
+               f"{mine} on node " in outs[mine] and f"but {theirs} on node " in outs[mine], outputs
+    assert "worker started" not in outs[3] + outs[2]
     assert time.monotonic() - start < 60 + 60, outputs  # the rendezvous timeout plus start-up on a loaded machine
     assert _processes_naming(tmp_path) == []

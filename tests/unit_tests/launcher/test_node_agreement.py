@@ -101,3 +101,45 @@ def test_the_watcher_leaves_agreeing_nodes_alone() -> None:
     problem, error = _watched(NodeSettings(3, 1, 0))
     assert problem is None
     assert error is not None and error.startswith("node 0 did not report its settings")
+
+
+def _arrivals(first: NodeSettings, second: NodeSettings) -> list[str | None]:
+    """Two launchers of a c10d rendezvous that has not completed, on a real TCPStore server: each registers its
+    settings and watches the other's (the problems each watcher found)."""
+    import time
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from megatron_bridge.launcher.node_agreement import ArrivalWatcher
+    from megatron_bridge.utils.launch import reserved_port
+
+    with reserved_port() as port:
+        server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+        watchers = [ArrivalWatcher("127.0.0.1", port, "run", settings, timeout_s=10).start()
+                    for settings in (first, second)]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and first != second and any(w.problem is None for w in watchers):
+            time.sleep(0.05)
+        if first == second:
+            time.sleep(3 * ArrivalWatcher.POLL_S)  # several polls that must find nothing
+        for watcher in watchers:
+            watcher.stop()
+        del server
+    return [watcher.problem for watcher in watchers]
+
+
+def test_c10d_launchers_name_a_difference_before_the_rendezvous_completes() -> None:
+    """--nnodes 3 and 2 under c10d: the rendezvous never completes when the node asking for 3 joins last, so each
+    launcher's watcher names the flag and both nodes (by host and launcher pid) for when its wait ends."""
+    import os
+
+    first, second = _arrivals(NodeSettings(3, 1, 0), NodeSettings(2, 1, 0))
+    me = f"(launcher pid {os.getpid()})"  # both watchers live in this test's process
+    assert first is not None and first.startswith("the nodes of this job were started with different settings: "
+                                                  "--nnodes 3 on node ") and f"{me} but 2 on node " in first
+    assert second is not None and "--nnodes 2 on node " in second and f"{me} but 3 on node " in second
+
+
+def test_c10d_launchers_that_agree_find_nothing() -> None:
+    assert _arrivals(NodeSettings(2, 1, 0), NodeSettings(2, 1, 0)) == [None, None]
