@@ -140,18 +140,16 @@ def _ac_single(cfg: "ConfigContainer", world_size: int) -> None:
 
 
 # ------------------------------------------------------------------------------------ tensor parallelism
-@rule("tensor_parallel_backend", ("model.tensor_model_parallel_size", "dist.use_torch_fsdp2", "dist.use_megatron_fsdp"),
-      "Tensor parallelism (TP > 1) of the native engine runs with the FSDP2 backend: torch DDP cannot wrap DTensor "
-      "parameters and the Megatron FSDP backend does not apply TP in this version (model.engine='megatron_core' "
-      "applies TP itself, under megatron-core DDP).")
+@rule("tensor_parallel_backend", ("model.tensor_model_parallel_size", "dist.use_megatron_fsdp"),
+      "Tensor parallelism (TP > 1) of the native engine runs with the DDP and FSDP2 backends: the Megatron FSDP "
+      "backend does not apply TP in this version (model.engine='megatron_core' applies TP itself).")
 def _tp_backend(cfg: "ConfigContainer", world_size: int) -> None:
     tp = cfg.model.tensor_model_parallel_size
-    if tp <= 1 or cfg.dist.use_torch_fsdp2 or cfg.model.engine == "megatron_core":
+    if tp <= 1 or not cfg.dist.use_megatron_fsdp or cfg.model.engine == "megatron_core":
         return
-    backend = "dist.use_megatron_fsdp=True" if cfg.dist.use_megatron_fsdp else "the DDP backend"
-    fail(f"model.tensor_model_parallel_size={tp} is not supported with {backend}: set dist.use_torch_fsdp2=True "
-         "(FSDP2 applies tensor parallelism and works with one data-parallel rank too) or "
-         "model.tensor_model_parallel_size=1", "model.tensor_model_parallel_size", "dist.use_torch_fsdp2")
+    fail(f"model.tensor_model_parallel_size={tp} is not supported with dist.use_megatron_fsdp=True: use the DDP "
+         "backend (dist.use_megatron_fsdp=False) or dist.use_torch_fsdp2=True, or model.tensor_model_parallel_size=1",
+         "model.tensor_model_parallel_size", "dist.use_megatron_fsdp")
 
 
 @rule("tensor_parallel_divisible", ("model.ffn_hidden_size", "model.seq_length", "model.tensor_model_parallel_size"),
