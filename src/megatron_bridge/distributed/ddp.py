@@ -19,8 +19,17 @@ Options of ``cfg.ddp`` and where they go:
 
 Gradient accumulation: ``grad_sync_context(is_last_microbatch=False)`` is DDP's ``no_sync()``. A world of one
 process still wraps (gloo), so every code path is the same as in a multi-process run. Models built on the meta
-device are materialized (``to_empty`` + ``init_weights``) on the device first, then wrapped. Tensor parallelism
-(``model.tensor_model_parallel_size > 1``) needs the FSDP2 backend: torch DDP cannot wrap DTensor parameters.
+device are materialized (``to_empty`` + ``init_weights``) on the device first, then wrapped.
+
+Tensor parallelism (``model.tensor_model_parallel_size > 1``): the mesh is ``("dp"[, "cp"], "tp")``;
+:mod:`.tensor_parallel` applies the same plan as under FSDP2 (``fsdp2.tp_plan`` or the auto plan, with
+``model.sequence_parallel``) over ``"tp"``, and each chunk is wrapped with torch's FSDP-based ``replicate`` over
+``"dp"`` (``"dp_cp"`` with CP): classic DistributedDataParallel cannot wrap DTensor parameters, ``replicate`` keeps
+each parameter whole on its data-parallel ranks (a ``(Replicate, Shard)`` DTensor over ``("dp", "tp")``) and
+all-reduces its gradient after the last micro-batch's backward (``set_requires_gradient_sync``). With MoE, expert
+parallelism is folded over the TP ranks as under FSDP2 (:func:`~.expert_parallel.apply_expert_parallel` gets the TP
+mesh, before TP). ZeRO-1 (``optimizer.use_distributed_optimizer``) keeps the optimizer state replicated here (logged).
+
 Context parallelism (``model.context_parallel_size > 1``): the attention modules get the CP attention
 (:mod:`.context_parallel`) and DDP all-reduces over the flattened ``"dp_cp"`` mesh dimension.
 
@@ -65,6 +74,7 @@ from megatron_bridge.distributed.init import (
     pipeline_mesh,
     split_mesh,
 )
+from megatron_bridge.distributed.tensor_parallel import apply_tensor_parallel
 from megatron_bridge.models.provider import materialize_meta_model
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
@@ -132,27 +142,31 @@ class DDPBackend(DataParallelBackend):
         super().__init__(cfg, device)
         self.autocast_dtype = resolve_autocast_dtype("ddp.autocast_dtype", cfg.ddp.autocast_dtype, cfg,
                                                      use_preset=True)
+        self.replicated = False
+        """Chunks wrapped with torch's FSDP-based ``replicate`` (pipeline or tensor parallelism), not DDP."""
 
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
         """Materialize meta chunks, apply activation checkpointing, wrap each chunk in DDP."""
         enforce(self.cfg, "tensor_parallel_backend", "engine_parallel_layout")
         env = initialize_distributed(self.cfg)
-        self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device)
         settings = ac_settings(self.cfg, "ddp")
         kwargs = ddp_kwargs(self.cfg, self.device)
-        cp_mesh = dp_mesh = None
-        if self.cfg.model.context_parallel_size > 1 or self.pipelined:
+        cp_mesh = dp_mesh = tp_mesh = None
+        if self.cfg.model.context_parallel_size > 1 or self.pipelined or self.cfg.model.tensor_model_parallel_size > 1:
             mesh = build_device_mesh(self.cfg, env)
-            cp_mesh, dp_mesh, pp_mesh = context_parallel_mesh(mesh), split_mesh(mesh)[0], pipeline_mesh(mesh)
+            (dp_mesh, tp_mesh), cp_mesh, pp_mesh = split_mesh(mesh), context_parallel_mesh(mesh), pipeline_mesh(mesh)
             self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
             kwargs["process_group"] = dp_mesh.get_group()  # reduce over data-parallel × context-parallel ranks
-        use_replicate = self.pipelined
+        self.expert_parallel = apply_expert_parallel(model_chunks, self.cfg, env, self.device, tp_mesh)
+        use_replicate = self.replicated = self.pipelined or tp_mesh is not None
         wrapped = []
         for chunk in model_chunks:
             if has_meta_params([chunk]):
                 materialize_meta_model(chunk, self.device)
             else:
                 chunk.to(self.device)
+            if tp_mesh is not None:
+                apply_tensor_parallel(chunk, tp_mesh, self.cfg)
             if cp_mesh is not None:
                 enforce(self.cfg, "cp_ring_needs_cuda")
                 apply_context_parallel(chunk, cp_mesh, self.cfg)
@@ -163,10 +177,12 @@ class DDPBackend(DataParallelBackend):
         self.chunks = wrapped
         self.tie_embeddings()
         if use_replicate:
-            log_rank_0(logger, "DDP under pipeline parallelism (%s): %d chunk(s) wrapped with torch's FSDP-based "
-                       "replicate over the data-parallel group (classic DistributedDataParallel breaks under "
-                       "pipeline schedules); ddp.bucket_cap_mb/static_graph/find_unused_parameters do not apply, "
-                       "autocast %s", resolve_schedule(self.cfg.model), len(wrapped), self.autocast_dtype)
+            why = (f"pipeline parallelism ({resolve_schedule(self.cfg.model)})" if self.pipelined else
+                   f"tensor parallelism (TP={self.cfg.model.tensor_model_parallel_size})")
+            log_rank_0(logger, "DDP under %s: %d chunk(s) wrapped with torch's FSDP-based replicate over the "
+                       "data-parallel group (classic DistributedDataParallel breaks under pipeline schedules and "
+                       "cannot wrap DTensor parameters); ddp.bucket_cap_mb/static_graph/find_unused_parameters do "
+                       "not apply, autocast %s", why, len(wrapped), self.autocast_dtype)
         else:
             log_rank_0(logger, "DDP: wrapped %d chunk(s) (%s), autocast %s", len(wrapped),
                        ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "process_group"), self.autocast_dtype)
@@ -181,6 +197,12 @@ class DDPBackend(DataParallelBackend):
             warn_once(logger, "ddp_zero_pipeline", "optimizer.use_distributed_optimizer with DDP and pipeline "
                       "parallelism: the optimizer state stays replicated within each stage in this version (ZeRO-1 "
                       "over the data-parallel group of a stage is not wired yet)")
+            return optimizer
+        if self.cfg.model.tensor_model_parallel_size > 1:  # DTensor parameters: torch's ZeRO takes plain tensors
+            warn_once(logger, "ddp_zero_tensor_parallel", "optimizer.use_distributed_optimizer with DDP and tensor "
+                      "parallelism: the optimizer state stays replicated over the data-parallel ranks in this version "
+                      "(torch's ZeroRedundancyOptimizer does not take DTensor parameters; dist.use_torch_fsdp2=True "
+                      "shards it)")
             return optimizer
         from megatron_bridge.distributed.zero import shard_optimizer
 
@@ -208,8 +230,15 @@ class DDPBackend(DataParallelBackend):
         return autocast_context(self.device, self.autocast_dtype)
 
     def grad_sync_context(self, *, is_last_microbatch: bool) -> AbstractContextManager:
-        """``no_sync()`` on every chunk except for the last micro-batch (pipeline stages sync themselves)."""
-        if is_last_microbatch or self.pipelined:
+        """``no_sync()`` on every chunk except for the last micro-batch (pipeline stages sync themselves); chunks
+        wrapped with ``replicate`` (tensor parallelism) all-reduce only in the last micro-batch's backward."""
+        if self.pipelined:
+            return nullcontext()
+        if getattr(self, "replicated", False):
+            for chunk in self.chunks:
+                chunk.set_requires_gradient_sync(is_last_microbatch)  # type: ignore[operator]
+            return nullcontext()
+        if is_last_microbatch:
             return nullcontext()
         return _no_sync(self.chunks)
 

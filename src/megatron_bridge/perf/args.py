@@ -179,7 +179,7 @@ def apply_flags(cfg: ConfigContainer, args: argparse.Namespace, has_perf_config:
         m.tensor_model_parallel_size = args.tensor_model_parallel_size
         m.sequence_parallel = args.tensor_model_parallel_size > 1  # as Megatron-Bridge
         if args.use_torch_fsdp2 is None and not cfg.dist.use_megatron_fsdp:
-            cfg.dist.use_torch_fsdp2 = args.tensor_model_parallel_size > 1  # TP runs on FSDP2 here
+            cfg.dist.use_torch_fsdp2 = args.tensor_model_parallel_size > 1  # TP: FSDP2 (recipes/base.py)
     for flag, path in (("pipeline_model_parallel_size", "pipeline_model_parallel_size"),
                        ("context_parallel_size", "context_parallel_size"),
                        ("expert_model_parallel_size", "expert_model_parallel_size")):

@@ -49,8 +49,8 @@ def pretrain_common(model: ModelConfig) -> ConfigContainer:
     AdamW 3e-4 → 3e-5 cosine with 2000 warmup steps, distributed optimizer, DDP with overlapped communication, and
     the default run folder (:func:`default_run_dir`; a recipe's ``dir`` keyword replaces it).
 
-    Tensor parallelism runs on the FSDP2 backend here (rule ``tensor_parallel_backend``): a model with TP > 1 gets
-    ``dist.use_torch_fsdp2=True`` (Megatron-Bridge uses Megatron DDP; see docs/megatron-bridge-differences.md)."""
+    A model with TP > 1 gets ``dist.use_torch_fsdp2=True``: FSDP2 shards the optimizer state as Megatron-Bridge's
+    distributed optimizer does, which the DDP backend does not do with TP (see docs/megatron-bridge-differences.md)."""
     cfg = ConfigContainer(
         model=model,
         train=TrainingConfig(train_iters=1_168_251, global_batch_size=512, micro_batch_size=1, manual_gc=True,

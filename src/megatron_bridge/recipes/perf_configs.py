@@ -88,7 +88,7 @@ class PerfConfig:
             m.expert_model_parallel_size = self.expert_model_parallel_size
             m.expert_tensor_parallel_size = self.expert_tensor_parallel_size
         if not cfg.dist.use_megatron_fsdp:
-            cfg.dist.use_torch_fsdp2 = self.tensor_model_parallel_size > 1  # TP runs on FSDP2 here
+            cfg.dist.use_torch_fsdp2 = self.tensor_model_parallel_size > 1  # TP: FSDP2 (recipes/base.py)
         if self.pipeline_model_parallel_layout is not None:
             m.pipeline_model_parallel_layout = self.pipeline_model_parallel_layout
             m.num_layers_in_first_pipeline_stage = m.num_layers_in_last_pipeline_stage = None

@@ -1,14 +1,16 @@
-"""Tensor parallelism on 2 gloo ranks (dp=1 × tp=2, FSDP2 over the 1-rank dp dimension) trains like one process.
+"""Tensor parallelism on 2 gloo ranks (dp=1 × tp=2, FSDP2 or DDP over the 1-rank dp dimension) trains like one
+process.
 
 * ``test_tp_fsdp2_matches_reference``: through ``ddp_wrap``, 3 SGD steps with gradient clipping on the same global
   batch, with and without sequence parallelism, a custom ``fsdp2.tp_plan``, a meta-device build with per-head q/k
   norms and two micro-batches, and tied embeddings (the vocabulary-parallel embedding weight also produces the
   logits, so its gradient sums both uses; with and without sequence parallelism, the latter built on the meta
-  device). Tolerances (fp32): losses rtol 1e-5, gradient norms rtol 1e-5, parameters atol 1e-5 after gathering the
+  device); and the DDP backend (torch's FSDP-based ``replicate``) with tied embeddings, sequence parallelism and two
+  micro-batches. Tolerances (fp32): losses rtol 1e-5, gradient norms rtol 1e-5, parameters atol 1e-5 after gathering the
   full tensors (observed ≤ 2e-7: only the summation order differs).
 * ``test_tp_pretrain_matches_reference``: ``pretrain`` with ``tiny_llama_pretrain_config(tensor_model_parallel_size=2,
   use_torch_fsdp2=True, sequence_parallel=True)`` against a single-process run: losses rtol 1e-5, weights atol 2e-5
-  (8 AdamW steps, as tests/functional_tests/training/test_pretrain_backends.py).
+  (8 AdamW steps, as tests/functional_tests/training/test_pretrain_backends.py); then the same under DDP.
 
 Both runs pad the vocabulary to the same size (``padded_vocab_size`` depends on TP: the reference uses twice the
 ``make_vocab_size_divisible_by``). Both tests share one torchrun launch and process group (launcher.py's
@@ -70,6 +72,8 @@ class Case:
     model: dict[str, object] = field(default_factory=dict)
     tp_plan: dict[str, str] | None = None
     microbatches: int = 1
+    fsdp2: bool = True
+    """False: the DDP backend (torch's FSDP-based ``replicate`` over the DTensor parameters)."""
 
 
 CASES = [
@@ -83,6 +87,8 @@ CASES = [
     Case("tied embeddings, auto plan", {"share_embeddings_and_output_weights": True}),
     Case("tied embeddings, sequence parallel, meta build",
          {"share_embeddings_and_output_weights": True, "sequence_parallel": True, "init_model_with_meta_device": True}),
+    Case("DDP: tied embeddings, sequence parallel, 2 micro-batches",
+         {"share_embeddings_and_output_weights": True, "sequence_parallel": True}, microbatches=2, fsdp2=False),
 ]
 
 ARCHITECTURE = ("qk_layernorm", "activation", "add_bias_linear", "add_qkv_bias",
@@ -91,8 +97,8 @@ ARCHITECTURE = ("qk_layernorm", "activation", "add_bias_linear", "add_qkv_bias",
 
 def _cfg(tp: int, case: Case) -> ConfigContainer:
     options = case.model if tp > 1 else {k: v for k, v in case.model.items() if k in ARCHITECTURE}
-    cfg = tiny_cfg(fsdp2=tp > 1, tensor_model_parallel_size=tp, make_vocab_size_divisible_by=VOCAB_DIVISOR * 2 // tp,
-                   **options)
+    cfg = tiny_cfg(fsdp2=tp > 1 and case.fsdp2, tensor_model_parallel_size=tp,
+                   make_vocab_size_divisible_by=VOCAB_DIVISOR * 2 // tp, **options)
     cfg.fsdp2.tp_plan = case.tp_plan
     return cfg
 
@@ -129,7 +135,10 @@ def _train(case: Case, tp: int) -> tuple[list[float], list[float], dict[str, tor
 
 
 def _check_layout(backend, cfg: ConfigContainer) -> None:  # noqa: ANN001
-    assert backend.mesh.size() == 1 and backend.tp_mesh.size() == 2
+    if backend.name == "fsdp2":
+        assert backend.mesh.size() == 1 and backend.tp_mesh.size() == 2
+    else:
+        assert backend.name == "ddp" and backend.replicated
     model = backend.chunks[0]
     weight = model.layers[0].self_attn.q_proj.weight
     assert isinstance(weight, DTensor) and weight.device_mesh.mesh_dim_names == ("dp", "tp")
@@ -218,3 +227,10 @@ def test_tp_pretrain_matches_reference(launches: LaunchGroups | None) -> None:
     assert_finite_decreasing(result.losses)
     assert_matches_reference(result, weights.weights, loss_rtol=LOSS_RTOL, weight_atol=PRETRAIN_WEIGHT_ATOL,
                              label="pretrain TP=2 + SP")
+    cfg = _pretrain_config(2)
+    cfg.dist.use_torch_fsdp2 = False  # the DDP backend: replicate over the DTensor parameters
+    weights = FullWeights()
+    result = pretrain(cfg, callbacks=[weights])
+    assert result.backend == "ddp" and result.final_step == 8
+    assert_matches_reference(result, weights.weights, loss_rtol=LOSS_RTOL, weight_atol=PRETRAIN_WEIGHT_ATOL,
+                             label="pretrain TP=2 + SP, DDP")

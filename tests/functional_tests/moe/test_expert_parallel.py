@@ -8,13 +8,13 @@ atol 1e-5; observed differences come from float summation order only.
 * ``test_two_ranks_match_ep1``: 2 ranks, DDP, one launch: EP=2 (4 experts per rank, expert-data-parallel size 1);
   PP=2 (1F1B) with MoE layers on one stage only; PP=2 × VP=2 under ZBVZeroBubble; CP=2 × EP=2 (EP over the CP
   ranks).
-* ``test_four_ranks_match_ep1``: 4 ranks, one launch, six layouts: FSDP2 with EP=2 × expert-data-parallel 2 (the
+* ``test_four_ranks_match_ep1``: 4 ranks, one launch, eight layouts: FSDP2 with EP=2 × expert-data-parallel 2 (the
   experts' parameters, gradients and AdamW moments sharded over ``"edp"``: local shapes checked);
   FSDP2 with TP=2 (sequence parallel) × DP=2 and EP=4 folded over the TP and data-parallel ranks; FSDP2 with TP=2
   (SP) × DP=2 and EP=2 over the TP ranks, the experts sharded over the edp group of the DP ranks; FSDP2 with PP=2 ×
   TP=2 (SP) and EP=2 over the TP ranks of each stage; FSDP2 with TP=2 (SP) × DP=2, the experts split over TP
   (ETP=2) and EP=2 over DP; the Qwen3-235B layout in small, DDP with PP=2 (loss counted in the split) × CP=2 and EP=2
-  over the CP ranks.
+  over the CP ranks; DDP with TP=2 (SP) × DP=2 and EP=4 folded over TP × DP, and with PP=2 × TP=2 (SP), EP=2 over TP.
 * ``test_checkpoint_ep2_to_ep1``: 2 ranks: steps 1-4 at EP=2 save a checkpoint; steps 5-8 load it at EP=1 (DDP over
   2 ranks) and continue: losses and weights equal the uninterrupted reference.
 * ``test_checkpoint_edp_ddp_fsdp2``: 4 ranks, EP=2 × expert-data-parallel 2, one checkpoint format for both
@@ -22,10 +22,12 @@ atol 1e-5; observed differences come from float summation order only.
   7-8 under DDP load that: losses and weights equal the reference.
 * ``test_token_split_gather``: 2 ranks: the TP token split of MoE parallel folding (slice, gather) and its
   gradients (all-gather, split) against the formulas.
-* ``test_folded_tp2_ep2_match_ep1``: 2 ranks, FSDP2, TP=2 × EP=2 with ETP 1 (EP over the TP ranks, each routing its
-  own tokens), with sequence parallelism and without (the slice-and-gather path).
+* ``test_folded_tp2_ep2_match_ep1``: 2 ranks, FSDP2 and DDP (torch's FSDP-based ``replicate`` over DTensor
+  parameters), TP=2 × EP=2 with ETP 1 (EP over the TP ranks, each routing its own tokens), with sequence parallelism
+  and without (the slice-and-gather path).
 * ``test_checkpoint_folded_resume``: 2 ranks: steps 1-4 at TP=2 × EP=2 (FSDP2, SP) save a checkpoint; it resumes
-  at the same layout bit-exact (losses and weights equal the uninterrupted TP=2 × EP=2 run), at TP=1 × EP=2 over
+  at the same layout bit-exact (losses and weights equal the uninterrupted TP=2 × EP=2 run; the same under DDP with its
+  own checkpoint), at TP=1 × EP=2 over
   the data-parallel ranks (DDP) and at TP=2 × ETP=2 × EP=1 (each expert's ``F`` split over TP, tokens replicated),
   equal to the reference within the tolerances.
 
@@ -210,7 +212,7 @@ def test_two_ranks_match_ep1(launches: LaunchGroups | None) -> None:
 
 @pytest.mark.timeout(1000)
 def test_four_ranks_match_ep1(launches: LaunchGroups | None) -> None:
-    """One launch of 4 ranks, the six layouts of the module docstring in turn; the two FSDP2 layouts with an
+    """One launch of 4 ranks, the eight layouts of the module docstring in turn; the two FSDP2 layouts with an
     expert-data-parallel size of 2 check that the experts are sharded over it."""
     if not is_worker():
         launches.check("test_four_ranks_match_ep1")  # type: ignore[union-attr]
@@ -224,6 +226,10 @@ def test_four_ranks_match_ep1(launches: LaunchGroups | None) -> None:
     folded_pp.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
     _run(folded_pp, "PP=2 x TP=2 (SP), EP=2 over TP, FSDP2")
     _run(moe_config(ep=2, tp=2, etp=2, use_torch_fsdp2=True), "TP=2 (SP) x DP=2, ETP=2 x EP=2 over DP, FSDP2")
+    _run(moe_config(ep=4, tp=2), "TP=2 (SP) x DP=2, EP=4 folded over TP x DP, DDP (replicate)")
+    folded_pp = moe_config(ep=2, tp=2, pipeline_model_parallel_size=2)
+    folded_pp.model.account_for_loss_in_pipeline_split = True
+    _run(folded_pp, "PP=2 x TP=2 (SP), EP=2 over TP, DDP (replicate)")
     shrunk_235b = moe_config(ep=2, pipeline_model_parallel_size=2, context_parallel_size=2)
     shrunk_235b.model.account_for_loss_in_pipeline_split = True  # stage 0: layers 0-1, stage 1: layer 2 + loss
     _run(shrunk_235b, "PP=2 x CP=2 x EP=2 (over CP), DDP")
@@ -298,7 +304,8 @@ def test_token_split_gather(launches: LaunchGroups | None) -> None:
 
 
 def test_folded_tp2_ep2_match_ep1(launches: LaunchGroups | None) -> None:
-    """TP=2 × EP=2 on 2 ranks (ETP 1: the EP group is the TP group), FSDP2, with and without sequence parallelism."""
+    """TP=2 × EP=2 on 2 ranks (ETP 1: the EP group is the TP group), FSDP2 and DDP, with and without sequence
+    parallelism."""
     if not is_worker():
         launches.check("test_folded_tp2_ep2_match_ep1")  # type: ignore[union-attr]
         return
@@ -307,6 +314,9 @@ def test_folded_tp2_ep2_match_ep1(launches: LaunchGroups | None) -> None:
     _FOLDED_RUN.update(zip(("losses", "weights"), run, strict=True))
     no_sp = moe_config(ep=2, tp=2, use_torch_fsdp2=True, sequence_parallel=False)
     _run(no_sp, "TP=2 (no SP: slice and gather) x EP=2 over TP, FSDP2")
+    run = _run(moe_config(ep=2, tp=2), "TP=2 (SP) x EP=2 over TP, DDP (replicate)")
+    _FOLDED_RUN.update(zip(("ddp_losses", "ddp_weights"), run, strict=True))
+    _run(moe_config(ep=2, tp=2, sequence_parallel=False), "TP=2 (no SP) x EP=2 over TP, DDP (replicate)")
 
 
 _FOLDED_RUN: dict[str, Any] = {}
@@ -332,6 +342,19 @@ def test_checkpoint_folded_resume(launches: LaunchGroups | None) -> None:
     assert resumed.steps == [5, 6, 7, 8]
     assert resumed.losses == _FOLDED_RUN["losses"][4:], (resumed.losses, _FOLDED_RUN["losses"])
     assert max_weight_diff(weights.weights, _FOLDED_RUN["weights"]) == 0.0
+    if "ddp_losses" not in _FOLDED_RUN:
+        run = _run(moe_config(ep=2, tp=2), "TP=2 x EP=2, DDP")
+        _FOLDED_RUN.update(zip(("ddp_losses", "ddp_weights"), run, strict=True))
+    ddp_folder = folder + "_ddp"
+    ddp_first = moe_config(ep=2, tp=2)
+    ddp_first.checkpoint.save, ddp_first.checkpoint.save_interval, ddp_first.train.exit_interval = ddp_folder, 4, 4
+    assert pretrain(ddp_first).final_step == 4
+    ddp_same = moe_config(ep=2, tp=2)
+    ddp_same.checkpoint.load = ddp_folder
+    weights = GlobalWeights()
+    resumed = pretrain(ddp_same, callbacks=[weights])
+    assert resumed.losses == _FOLDED_RUN["ddp_losses"][4:], (resumed.losses, _FOLDED_RUN["ddp_losses"])
+    assert max_weight_diff(weights.weights, _FOLDED_RUN["ddp_weights"]) == 0.0
     other = moe_config(ep=2)  # TP=1, EP=2 over the data-parallel ranks, DDP
     other.checkpoint.load = folder
     weights = GlobalWeights()

@@ -160,7 +160,7 @@ def test_qwen3_training_values_are_megatron_bridges() -> None:
         assert (cfg.validation.eval_interval, cfg.validation.eval_iters) == (500, 32)
         assert (cfg.optimizer.lr, cfg.optimizer.min_lr) == (3e-4, 3e-5)
         assert cfg.model.sequence_parallel is False
-        assert cfg.dist.use_torch_fsdp2 is (cfg.model.tensor_model_parallel_size > 1)  # TP runs on FSDP2 here
+        assert cfg.dist.use_torch_fsdp2 is (cfg.model.tensor_model_parallel_size > 1)  # TP: FSDP2 (recipes/base.py)
     assert qwen3_8b_pretrain_config().model.recompute_granularity is None
     m = qwen3_32b_pretrain_config().model
     assert (m.recompute_granularity, m.recompute_method, m.recompute_num_layers) == ("full", "uniform", 1)

@@ -118,12 +118,3 @@ def test_meta_device_build_is_materialized_like_a_direct_build() -> None:
     assert state.keys() == direct.keys()
     for key, value in direct.items():
         assert torch.equal(state[key], value), key
-
-
-def test_tensor_parallel_is_rejected() -> None:
-    cfg = tiny_cfg()
-    cfg.model.tensor_model_parallel_size = 2
-    with pytest.raises(ConfigValidationError) as info:
-        ddp_wrap(build(tiny_cfg()), cfg, CPU)
-    assert set(info.value.paths) == {"dist.use_torch_fsdp2", "model.tensor_model_parallel_size"}
-    assert "[rule tensor_parallel_backend]" in str(info.value)

@@ -25,7 +25,6 @@ from megatron_bridge.distributed.tensor_parallel import (
     plan_from_patterns,
     validate_tp_plan,
 )
-from megatron_bridge.engines.ddp_wrap import ddp_wrap
 from megatron_bridge.errors import ConfigValidationError
 from tests.unit_tests.distributed.helpers import batch, build, tiny_cfg
 
@@ -257,18 +256,10 @@ def test_sizes_must_divide_by_tp(options: dict, path: str) -> None:
         apply_tensor_parallel(build(tiny_cfg())[0], mesh, cfg)
 
 
-def test_ddp_with_tensor_parallel_asks_for_fsdp2() -> None:
-    cfg = tiny_cfg()
-    cfg.model.tensor_model_parallel_size = 2
-    with pytest.raises(ConfigValidationError, match="dist.use_torch_fsdp2=True") as info:
-        ddp_wrap(build(tiny_cfg()), cfg, CPU)
-    assert "dist.use_torch_fsdp2" in info.value.paths
-
-
 def test_backends_without_tp_still_reject_it() -> None:
     cfg = tiny_cfg(tensor_model_parallel_size=2)
     cfg.dist.use_megatron_fsdp = True
-    with pytest.raises(ConfigValidationError, match=r"use_torch_fsdp2.*\[rule tensor_parallel_backend\]"):
+    with pytest.raises(ConfigValidationError, match=r"use_megatron_fsdp.*\[rule tensor_parallel_backend\]"):
         cfg.validate(world_size=2)
 
 
