@@ -41,12 +41,12 @@ FUNCTIONAL_S: dict[str, float] = {
     "precision/test_fp8_torchao.py": 0,
     "optimization/test_qat.py": 0,
     "optimization/test_distillation.py": 0,
-    "distributed/test_tensor_parallel_functional.py": 48,
+    "distributed/test_tensor_parallel_functional.py": 58,  # + the DDP (replicate) case and run
     "mcore/test_checkpoint.py": 155,
     "mcore/test_pipeline.py": 122,
     "mcore/test_precision.py": 46,
     "mcore/test_wrappers.py": 200,
-    "moe/test_expert_parallel.py": 135,  # with the folding, ETP and FSDP2 edp-sharded expert cases (issue 44)
+    "moe/test_expert_parallel.py": 165,  # with the folding, ETP and FSDP2 edp-sharded expert cases (issue 44); + DDP TP
     "moe/test_megatron_fsdp_moe.py": 45,
     "multinode/test_restart.py": 234,  # waits on restarts and daemons: wall time well above its CPU time
     "multinode/test_two_nodes.py": 240,  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25;
