@@ -8,11 +8,10 @@ Counted per token of one block of the local engine (``a`` = compute-dtype bytes,
 * attention: the q/k/v input ``h``, q, k, v as saved by ``scaled_dot_product_attention`` (``(nq + 2 nkv) d``;
   with all-gather CP (``cp_comm_type``) the gathered keys and values cover the whole sequence, ``× cp``), its
   output and the output projection's input copy (``2 nq d``), times ``a`` — head dimensions divide by TP;
-* soft-capped attention (``model.attn_logit_softcapping``, Gemma 2) computes its scores explicitly
-  (``models/softcapping.py``) and keeps, per query and attended key and local head, the capped scores (``a``), the
-  fp32 probabilities (4) and their cast to the compute dtype (``a`` when ``a < 4``), plus the keys and values
-  repeated to the query heads; the keys a query's row spans are the whole (gathered) sequence, or ``2 W`` for a
-  window layer whose sequence is at least two windows long (the query-block path), averaged over the layers;
+* soft-capped attention (``model.attn_logit_softcapping``, Gemma 2) computes its scores in query blocks and
+  recomputes them in the backward (``models/softcapping.py``): it keeps what SDPA keeps plus each local head's fp32
+  log-sum-exp (4 bytes); one block's scores and their gradients are a transient workspace of the backward
+  (``models/softcap_blocks.py``), counted in the peak in place of the output head's gradients when larger;
 * multi-latent attention instead: its input, the latents, the up-projected keys/values, q, k, v, its output and the
   output projection's input (:func:`_mla_per_token`), plus the latent norms' fp32 input and output;
 * MLP: its input ``h`` and, for SwiGLU, gate, silu(gate), up and their product (``4 f``; GELU ``2 f``), times ``a``;
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from megatron_bridge.engines.memory import DTYPE_BYTES
+from megatron_bridge.models import softcap_blocks
 from megatron_bridge.perf.layout import Layout, RankStages, cfg_get, chunks_in_flight, pipeline_ranks
 
 
@@ -140,15 +140,27 @@ def _per_token(cfg: "ConfigContainer", layout: Layout, a: int, resid: int) -> di
 
 
 def _softcap_scores_per_token(m: Any, layout: Layout, a: int) -> float:
-    """Bytes per token the explicit scores of soft-capped attention keep (module docstring); 0 without a cap."""
+    """Bytes per token soft-capped attention keeps beyond what SDPA keeps: the fp32 log-sum-exp of each local head
+    (module docstring); 0 without a cap."""
     if cfg_get(m, "attn_logit_softcapping", None) is None or cfg_get(m, "multi_latent_attention", False):
         return 0.0
-    s, tp = layout.seq_length, layout.tp
-    windows = [m.attention_window(i) for i in range(m.num_layers)]
-    keys = sum(2 * w if w is not None and s >= 2 * w and layout.cp == 1 else s for w in windows) / len(windows)
-    per_key = a + 4 + (a if a < 4 else 0)
-    repeated = 2 * (m.num_attention_heads - m.num_kv_heads) * m.head_dim / tp * layout.cp  # GQA's copies of k, v
-    return m.num_attention_heads / tp * keys * per_key + a * repeated
+    return 4.0 * m.num_attention_heads / layout.tp
+
+
+def _softcap_workspace(m: Any, layout: Layout) -> int:
+    """Bytes of soft-capped attention's transient block workspace in the backward (module docstring): the widest
+    layer's, a full layer over the (gathered) sequence, or a window layer over its ``2 W`` keys in blocks of ``W``
+    queries; 0 without a cap. It is not alive together with the output head's gradients (counted instead of them)."""
+    if cfg_get(m, "attn_logit_softcapping", None) is None or cfg_get(m, "multi_latent_attention", False):
+        return 0
+    s, heads, mb = layout.seq_length, m.num_attention_heads // layout.tp, layout.micro_batch_size
+    sizes = []
+    for w in {m.attention_window(i) for i in range(m.num_layers)}:
+        if w is not None and s >= 2 * w and layout.cp == 1:  # the blocked window path: [mb × blocks, heads, W, 2W]
+            sizes.append(softcap_blocks.workspace_bytes(mb * -(-s // w), heads, w, 2 * w))
+        else:
+            sizes.append(softcap_blocks.workspace_bytes(mb, heads, s // layout.cp, s))
+    return max(sizes)
 
 
 def estimate_activations(cfg: "ConfigContainer", layout: Layout, rank: RankStages | None = None
@@ -179,12 +191,13 @@ def estimate_activations(cfg: "ConfigContainer", layout: Layout, rank: RankStage
     live_chunks = chunks_in_flight(layout, rank.pp_rank)
     in_flight = live_chunks / rank.chunks
     boundary = live_chunks * 2 * resid * m.hidden_size if layout.pp > 1 else 0.0  # stage input and output kept
-    peak = in_flight * (stored(n) - offloaded * per["none"]) + recompute_tmp + head + boundary
+    peak = in_flight * (stored(n) - offloaded * per["none"]) + recompute_tmp + boundary
     notes = []
     if offloaded:
         notes.append(f"model.cpu_offloading: activations of the first {offloaded} block(s) live in host memory")
     return ActivationEstimate(
         layer_bytes=int(per["none"] * tokens), stored_layer_bytes=int(stored(n) / max(n, 1) * tokens),
-        in_flight=in_flight, head_bytes=int(head * tokens), peak_bytes=int(peak * tokens),
+        in_flight=in_flight, head_bytes=int(head * tokens),
+        peak_bytes=int(peak * tokens + max(head * tokens, _softcap_workspace(m, layout) if n else 0)),
         host_bytes=int(in_flight * offloaded * per["none"] * tokens), recompute=mode, notes=notes,
     )

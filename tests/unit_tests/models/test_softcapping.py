@@ -142,3 +142,50 @@ def test_families_without_soft_capping_refuse_to_export_a_capped_model() -> None
     model.final_logit_softcapping = 30.0
     with pytest.raises(BridgeError, match="LlamaForCausalLM has no logit soft-capping.*final_logit_softcapping=30.0"):
         family_by_name("llama").config_to_hf(model)
+
+
+def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, cap: float,
+              sinks: torch.Tensor | None) -> torch.Tensor:
+    """The whole-score formula autograd differentiates: capped scores, -inf mask, (sink column,) fp32 softmax."""
+    heads = q.shape[1]
+    k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
+    scores = torch.tanh(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 / cap) * cap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.view(1, heads, 1, 1).expand(*scores.shape[:-1], 1)], dim=-1)
+    return scores.softmax(-1)[..., : k.shape[2]] @ v
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("block_elements", [1 << 24, 2 * 4 * 24])  # one block; blocks of one query
+def test_blockwise_backward_equals_autograd_of_the_explicit_scores(with_sinks, block_elements,  # noqa: ANN001
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recomputing backward (fp64, grouped-query heads, a window mask with fully masked key columns) gives the
+    gradients autograd gets from the whole-score formula, for q, k, v and the sinks."""
+    from megatron_bridge.models import softcap_blocks, softcapping
+
+    monkeypatch.setattr(softcap_blocks, "BLOCK_ELEMENTS", block_elements)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, h, 24, 8, generator=gen, dtype=torch.float64) * 3 for h in (4, 2, 2))
+    sinks = torch.randn(4, generator=gen, dtype=torch.float64) if with_sinks else None
+    mask = band_mask(torch.arange(24), torch.arange(24), 7)
+    inputs = [t.requires_grad_() for t in (q, k, v) + ((sinks,) if with_sinks else ())]
+    grad_out = torch.randn(2, 4, 24, 8, generator=gen, dtype=torch.float64)
+    ours = torch.autograd.grad(softcapping.softcapped_attention(q, k, v, mask, 2.0, sinks), inputs, grad_out)
+    want = torch.autograd.grad(_explicit(q, k, v, mask, 2.0, sinks), inputs, grad_out)
+    for got, exp in zip(ours, want, strict=True):
+        torch.testing.assert_close(got, exp, atol=1e-10, rtol=1e-10)
+
+
+def test_blockwise_attention_keeps_no_scores_for_the_backward() -> None:
+    """What autograd keeps for the backward is q, k, v, the output and the log-sum-exp: no ``[.., sq, sk]`` tensor
+    (the memory the activation estimate counts, perf/activations.py)."""
+    from megatron_bridge.models.softcapping import softcapped_attention
+
+    q, k, v = (torch.randn(1, 2, 64, 8, requires_grad=True) for _ in range(3))
+    mask = band_mask(torch.arange(64), torch.arange(64), None)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        softcapped_attention(q * 1.0, k, v, mask, 2.0).sum().backward()
+    assert (64, 64) in {tuple(s[-2:]) for s in saved if len(s) >= 2}  # the mask itself (an input, not a copy)
+    assert not [s for s in saved if len(s) == 4 and tuple(s[-2:]) == (64, 64)]
