@@ -182,7 +182,9 @@ def _sharded(cfg: "ConfigContainer", layout: Layout) -> tuple[bool, bool, bool]:
     if layout.backend == "megatron_fsdp":
         s = cfg.ddp.data_parallel_sharding_strategy
         return s == "optim_grads_params", s in ("optim_grads", "optim_grads_params"), s != "no_shard"
-    return False, False, cfg.optimizer.use_distributed_optimizer  # DDP: ZeRO-1 shards optimizer state only
+    zero = cfg.optimizer.use_distributed_optimizer and (cfg.model.engine == "megatron_core" or
+                                                        (layout.pp == 1 and layout.tp == 1))
+    return False, False, zero  # DDP: ZeRO-1 shards optimizer state only (native engine: not under PP or TP)
 
 
 def state_bytes(cfg: "ConfigContainer", layout: Layout, params: RankParams) -> tuple[int, int, int]:
@@ -287,7 +289,9 @@ def _estimate_rank(cfg: "ConfigContainer", layout: Layout, rank: RankStages) -> 
         notes.append("fsdp2.offload_policy: sharded parameters, gradients and optimizer state live in host memory")
     if layout.backend == "ddp" and cfg.optimizer.use_distributed_optimizer and not _gradient_buffer(cfg, layout):
         notes.append("optimizer.use_distributed_optimizer with DDP: ZeRO-1, optimizer state sharded over "
-                     "data-parallel ranks (ZeroRedundancyOptimizer)")
+                     "data-parallel ranks (ZeroRedundancyOptimizer)" if _sharded(cfg, layout)[2] else
+                     "optimizer.use_distributed_optimizer with DDP under PP or TP: the optimizer state stays "
+                     "replicated (distributed/ddp.py); dist.use_torch_fsdp2=true shards it")
     acts = estimate_activations(cfg, layout, rank)
     host += acts.host_bytes
     buffers, largest = buffer_bytes(cfg, layout, params, len(rank.layers))

@@ -246,3 +246,22 @@ def test_mtp_layers_are_counted_on_the_last_rank(recipe: str) -> None:
     params = estimate_memory(cfg, 1).params
     assert params.model_total == built
     assert params.dense + params.expert == built
+
+
+@pytest.mark.parametrize("layout", [{}, {"tensor_model_parallel_size": 2}, {"pipeline_model_parallel_size": 2}])
+def test_ddp_shards_the_optimizer_state_only_without_tp_and_pp(layout: dict[str, int]) -> None:
+    """The DDP backend shards the optimizer state (ZeRO-1) only without TP and PP (distributed/ddp.py's
+    prepare_optimizer): at DP 2 the distributed optimizer halves it at TP = PP = 1, and changes nothing with TP or PP
+    2 (the estimate says why)."""
+    def estimate(distributed: bool) -> tuple[int, list[str]]:
+        cfg = tiny_llama_pretrain_config(**layout)
+        cfg.optimizer.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer = distributed
+        world_size = 2 * max(layout.values(), default=1)
+        est = estimate_memory(cfg.validate(world_size=world_size), world_size)
+        return est.optimizer_bytes, est.notes
+
+    (plain, _), (distributed, notes) = estimate(False), estimate(True)
+    if layout:
+        assert distributed == plain and any("stays replicated" in n for n in notes), notes
+    else:
+        assert distributed * 2 == plain and any("ZeRO-1" in n for n in notes), notes
