@@ -4,6 +4,7 @@ import os
 from typing import TYPE_CHECKING
 
 from megatron_bridge.config.rule_registry import fail, positive, rule
+from megatron_bridge.config.rules_moe import expert_tensor_parallel_size
 
 
 if TYPE_CHECKING:
@@ -140,16 +141,20 @@ def _ac_single(cfg: "ConfigContainer", world_size: int) -> None:
 
 
 # ------------------------------------------------------------------------------------ tensor parallelism
-@rule("tensor_parallel_backend", ("model.tensor_model_parallel_size", "dist.use_megatron_fsdp"),
-      "Tensor parallelism (TP > 1) of the native engine runs with the DDP and FSDP2 backends: the Megatron FSDP "
-      "backend does not apply TP in this version (model.engine='megatron_core' applies TP itself).")
-def _tp_backend(cfg: "ConfigContainer", world_size: int) -> None:
-    tp = cfg.model.tensor_model_parallel_size
-    if tp <= 1 or not cfg.dist.use_megatron_fsdp or cfg.model.engine == "megatron_core":
+@rule("megatron_fsdp_expert_tensor_parallel", ("model.expert_tensor_parallel_size", "dist.use_megatron_fsdp",
+                                                "model.tensor_model_parallel_size"),
+      "With Megatron FSDP on the native engine the routed experts of an MoE model are not split over TP: expert "
+      "tensor parallelism (model.expert_tensor_parallel_size, None meaning TP) is 1.")
+def _mfsdp_etp(cfg: "ConfigContainer", world_size: int) -> None:
+    m = cfg.model
+    if not cfg.dist.use_megatron_fsdp or m.engine == "megatron_core" or m.num_moe_experts is None:
         return
-    fail(f"model.tensor_model_parallel_size={tp} is not supported with dist.use_megatron_fsdp=True: use the DDP "
-         "backend (dist.use_megatron_fsdp=False) or dist.use_torch_fsdp2=True, or model.tensor_model_parallel_size=1",
-         "model.tensor_model_parallel_size", "dist.use_megatron_fsdp")
+    etp = expert_tensor_parallel_size(cfg)
+    if etp > 1:
+        fail(f"model.expert_tensor_parallel_size={m.expert_tensor_parallel_size} (ETP {etp}) is not supported with "
+             "dist.use_megatron_fsdp=True: set model.expert_tensor_parallel_size=1 (experts whole, EP folded over "
+             "the TP ranks), or use dist.use_torch_fsdp2=True", "model.expert_tensor_parallel_size",
+             "dist.use_megatron_fsdp")
 
 
 @rule("tensor_parallel_divisible", ("model.ffn_hidden_size", "model.seq_length", "model.tensor_model_parallel_size"),

@@ -147,7 +147,7 @@ class DDPBackend(DataParallelBackend):
 
     def wrap(self, model_chunks: list[nn.Module]) -> list[nn.Module]:
         """Materialize meta chunks, apply activation checkpointing, wrap each chunk in DDP."""
-        enforce(self.cfg, "tensor_parallel_backend", "engine_parallel_layout")
+        enforce(self.cfg, "engine_parallel_layout")
         env = initialize_distributed(self.cfg)
         settings = ac_settings(self.cfg, "ddp")
         kwargs = ddp_kwargs(self.cfg, self.device)

@@ -20,7 +20,6 @@ experts' parameters, gradients and optimizer state are sharded and reduced over 
 which also gives checkpoints the global ``[E, ...]`` expert tensors).
 """
 
-import math
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -49,6 +48,13 @@ from megatron_bridge.distributed.megatron_fsdp_compat import (
     megatron_fsdp_kwargs,
 )
 from megatron_bridge.distributed.megatron_fsdp_experts import ExpertCheckpointView, expert_device_mesh
+from megatron_bridge.distributed.megatron_fsdp_tp import (
+    check_same_groups,
+    fsdp_mesh_shape,
+    grad_copies,
+    local_tensor_parallel_params,
+)
+from megatron_bridge.distributed.tensor_parallel import apply_tensor_parallel
 from megatron_bridge.errors import CheckpointError, MegatronBridgeError
 from megatron_bridge.utils.logging import get_logger, log_rank_0, warn_once
 
@@ -193,9 +199,11 @@ class MegatronFSDPBackend(DataParallelBackend):
         super().__init__(cfg, device)
         self.autocast_dtype = resolve_autocast_dtype("ddp.autocast_dtype", None, cfg, use_preset=True)
         self.mesh: Any = None
-        """megatron-fsdp's ``("dp_cp", "tp")`` mesh of (dp × cp, 1): the group it shards and reduces over."""
+        """megatron-fsdp's ``("dp_cp", "tp")`` mesh of (dp × cp, tp): it shards and reduces over ``"dp_cp"``."""
         self.cp_mesh: Any = None
         """The context-parallel mesh (None without CP)."""
+        self.tp_mesh: Any = None
+        """The ``"tp"`` sub-mesh of :attr:`mesh` (None without TP)."""
         self._grads_synced = False
         self._deferred_scaling: list[tuple[list[nn.Parameter], float]] = []
         """Gradients megatron-fsdp leaves unscaled, with their factor (``compat.defer_single_rank_grad_scaling``)."""
@@ -210,7 +218,7 @@ class MegatronFSDPBackend(DataParallelBackend):
         cfg = self.cfg
         warn_legacy_nan_check(cfg)
         apply_adjustment(cfg, "megatron_fsdp_average_in_collective")
-        enforce(cfg, "tensor_parallel_backend", "pipeline_megatron_fsdp", "engine_parallel_layout",
+        enforce(cfg, "megatron_fsdp_expert_tensor_parallel", "pipeline_megatron_fsdp", "engine_parallel_layout",
                 "megatron_fsdp_async_save", "megatron_fsdp_meta_init")
         if len(model_chunks) != 1:
             raise MegatronBridgeError(f"Megatron FSDP wraps one model chunk; got {len(model_chunks)}.")
@@ -222,8 +230,16 @@ class MegatronFSDPBackend(DataParallelBackend):
         log_forced_overlap(cfg)
         env = initialize_distributed(cfg)
         self.mesh, self.cp_mesh = self._meshes(env)
-        if cfg.model.is_moe:  # before CP and activation checkpointing (the expert names are the state dict's)
+        self.tp_mesh = self.mesh[MESH_DIM_NAMES[1]] if cfg.model.tensor_model_parallel_size > 1 else None
+        if cfg.model.is_moe:  # before TP, CP and activation checkpointing (the expert names are the state dict's)
             kwargs["expt_device_mesh"] = self._experts(chunk, env)
+        if self.tp_mesh is not None:  # whole first (MetaInitReplay draws full tensors), then split over "tp"
+            if has_meta_params([chunk]):
+                from megatron_bridge.models.provider import materialize_meta_model
+
+                materialize_meta_model(chunk, self.device)
+            apply_tensor_parallel(chunk, self.tp_mesh, cfg)
+            local_tensor_parallel_params(chunk)
         if self.cp_mesh is not None:
             enforce(cfg, "cp_ring_needs_cuda")
             apply_context_parallel(chunk, self.cp_mesh, cfg)
@@ -239,10 +255,10 @@ class MegatronFSDPBackend(DataParallelBackend):
         apply_communication_unit_size(wrapped, cfg.ddp.bucket_size)
         self._deferred_scaling = compat.defer_single_rank_grad_scaling(wrapped)
         self.chunks = [wrapped]
-        cp = cfg.model.context_parallel_size
-        log_rank_0(logger, "Megatron FSDP %s: %s on %d rank(s) (dp %d × cp %d), units %s", compat.installed_version(),
-                   cfg.ddp.data_parallel_sharding_strategy, env.world_size, env.world_size // cp, cp,
-                   [c.__name__ for c in kwargs["fsdp_unit_modules"]])
+        cp, tp = cfg.model.context_parallel_size, cfg.model.tensor_model_parallel_size
+        log_rank_0(logger, "Megatron FSDP %s: %s on %d rank(s) (dp %d × cp %d × tp %d), units %s",
+                   compat.installed_version(), cfg.ddp.data_parallel_sharding_strategy, env.world_size,
+                   env.world_size // (cp * tp), cp, tp, [c.__name__ for c in kwargs["fsdp_unit_modules"]])
         return self.chunks
 
     def _experts(self, chunk: nn.Module, env: "DistEnv") -> Any:
@@ -251,32 +267,31 @@ class MegatronFSDPBackend(DataParallelBackend):
         mesh (:mod:`.megatron_fsdp_experts`)."""
         from megatron_bridge.models.provider import materialize_meta_model
 
-        self.expert_parallel = apply_expert_parallel([chunk], self.cfg, env, self.device)
+        self.expert_parallel = apply_expert_parallel([chunk], self.cfg, env, self.device, self.tp_mesh)
         self.expert_view = ExpertCheckpointView.of(self.expert_parallel)
         if has_meta_params([chunk]):
             materialize_meta_model(chunk, self.device)
         return expert_device_mesh(self.cfg, env)
 
     def _meshes(self, env: "DistEnv") -> tuple[Any, Any]:
-        """megatron-fsdp's ``("dp_cp", "tp")`` mesh and, with CP, the ``"cp"`` mesh of the layout.
+        """megatron-fsdp's ``("dp_cp", "tp")`` mesh (:mod:`.megatron_fsdp_tp`) and, with CP, the ``"cp"`` mesh of
+        the layout.
 
-        The layout's mesh is ``("dp", "cp")`` (TP = PP = 1 under Megatron FSDP), whose flattened ``"dp_cp"`` group
-        is every rank in rank order: megatron-fsdp's (world, 1) mesh over the same ranks, named as megatron-core's
-        adapter names it, is that group (checked).
+        The layout's mesh is ``("dp"[, "cp"][, "tp"])`` (PP = 1 under Megatron FSDP) with TP innermost: its
+        ``"dp_cp"`` (or ``"dp"``) groups are the rows of megatron-fsdp's ``(world / TP, TP)`` mesh and its ``"tp"``
+        groups the columns (checked).
         """
         from torch.distributed.device_mesh import init_device_mesh
 
         from megatron_bridge.distributed.init import build_device_mesh, context_parallel_mesh, split_mesh
 
-        mesh = init_device_mesh(self.device.type, (env.world_size, 1), mesh_dim_names=MESH_DIM_NAMES)
-        if self.cfg.model.context_parallel_size <= 1:
+        m = self.cfg.model
+        shape = fsdp_mesh_shape(env.world_size, m.tensor_model_parallel_size)
+        mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=MESH_DIM_NAMES)
+        if m.context_parallel_size <= 1 and m.tensor_model_parallel_size <= 1:
             return mesh, None
         layout = build_device_mesh(self.cfg, env)
-        dp_cp = split_mesh(layout)[0]
-        if dist.get_process_group_ranks(dp_cp.get_group()) != dist.get_process_group_ranks(
-                mesh.get_group(MESH_DIM_NAMES[0])):
-            raise MegatronBridgeError("Megatron FSDP: the data × context-parallel group differs from the ranks "
-                                      "megatron-fsdp shards over (a layout with TP or PP > 1?).")
+        check_same_groups(mesh, *split_mesh(layout))
         return mesh, context_parallel_mesh(layout)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -357,13 +372,18 @@ class MegatronFSDPBackend(DataParallelBackend):
         """Global L2 norm from the local gradient shards (replicated ones counted once), all-reduced over the
         data × context-parallel group; clips the shards in place when ``max_norm > 0``. NaN checks:
         ddp.report_nan_in_param_grad (inside megatron-fsdp); ddp.check_for_nan_in_grad is a legacy no-op here."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self.parameters()
+        ep_split = self.expert_view.names if self.expert_view is not None else frozenset()
+        ep = self.expert_view.ep_size if self.expert_view is not None else 1
+        named = [(n, p.grad) for c in self.chunks for n, p in c.module.named_parameters() if p.grad is not None]
+        grads = [g for _, g in named]
         total = torch.zeros((), dtype=torch.float32, device=self.device)
-        shard_size = self.mesh[MESH_DIM_NAMES[0]].size() if self.mesh is not None else 1
-        for grad in grads:
-            total += _local(grad).detach().float().pow(2).sum() / _copies(grad, shard_size)
-        if shard_size > 1:
-            dist.all_reduce(total, group=self.mesh.get_group(MESH_DIM_NAMES[0]))
+        world = self.mesh.size() if self.mesh is not None else 1
+        for name, grad in named:
+            copies = grad_copies(grad, world, ep if name in ep_split else 1)
+            total += _local(grad).detach().float().pow(2).sum() / copies
+        if world > 1:  # every rank of the (single) stage: dp × cp × tp
+            dist.all_reduce(total)
         norm = total.sqrt()
         if max_norm > 0:
             coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
@@ -426,15 +446,6 @@ def _last_microbatch(chunks: list[nn.Module], is_last: bool) -> Iterator[None]:
     for chunk in chunks:
         chunk.is_last_microbatch = is_last and chunk.ddp_config.overlap_grad_reduce
     yield
-
-
-def _copies(grad: torch.Tensor, shard_size: int) -> int:
-    """How many ranks of the data × context-parallel group hold this gradient shard: the sizes of the mesh
-    dimensions it is replicated over (its own group for expert gradients: the expert-data-parallel one)."""
-    if not isinstance(grad, DTensor):
-        return shard_size
-    mesh = grad.device_mesh
-    return math.prod(mesh.size(i) for i, p in enumerate(grad.placements) if p.is_replicate())
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

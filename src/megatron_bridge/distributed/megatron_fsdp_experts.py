@@ -44,16 +44,22 @@ EXPERT_MESH_DIMS = ("ep", *MESH_DIM_NAMES)
 """The full expert mesh ``("ep", "dp_cp", "tp")``; megatron-fsdp gets its ``("dp_cp", "tp")`` sub-mesh."""
 
 
-def expert_rank_layout(world_size: int, ep: int) -> torch.Tensor:
+def expert_rank_layout(world_size: int, ep: int, tp: int = 1) -> torch.Tensor:
     """Global ranks of the expert mesh, shape ``(ep, edp, 1)``: :func:`~.expert_parallel.expert_rank_grid` (PP 1,
-    ETP 1) with the ``"ep"`` dimension first, so that each ``"dp_cp"`` row is one expert-data-parallel group."""
+    ETP 1) with the ``"ep"`` dimension first, so that each ``"dp_cp"`` row is one expert-data-parallel group (EP
+    folded over the ``tp`` ranks too). At EP 1 the experts are TP-replicated parameters that see the TP group's
+    tokens: the layout is then the dense one, ``(1, world / tp, tp)``."""
+    if ep == 1:
+        return torch.arange(world_size).reshape(1, world_size // tp, tp)
     return expert_rank_grid(world_size, 1, ep, 1)[0].permute(1, 0, 2).contiguous()
 
 
 def expert_device_mesh(cfg: "ConfigContainer", env: "DistEnv") -> DeviceMesh:
     """megatron-fsdp's ``expt_device_mesh`` (module docstring): the ``("dp_cp", "tp")`` sub-mesh of this rank's
-    expert-data-parallel group and a size-1 TP dimension. A collective: every rank calls it."""
-    layout = expert_rank_layout(env.world_size, cfg.model.expert_model_parallel_size)
+    expert-data-parallel group and a size-1 TP dimension (ETP 1; at EP 1 the dense mesh). A collective: every rank
+    calls it."""
+    m = cfg.model
+    layout = expert_rank_layout(env.world_size, m.expert_model_parallel_size, m.tensor_model_parallel_size)
     mesh = DeviceMesh(env.device.type, layout, mesh_dim_names=EXPERT_MESH_DIMS)
     return mesh[MESH_DIM_NAMES]
 
