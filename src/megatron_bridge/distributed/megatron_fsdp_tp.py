@@ -11,7 +11,8 @@ rank routes its own tokens), then :func:`~.tensor_parallel.apply_tensor_parallel
 FSDP2: ``fsdp2.tp_plan`` or the auto Llama plan, sequence parallelism included), then ``fully_shard_model``. A
 parameter that TP split (``Shard(k)`` on ``"tp"``) keeps that placement: megatron-fsdp shards its local part over
 ``"dp_cp"`` and gives it the ``("dp_cp", "tp")`` placements ``[Shard(0), Shard(k)]``; parameters replicated over TP
-(norms, router) get ``[Shard(0), Replicate()]``; the expert-parallel experts (plain, whole with ETP 1) are sharded
+(norms, router) are DTensors on the ``"dp_cp"`` dimension only (megatron-fsdp drops a TP dimension without a
+shard); the expert-parallel experts (plain, whole with ETP 1) are sharded
 over the expert-data-parallel group only.
 
 Parameters. megatron-fsdp 0.6.1 accepts DTensor parameters but views each local shard as

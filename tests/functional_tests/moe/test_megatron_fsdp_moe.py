@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from megatron_bridge.config import decoder_names as names
 from megatron_bridge.config.container import ConfigContainer
 from megatron_bridge.training.callbacks import Callback
 from megatron_bridge.training.pretrain import pretrain
@@ -41,12 +42,14 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-GROUPS: dict[int, list[str]] = {2: ["test_ep2_every_strategy"], 4: ["test_four_ranks_edp2"]}
+GROUPS: dict[int, list[str]] = {2: ["test_ep2_every_strategy", "test_tp2_ep2"],
+                                 4: ["test_four_ranks_edp2", "test_four_ranks_tp2_ep4"]}
 
 
-def mfsdp_moe_config(ep: int, strategy: str = "optim_grads_params", **overrides: Any) -> ConfigContainer:
-    """The tiny MoE config on Megatron FSDP (fsdp_dtensor checkpoints) with ``strategy``."""
-    cfg = moe_config(ep=ep, use_megatron_fsdp=True, **overrides)
+def mfsdp_moe_config(ep: int, strategy: str = "optim_grads_params", tp: int = 1, **overrides: Any) -> ConfigContainer:
+    """The tiny MoE config on Megatron FSDP (fsdp_dtensor checkpoints) with ``strategy``; ``tp`` > 1: ETP 1 (EP
+    folded over the TP ranks), sequence parallelism unless overridden."""
+    cfg = moe_config(ep=ep, tp=tp, use_megatron_fsdp=True, **overrides)
     cfg.ddp.data_parallel_sharding_strategy = strategy
     if strategy == "no_shard":  # megatron-fsdp materializes meta models only when it shards parameters
         cfg.model.init_model_with_meta_device = False
@@ -124,6 +127,27 @@ class ExpertsOnEdp(Callback):
                 assert t.shape[0] == 8 // backend.cfg.model.expert_model_parallel_size, (name, t.shape)
 
 
+class TensorParallelParams(Callback):
+    """megatron-fsdp's distributed parameters keep the TP split: every attention projection is a DTensor on its
+    ``("dp_cp", "tp")`` mesh sharded over ``"tp"`` (as are the embedding and output layer); the attention norms,
+    replicated over TP, are sharded over ``"dp_cp"`` only."""
+
+    def on_train_end(self, ctx: Any) -> None:
+        backend = ctx.backend
+        tp = backend.cfg.model.tensor_model_parallel_size
+        backend.parameters()  # megatron-fsdp's distributed parameters in the module
+        params = dict(backend.chunks[0].module.named_parameters())
+        split = [n for n in params if n.endswith(tuple(f".{p}.weight" for p in names.PROJECTIONS))
+                 or n in names.VOCAB_PARAMETERS]
+        assert len(split) == 3 * len(names.PROJECTIONS) + 2, sorted(params)
+        for name in split:
+            p = params[name]
+            assert isinstance(p, DTensor) and p.device_mesh.mesh_dim_names == ("dp_cp", "tp"), (name, p)
+            assert p.device_mesh["tp"].size() == tp and p.placements[1].is_shard(), (name, p.placements)
+        norms = [p for n, p in params.items() if n.endswith(f"{names.ATTENTION_NORM}.weight")]
+        assert len(norms) == 3 and all(p.device_mesh.mesh_dim_names == ("dp_cp",) for p in norms), norms
+
+
 def _run(cfg: ConfigContainer, label: str, *extra: Callback) -> tuple[list[float], dict[str, torch.Tensor]]:
     weights = FullWeights()
     result = pretrain(cfg, callbacks=[weights, *extra])
@@ -176,3 +200,39 @@ def test_four_ranks_edp2(launches: LaunchGroups | None) -> None:
     cp = mfsdp_moe_config(2, context_parallel_size=2)
     cp.model.cp_comm_type = "all_gather"
     _run(cp, "DP=2 x CP=2, EP=2 over the dp x cp ranks (edp 2), optim_grads_params", ExpertsOnEdp(2))
+
+
+def test_tp2_ep2(launches: LaunchGroups | None) -> None:
+    """TP=2 × EP=2 on 2 ranks (ETP 1: EP folded over the TP ranks, each routing its part of the tokens; edp 1), with
+    and without sequence parallelism; an fsdp_dtensor checkpoint of the TP=2 run at step 4 resumes bit for bit at
+    TP=2, and resumes at TP=1 × EP=2 (optimizer state included) matching the reference."""
+    if not is_worker():
+        launches.check("test_tp2_ep2")  # type: ignore[union-attr]
+        return
+    _join_harness()
+    folder = Path(os.environ["MB_CKPT_DIR"]) / "tp2"
+    _run(mfsdp_moe_config(2, tp=2, sequence_parallel=False), "TP=2 x EP=2 (ETP 1), no SP", TensorParallelParams())
+    cfg = mfsdp_moe_config(2, tp=2)
+    cfg.checkpoint.save, cfg.checkpoint.save_interval = str(folder), 4
+    full = _run(cfg, "TP=2 x EP=2 (ETP 1), SP", TensorParallelParams(), ExpertsOnEdp(1))
+    resumed_cfg = mfsdp_moe_config(2, tp=2)
+    resumed_cfg.checkpoint.load, resumed_cfg.checkpoint.ckpt_step = str(folder), 4
+    weights = FullWeights()
+    resumed = pretrain(resumed_cfg, callbacks=[weights])
+    assert resumed.steps == [5, 6, 7, 8] and resumed.losses == full[0][4:], (resumed.losses, full[0])
+    assert max_weight_diff(weights.weights, full[1]) == 0.0
+    tp1 = mfsdp_moe_config(2)  # TP-independent checkpoint: global tensors (optimizer state too)
+    tp1.checkpoint.load, tp1.checkpoint.ckpt_step = str(folder), 4
+    weights = FullWeights()
+    moved = pretrain(tp1, callbacks=[weights])
+    assert moved.steps == [5, 6, 7, 8]
+    _compare(moved.losses, weights.weights, "TP=2 x EP=2 -> fsdp_dtensor checkpoint -> TP=1 x EP=2", first_step=4)
+
+
+def test_four_ranks_tp2_ep4(launches: LaunchGroups | None) -> None:
+    """TP=2 × EP=4 × DP=2 on 4 ranks: EP folded over the tp × dp ranks (ETP 1, edp 1), sequence parallelism."""
+    if not is_worker():
+        launches.check("test_four_ranks_tp2_ep4")  # type: ignore[union-attr]
+        return
+    _join_harness()
+    _run(mfsdp_moe_config(4, tp=2), "TP=2 x EP=4 x DP=2 (ETP 1), SP", TensorParallelParams(), ExpertsOnEdp(1))

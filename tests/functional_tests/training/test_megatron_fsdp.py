@@ -9,7 +9,8 @@ the CPU harness below. The other GPU tests (``@pytest.mark.gpu``) are skipped wi
 
 CPU (skipped when CUDA is present): the same backend on 2 gloo ranks through the test-only harness
 (tests/functional_tests/megatron_fsdp_cpu_harness.py), which runs megatron-fsdp's CUDA code path on CPU with
-synchronous collectives: parity with a one-process DDP run for every sharding strategy, and exact fsdp_dtensor resume.
+synchronous collectives: parity with a one-process DDP run for every sharding strategy and at TP=2 (sequence
+parallelism), and exact fsdp_dtensor resume.
 The smoke test, the parity tests and the first phase of the resume check share one torchrun launch (``CPU_GROUPS``,
 launcher.py's ``LaunchGroups``; each stays a test of its own); the resumed phase is a second launch (new processes).
 """
@@ -47,6 +48,7 @@ CPU_GROUPS: dict[int, list[str]] = {2: [
     f"{CLASS}::test_fsdp_pretrain_basic",
     *(f"{CLASS}::test_cpu_harness_parity_with_ddp[{strategy}]" for strategy in STRATEGIES),
     f"{CLASS}::test_cpu_harness_save_resume",
+    f"{CLASS}::test_cpu_harness_tp2_parity_with_ddp",
 ]}
 """Without CUDA: the tests launched together (one launch; the resume check's second phase is a launch of its own)."""
 
@@ -193,6 +195,27 @@ class TestMegatronFSDP:
         assert diff <= WEIGHT_ATOL, f"max weight difference {diff} > {WEIGHT_ATOL}"
         if int(os.environ["RANK"]) == 0:
             print(f"[parity] megatron_fsdp {strategy}: max weight diff {diff:.3e}, losses {result.losses}")
+
+    @needs_no_cuda
+    def test_cpu_harness_tp2_parity_with_ddp(self, launches: LaunchGroups | None) -> None:
+        """TP=2 with sequence parallelism (DP 1, meta-device init, optim_grads_params) trains like one DDP process:
+        the TP plan's DTensor parameters become megatron-fsdp's TP-local ones (distributed/megatron_fsdp_tp.py)."""
+        if not is_worker():
+            launches.check(f"{CLASS}::test_cpu_harness_tp2_parity_with_ddp")  # type: ignore[union-attr]
+            return
+        install_cpu_harness()
+        weights = MegatronFullWeights()
+        cfg = mfsdp_config(tensor_model_parallel_size=2, sequence_parallel=True)
+        cfg.model.make_vocab_size_divisible_by = 64  # × TP: the reference's padded vocabulary (128)
+        result = pretrain(cfg, forward_step, callbacks=[weights])
+        assert result.backend == "megatron_fsdp" and result.world_size == 2 and result.final_step == 8
+        ref = load_reference()
+        for got, want in zip(result.losses, ref["losses"].tolist(), strict=True):
+            assert abs(got - want) <= LOSS_RTOL * abs(want), (result.losses, ref["losses"].tolist())
+        diff = max_weight_diff(weights.weights, ref["weights"])
+        assert diff <= WEIGHT_ATOL, f"max weight difference {diff} > {WEIGHT_ATOL}"
+        if int(os.environ["RANK"]) == 0:
+            print(f"[parity] megatron_fsdp TP=2 (SP): max weight diff {diff:.3e}, losses {result.losses}")
 
     @needs_no_cuda
     def test_cpu_harness_save_resume(self, launches: LaunchGroups | None) -> None:
