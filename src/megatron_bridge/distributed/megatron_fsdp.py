@@ -10,11 +10,16 @@ has no CPU code path: without CUDA ``wrap()`` raises before calling into the pac
 
 Context parallelism (``model.context_parallel_size > 1``): as megatron-core's adapter does, megatron-fsdp gets a
 ``("dp_cp", "tp")`` mesh whose ``"dp_cp"`` dimension is the flattened data × context-parallel group, so parameters,
-gradients and optimizer state are sharded, and gradients reduced, over dp × cp ranks (all ranks: TP = PP = 1 here);
+gradients and optimizer state are sharded, and gradients reduced, over dp × cp ranks (PP = 1 here);
 the attention modules get the CP attention over the ``"cp"`` group of the layout's mesh (:mod:`.context_parallel`,
 the same path as DDP and FSDP2).
 
-Mixture-of-experts models: :mod:`.expert_parallel` keeps each rank's experts (EP folded over dp × cp), and
+Tensor parallelism (``model.tensor_model_parallel_size > 1``): the mesh is ``(dp × cp, TP)``; the TP plan of
+:mod:`.tensor_parallel` (FSDP2's) is applied over ``"tp"`` before ``fully_shard_model``, its DTensor parameters
+handed to megatron-fsdp as TP-local ones (:mod:`.megatron_fsdp_tp` says why), so megatron-fsdp shards each
+parameter's TP part over ``"dp_cp"``.
+
+Mixture-of-experts models: :mod:`.expert_parallel` keeps each rank's experts (EP folded over tp × dp × cp), and
 megatron-fsdp gets an expert mesh whose ``"dp_cp"`` groups are the expert-data-parallel groups, so the routed
 experts' parameters, gradients and optimizer state are sharded and reduced over those (:mod:`.megatron_fsdp_experts`,
 which also gives checkpoints the global ``[E, ...]`` expert tensors).
@@ -189,7 +194,7 @@ def materialize_meta_buffers(model: nn.Module, device: torch.device) -> None:
 
 # ------------------------------------------------------------------------------------------------ backend
 class MegatronFSDPBackend(DataParallelBackend):
-    """Megatron FSDP (megatron-fsdp) over the dp × cp ranks (all ranks): ZeRO-1/2/3 or DDP-like, per
+    """Megatron FSDP (megatron-fsdp) over the dp × cp ranks (of each TP rank): ZeRO-1/2/3 or DDP-like, per
     ``ddp.data_parallel_sharding_strategy``. Needs CUDA; checkpoints in ``fsdp_dtensor`` (DCP of DTensor state
     dicts)."""
 
@@ -369,8 +374,8 @@ class MegatronFSDPBackend(DataParallelBackend):
         return super().parameters()
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """Global L2 norm from the local gradient shards (replicated ones counted once), all-reduced over the
-        data × context-parallel group; clips the shards in place when ``max_norm > 0``. NaN checks:
+        """Global L2 norm from the local gradient shards (each counted once: ``megatron_fsdp_tp.grad_copies``),
+        all-reduced over every rank; clips the shards in place when ``max_norm > 0``. NaN checks:
         ddp.report_nan_in_param_grad (inside megatron-fsdp); ddp.check_for_nan_in_grad is a legacy no-op here."""
         self.parameters()
         ep_split = self.expert_view.names if self.expert_view is not None else frozenset()

@@ -203,8 +203,8 @@ SHARDING_STRATEGY_IDS: dict[str, int] = {"no_shard": 0, "optim": 1, "optim_grads
 """ddp.data_parallel_sharding_strategy → ``zero_dp_strategy`` (megatron_fsdp's ShardingStrategy values)."""
 
 MESH_DIM_NAMES = ("dp_cp", "tp")
-"""The 2-D mesh handed to megatron-fsdp: (world, 1), as its own default mesh (TP=1); the sharding dimension is the
-flattened data × context-parallel group, named as megatron-core's adapter names it."""
+"""The 2-D mesh handed to megatron-fsdp: (world / TP, TP) (:func:`.megatron_fsdp_tp.fsdp_mesh_shape`); the sharding
+dimension is the flattened data × context-parallel group, named as megatron-core's adapter names it."""
 
 RUNTIME_KWARGS = ("module", "device_mesh", "device")
 """Arguments ``wrap()`` adds to :func:`megatron_fsdp_kwargs`'s at call time (not derived from the config)."""

@@ -1,15 +1,17 @@
 """Mixture-of-experts models under Megatron FSDP: the expert mesh megatron-fsdp shards the routed experts over, and
 the checkpoint view of expert parameters split over expert-parallel ranks.
 
-Layout. With TP = PP = 1 (rules ``tensor_parallel_backend``, ``pipeline_megatron_fsdp``) the experts are split over
-``model.expert_model_parallel_size`` ranks folded over the data × context-parallel ranks, as under DDP and FSDP2
-(:mod:`.expert_parallel`: ``expert_rank_grid``, rank = edp index × EP + ep index). megatron-fsdp 0.6.1 treats every
+Layout. With PP = 1 and ETP 1 (rules ``pipeline_megatron_fsdp``, ``megatron_fsdp_expert_tensor_parallel``) the
+experts are split over ``model.expert_model_parallel_size`` ranks folded over the data × context × tensor-parallel
+ranks, as under DDP and FSDP2 (:mod:`.expert_parallel`: ``expert_rank_grid``, rank = edp index × EP + ep index;
+with TP > 1 each TP rank routes its own tokens). megatron-fsdp 0.6.1 treats every
 parameter whose name contains ``.experts.`` (the routed experts' weights and biases of every MoE layer) as an expert
 parameter: it puts them in buckets of their own, sharded over, and reduced over, the ``"dp_cp"`` dimension of its
 ``expt_device_mesh`` (``FSDPDistributedIndex``, ``get_fsdp_group(is_expert_parallel=True)``). :func:`expert_device_mesh`
 gives it the ``("dp_cp", "tp")`` mesh whose ``"dp_cp"`` groups are the expert-data-parallel groups (``"edp"``: the
-ranks holding the same experts; all dp × cp ranks at EP = 1) and whose ``"tp"`` is 1 (ETP 1), as megatron-core's
-adapter builds it from its expert groups. Expert gradients are pre-scaled by 1 / (dp × cp) and summed over
+ranks holding the same experts) and whose ``"tp"`` is 1 (ETP 1), as megatron-core's adapter builds it from its
+expert groups. At EP = 1 the experts are ordinary TP-replicated parameters seeing the TP group's tokens: the expert
+mesh is then the dense ``(dp × cp, TP)`` one. Expert gradients are pre-scaled by 1 / (dp × cp) and summed over
 ``"edp"`` (megatron-fsdp's ``expert_gradient_scaling_factor`` without ``average_in_collective``, which Megatron FSDP
 turns off): the sum over the ranks of a stage that together see every token once, divided by the data-parallel
 size, the same as :meth:`~.expert_parallel.ExpertParallel.reduce_grads` under DDP.

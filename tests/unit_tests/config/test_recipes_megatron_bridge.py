@@ -269,8 +269,7 @@ def test_megatron_bridge_import_path() -> None:
 
 # ------------------------------------------------------------------------------------------- flat perf recipes
 PERF_REFUSED = {"expert_parallel_layout": "EP × ETP × PP larger than the world: megatron-core refuses these as well",
-                "fp8_local_compat": "FP8 with Megatron FSDP on the native engine",
-                "tensor_parallel_backend": "TP with Megatron FSDP on the native engine"}
+                "fp8_local_compat": "FP8 with Megatron FSDP on the native engine"}
 """Rules a perf config may fail here, each a row of docs/megatron-bridge-differences.md; NVFP4 ones also fail
 ``fp8_requirements`` (no torchao NVFP4 training recipe on the native engine). An MoE layout is refused only where
 megatron-core's own ``initialize_model_parallel`` refuses it too (the world size not divisible by ETP × EP × PP: 7

@@ -224,8 +224,11 @@ CASES: dict[str, tuple[Mutator, int, str, Mutator]] = {
                                 _set(model__engine="megatron_core", mixed_precision="bf16_mixed")),
     "engine_parallel_layout": (_set(model__expert_model_parallel_size=2), 2, "model.expert_model_parallel_size",
                                _set(model__expert_model_parallel_size=1)),
-    "tensor_parallel_backend": (_set(model__tensor_model_parallel_size=2, dist__use_megatron_fsdp=True), 2,
-                                "model.tensor_model_parallel_size", _set(model__tensor_model_parallel_size=2)),
+    "megatron_fsdp_expert_tensor_parallel": (
+        _set(model__num_moe_experts=4, model__tensor_model_parallel_size=2, dist__use_megatron_fsdp=True), 2,
+        "model.expert_tensor_parallel_size",
+        _set(model__num_moe_experts=4, model__tensor_model_parallel_size=2, dist__use_megatron_fsdp=True,
+             model__expert_tensor_parallel_size=1)),
     "tensor_parallel_divisible": (_set(model__tensor_model_parallel_size=2, dist__use_torch_fsdp2=True,
                                        model__ffn_hidden_size=351), 2, "model.ffn_hidden_size",
                                   _set(model__tensor_model_parallel_size=2, dist__use_torch_fsdp2=True)),

@@ -100,7 +100,9 @@ ALLOWED: dict[str, str] = {
     "distributed/megatron_fsdp.py::materialize_meta_buffers": "a built module still holding meta tensors",
     "distributed/megatron_fsdp.py::MegatronFSDPBackend.wrap": "the number of model chunks built (rule "
                                                               "pipeline_megatron_fsdp is enforced before)",
-    "distributed/megatron_fsdp.py::MegatronFSDPBackend._meshes": "the process groups built",
+    "distributed/megatron_fsdp_tp.py::check_same_groups": "the process groups built",
+    "distributed/megatron_fsdp_tp.py::fsdp_mesh_shape": GUARD.format("world_size_divisible"),
+    "distributed/megatron_fsdp_tp.py::local_tensor_parallel_params": "the placements the TP plan gave the parameters",
     "distributed/megatron_fsdp.py::MegatronFSDPBackend._chunk": "the backend used before wrap()",
     "distributed/megatron_fsdp.py::_retarget_params": "the optimizer the caller built",
     "distributed/megatron_fsdp_compat.py::require_cuda": "the machine has no CUDA",

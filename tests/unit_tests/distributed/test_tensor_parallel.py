@@ -256,11 +256,17 @@ def test_sizes_must_divide_by_tp(options: dict, path: str) -> None:
         apply_tensor_parallel(build(tiny_cfg())[0], mesh, cfg)
 
 
-def test_backends_without_tp_still_reject_it() -> None:
-    cfg = tiny_cfg(tensor_model_parallel_size=2)
-    cfg.dist.use_megatron_fsdp = True
-    with pytest.raises(ConfigValidationError, match=r"use_megatron_fsdp.*\[rule tensor_parallel_backend\]"):
+def test_megatron_fsdp_takes_tp_but_not_expert_tp() -> None:
+    from megatron_bridge.recipes import tiny_llama_pretrain_config
+
+    cfg = tiny_llama_pretrain_config(tensor_model_parallel_size=2, use_megatron_fsdp=True)
+    cfg.validate(world_size=2)
+    cfg.model.num_moe_experts = 4  # ETP None means TP: the experts would be split over TP
+    with pytest.raises(ConfigValidationError, match=r"expert_tensor_parallel_size=1.*"
+                       r"\[rule megatron_fsdp_expert_tensor_parallel\]"):
         cfg.validate(world_size=2)
+    cfg.model.expert_tensor_parallel_size = 1
+    cfg.validate(world_size=2)
 
 
 def test_async_tp_is_a_logged_no_op_on_cpu(caplog: pytest.LogCaptureFixture) -> None:
