@@ -195,7 +195,10 @@ def full_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
             full[key] = value.detach().to("cpu", copy=True)
             continue
         local = value._local_tensor
-        chunks = local.__create_chunk_list__() if hasattr(local, "__create_chunk_list__") else None
+        # megatron-fsdp's uneven shards carry their offsets; an even DTensor (no_shard: replicated over "dp_cp",
+        # maybe split over "tp") has DTensor's own
+        chunks = (local.__create_chunk_list__() if hasattr(local, "__create_chunk_list__")
+                  else value.__create_chunk_list__())
         offsets = tuple(chunks[0].offsets) if chunks else (0,) * value.ndim
         parts: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(parts, (offsets, local.detach().to("cpu", copy=True)))

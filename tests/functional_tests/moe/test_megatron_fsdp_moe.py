@@ -16,8 +16,13 @@ differences come from float summation order only).
   group: the gradient norm counts them once) and ``optim_grads_params``; DP=2 × CP=2 with EP=2 over the dp × cp ranks
   (all-gather attention): the experts' parameters, gradients and AdamW moments are DTensors on the 2-rank
   expert-data-parallel mesh.
+* ``test_tp2_ep2``: 2 ranks, TP=2 × EP=2 (ETP 1: EP folded over the TP ranks; edp 1) without sequence parallelism
+  (``no_shard``) and with it (``optim_grads_params``); an fsdp_dtensor checkpoint of the latter at step 4 resumes bit
+  for bit at TP=2 and resumes at TP=1 × EP=2 matching the reference. The TP-split parameters are megatron-fsdp
+  DTensors on its ``("dp_cp", "tp")`` mesh.
+* ``test_four_ranks_tp2_ep4``: 4 ranks, TP=2 × EP=4 × DP=2 with sequence parallelism (EP over the tp × dp ranks).
 
-The 2-rank checks share one torchrun launch, the 4-rank one another (``GROUPS``).
+The 2-rank checks share one torchrun launch, the 4-rank ones another (``GROUPS``).
 """
 
 import os
@@ -203,15 +208,17 @@ def test_four_ranks_edp2(launches: LaunchGroups | None) -> None:
 
 
 def test_tp2_ep2(launches: LaunchGroups | None) -> None:
-    """TP=2 × EP=2 on 2 ranks (ETP 1: EP folded over the TP ranks, each routing its part of the tokens; edp 1), with
-    and without sequence parallelism; an fsdp_dtensor checkpoint of the TP=2 run at step 4 resumes bit for bit at
+    """TP=2 × EP=2 on 2 ranks (ETP 1: EP folded over the TP ranks, each routing its part of the tokens; edp 1), without
+    sequence parallelism (``no_shard``: megatron-fsdp's even ``[Replicate(), Shard(k)]`` DTensors) and with it
+    (``optim_grads_params``); an fsdp_dtensor checkpoint of the TP=2 run at step 4 resumes bit for bit at
     TP=2, and resumes at TP=1 × EP=2 (optimizer state included) matching the reference."""
     if not is_worker():
         launches.check("test_tp2_ep2")  # type: ignore[union-attr]
         return
     _join_harness()
     folder = Path(os.environ["MB_CKPT_DIR"]) / "tp2"
-    _run(mfsdp_moe_config(2, tp=2, sequence_parallel=False), "TP=2 x EP=2 (ETP 1), no SP", TensorParallelParams())
+    _run(mfsdp_moe_config(2, "no_shard", tp=2, sequence_parallel=False), "TP=2 x EP=2 (ETP 1), no SP, no_shard",
+         TensorParallelParams())
     cfg = mfsdp_moe_config(2, tp=2)
     cfg.checkpoint.save, cfg.checkpoint.save_interval = str(folder), 4
     full = _run(cfg, "TP=2 x EP=2 (ETP 1), SP", TensorParallelParams(), ExpertsOnEdp(1))
