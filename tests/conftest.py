@@ -47,7 +47,7 @@ FUNCTIONAL_S: dict[str, float] = {
     "mcore/test_precision.py": 46,
     "mcore/test_wrappers.py": 200,
     "moe/test_expert_parallel.py": 165,  # with the folding, ETP and FSDP2 edp-sharded expert cases (issue 44); + DDP TP
-    "moe/test_megatron_fsdp_moe.py": 45,
+    "moe/test_megatron_fsdp_moe.py": 63,  # + TP=2 x EP=2 (resume at TP 2 and TP 1) and TP=2 x EP=4 x DP=2
     "multinode/test_restart.py": 234,  # waits on restarts and daemons: wall time well above its CPU time
     "multinode/test_two_nodes.py": 240,  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25;
     # +20 s: nodes started with other --max_restarts (issue 46); +43 s: a c10d rendezvous that never completes
@@ -58,7 +58,7 @@ FUNCTIONAL_S: dict[str, float] = {
     "robustness/test_no_orphans.py": 73,
     "slurm/test_slurm_launch.py": 330,  # +76 (issue 46: signal chains, a frozen node), +30 (a node killed whole)
     "training/test_megatron_core_engine.py": 110,  # + the MoE reference and the EP2 / PP2 MoE layouts (issue 44)
-    "training/test_megatron_fsdp.py": 72,
+    "training/test_megatron_fsdp.py": 78,  # + dense TP=2 (SP) parity
     "training/test_pipeline_parallel.py": 87,
     "training/test_pipeline_tied_embeddings.py": 45,  # a 2-rank and a 4-rank launch, two references (28-60 s alone)
     "training/test_pretrain_backends.py": 63,
