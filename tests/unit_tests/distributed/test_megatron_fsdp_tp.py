@@ -52,11 +52,12 @@ def test_expert_mesh_with_ep_folds_over_tp() -> None:
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_local_parameters_compute_what_the_plain_model_does(sequence_parallel: bool) -> None:
+@pytest.mark.parametrize("tied", [False, True])
+def test_local_parameters_compute_what_the_plain_model_does(sequence_parallel: bool, tied: bool) -> None:
     """After the TP plan every parameter is a plain tensor with megatron-core's TP attributes (split dimension of the
     plan's placement, or duplicated), the module classes keep their names, the state dict its keys, and the model's
-    outputs and gradients equal the plain model's."""
-    cfg = tiny_cfg(sequence_parallel=sequence_parallel)
+    outputs and gradients equal the plain model's (tied embeddings: the output layer reads the embedding's view)."""
+    cfg = tiny_cfg(sequence_parallel=sequence_parallel, share_embeddings_and_output_weights=tied)
     reference, model = build(cfg)[0], build(cfg)[0]
     apply_tensor_parallel(model, init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)), cfg)
     placements = {n: p.placements[0] for n, p in model.named_parameters()}
