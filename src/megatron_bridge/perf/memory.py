@@ -182,8 +182,8 @@ def _sharded(cfg: "ConfigContainer", layout: Layout) -> tuple[bool, bool, bool]:
     if layout.backend == "megatron_fsdp":
         s = cfg.ddp.data_parallel_sharding_strategy
         return s == "optim_grads_params", s in ("optim_grads", "optim_grads_params"), s != "no_shard"
-    zero = cfg.optimizer.use_distributed_optimizer and (cfg.model.engine == "megatron_core" or
-                                                        (layout.pp == 1 and layout.tp == 1))
+    native = engine_memory(cfg) is None  # megatron-core's distributed optimizer shards under every layout
+    zero = cfg.optimizer.use_distributed_optimizer and (not native or (layout.pp == 1 and layout.tp == 1))
     return False, False, zero  # DDP: ZeRO-1 shards optimizer state only (native engine: not under PP or TP)
 
 
