@@ -33,7 +33,7 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
 def _block_size(q: torch.Tensor, sk: int) -> int:
     n, heads, sq, _ = q.shape
-    return softcap_blocks.block_rows(n, heads, sq, sk)
+    return softcap_blocks.block_rows(n, heads, sq, sk, q.device.type)
 
 
 def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:

@@ -147,19 +147,26 @@ def _softcap_scores_per_token(m: Any, layout: Layout, a: int) -> float:
     return 4.0 * m.num_attention_heads / layout.tp
 
 
-def _softcap_workspace(m: Any, layout: Layout) -> int:
+def _device_type(cfg: "ConfigContainer") -> str:
+    """The device the estimate is for: CPU for a gloo run (``dist.distributed_backend``), else a GPU."""
+    return "cpu" if cfg_get(cfg.dist, "distributed_backend", None) == "gloo" else "cuda"
+
+
+def _softcap_workspace(m: Any, layout: Layout, device_type: str) -> int:
     """Bytes of soft-capped attention's transient block workspace in the backward (module docstring): the widest
     layer's, a full layer over the (gathered) sequence, or a window layer over its ``2 W`` keys in blocks of ``W``
-    queries; 0 without a cap. It is not alive together with the output head's gradients (counted instead of them)."""
+    queries, with ``device_type``'s block rows; 0 without a cap. It is not alive together with the output head's
+    gradients (counted instead of them)."""
     if cfg_get(m, "attn_logit_softcapping", None) is None or cfg_get(m, "multi_latent_attention", False):
         return 0
     s, heads, mb = layout.seq_length, m.num_attention_heads // layout.tp, layout.micro_batch_size
+    device = "cpu" if device_type == "cpu" else "cuda"
     sizes = []
     for w in {m.attention_window(i) for i in range(m.num_layers)}:
         if w is not None and s >= 2 * w and layout.cp == 1:  # the blocked window path: [mb × blocks, heads, W, 2W]
-            sizes.append(softcap_blocks.workspace_bytes(mb * -(-s // w), heads, w, 2 * w))
+            sizes.append(softcap_blocks.workspace_bytes(mb * -(-s // w), heads, w, 2 * w, device))
         else:
-            sizes.append(softcap_blocks.workspace_bytes(mb, heads, s // layout.cp, s))
+            sizes.append(softcap_blocks.workspace_bytes(mb, heads, s // layout.cp, s, device))
     return max(sizes)
 
 
@@ -192,12 +199,13 @@ def estimate_activations(cfg: "ConfigContainer", layout: Layout, rank: RankStage
     in_flight = live_chunks / rank.chunks
     boundary = live_chunks * 2 * resid * m.hidden_size if layout.pp > 1 else 0.0  # stage input and output kept
     peak = in_flight * (stored(n) - offloaded * per["none"]) + recompute_tmp + boundary
+    transient = max(head * tokens, _softcap_workspace(m, layout, _device_type(cfg)) if n else 0)
     notes = []
     if offloaded:
         notes.append(f"model.cpu_offloading: activations of the first {offloaded} block(s) live in host memory")
     return ActivationEstimate(
         layer_bytes=int(per["none"] * tokens), stored_layer_bytes=int(stored(n) / max(n, 1) * tokens),
         in_flight=in_flight, head_bytes=int(head * tokens),
-        peak_bytes=int(peak * tokens + max(head * tokens, _softcap_workspace(m, layout) if n else 0)),
+        peak_bytes=int(peak * tokens + transient),
         host_bytes=int(in_flight * offloaded * per["none"] * tokens), recompute=mode, notes=notes,
     )
