@@ -27,47 +27,47 @@ FUNCTIONAL_GROUP = "functional"
 ``functional-1``, ..."""
 
 FUNCTIONAL_S: dict[str, float] = {
-    "checkpoint/test_any_to_any.py": 36,
-    "checkpoint/test_resume_pretrain.py": 32,
-    "context_parallel/test_cp_attention.py": 11,
-    "families/test_family_layouts.py": 78,  # + Megatron FSDP for the MoE families, + Gemma 3 at PP=2 (tied)
-    "families/test_deepseek_v3_layouts.py": 45,
-    "families/test_deepseek_v3_mtp.py": 60,  # 112-220 s measured at load average 13-21 on 2 cores
-    "families/test_gpt_oss_layouts.py": 50,
-    "families/test_gemma2_layouts.py": 30,
-    "context_parallel/test_cp_pretrain.py": 115,
-    "distributed/test_ddp_two_ranks.py": 147,  # the launch shared with 4 other files (launcher.py's TWO_RANKS)
+    "checkpoint/test_any_to_any.py": 20,
+    "checkpoint/test_resume_pretrain.py": 20,  # not among the 60 slowest items: at most ~20 s
+    "context_parallel/test_cp_attention.py": 11,  # not among the 60 slowest items: at most ~20 s
+    "families/test_family_layouts.py": 155,
+    "families/test_deepseek_v3_layouts.py": 31,
+    "families/test_deepseek_v3_mtp.py": 13,
+    "families/test_gpt_oss_layouts.py": 59,
+    "families/test_gemma2_layouts.py": 27,
+    "context_parallel/test_cp_pretrain.py": 49,
+    "distributed/test_ddp_two_ranks.py": 90,
     "distributed/test_fsdp2_two_ranks.py": 0,  # the four files in test_ddp_two_ranks.py's shared launch: counted there
     "precision/test_fp8_torchao.py": 0,
     "optimization/test_qat.py": 0,
     "optimization/test_distillation.py": 0,
-    "distributed/test_tensor_parallel_functional.py": 58,  # + the DDP (replicate) case and run
-    "mcore/test_checkpoint.py": 155,
-    "mcore/test_pipeline.py": 122,
-    "mcore/test_precision.py": 46,
-    "mcore/test_wrappers.py": 200,
-    "moe/test_expert_parallel.py": 165,  # with the folding, ETP and FSDP2 edp-sharded expert cases (issue 44); + DDP TP
-    "moe/test_megatron_fsdp_moe.py": 63,  # + TP=2 x EP=2 (resume at TP 2 and TP 1) and TP=2 x EP=4 x DP=2
-    "multinode/test_restart.py": 234,  # waits on restarts and daemons: wall time well above its CPU time
-    "multinode/test_two_nodes.py": 240,  # with test_restart, perf/test_launch: x in-suite time after/before e7dba25;
-    # +20 s: nodes started with other --max_restarts (issue 46); +43 s: a c10d rendezvous that never completes
-    "optimization/test_qat_export.py": 48,
-    "perf/test_launch.py": 28,
-    "perf/test_mcore_memory_estimate.py": 24,
-    "robustness/test_fail_fast.py": 70,
-    "robustness/test_no_orphans.py": 73,
-    "slurm/test_slurm_launch.py": 330,  # +76 (issue 46: signal chains, a frozen node), +30 (a node killed whole)
-    "training/test_megatron_core_engine.py": 110,  # + the MoE reference and the EP2 / PP2 MoE layouts (issue 44)
-    "training/test_megatron_fsdp.py": 78,  # + dense TP=2 (SP) parity
-    "training/test_pipeline_parallel.py": 87,
-    "training/test_pipeline_tied_embeddings.py": 45,  # a 2-rank and a 4-rank launch, two references (28-60 s alone)
-    "training/test_pretrain_backends.py": 63,
-    "training/test_pretrain_single.py": 13,
+    "distributed/test_tensor_parallel_functional.py": 45,
+    "mcore/test_checkpoint.py": 52,
+    "mcore/test_pipeline.py": 31,
+    "mcore/test_precision.py": 9,
+    "mcore/test_wrappers.py": 91,
+    "moe/test_expert_parallel.py": 154,
+    "moe/test_megatron_fsdp_moe.py": 66,
+    "multinode/test_restart.py": 52,
+    "multinode/test_two_nodes.py": 137,
+    "optimization/test_qat_export.py": 20,  # not among the 60 slowest items: at most ~20 s
+    "perf/test_launch.py": 23,
+    "perf/test_mcore_memory_estimate.py": 20,  # not among the 60 slowest items: at most ~20 s
+    "robustness/test_fail_fast.py": 28,
+    "robustness/test_no_orphans.py": 45,
+    "slurm/test_slurm_launch.py": 171,
+    "training/test_megatron_core_engine.py": 138,
+    "training/test_megatron_fsdp.py": 56,
+    "training/test_pipeline_parallel.py": 62,
+    "training/test_pipeline_tied_embeddings.py": 34,
+    "training/test_pretrain_backends.py": 35,
+    "training/test_pretrain_single.py": 13,  # not among the 60 slowest items: at most ~20 s
     "context_parallel/test_cp_ring_cuda.py": 0,  # needs CUDA: skipped on CPU
     "distributed/test_backends_cuda.py": 0,  # needs CUDA: skipped on CPU
 }
 """Measured seconds of the functional test files in their stream (wall time of the file's tests in the xdist worker,
-``make test``'s three workers, 2026-12-03 on the idle 2-core VM, launches forked warm: forkserver.py), the weights
+``make test``'s three workers, a fresh clone on the idle 2-core VM 2026-12-08, ``--durations=60``: setup, call and
+teardown of its items among the 60 slowest; launches forked warm: forkserver.py), the weights
 that balance the streams (:func:`functional_streams`): a stream's length is what decides when the suite ends. A file
 not listed counts :data:`UNMEASURED_S`. The multinode and Slurm files mostly wait (rendezvous, restarts, daemons): the
 other streams use the cores meanwhile."""
