@@ -140,6 +140,23 @@ def launches(reference: Path | None, tmp_path_factory: pytest.TempPathFactory,
                              "MB_MFSDP_PHASE": "full"})
 
 
+
+def _train_matches_reference(cfg: ConfigContainer, label: str) -> None:
+    """pretrain ``cfg`` on the 2 ranks: losses within LOSS_RTOL and final weights within WEIGHT_ATOL of the DDP
+    reference."""
+    weights = MegatronFullWeights()
+    result = pretrain(cfg, forward_step, callbacks=[weights])
+    assert result.backend == "megatron_fsdp" and result.world_size == 2 and result.final_step == 8
+    assert_finite_decreasing(result.losses)
+    ref = load_reference()
+    for got, want in zip(result.losses, ref["losses"].tolist(), strict=True):
+        assert abs(got - want) <= LOSS_RTOL * abs(want), (label, result.losses, ref["losses"].tolist())
+    diff = max_weight_diff(weights.weights, ref["weights"])
+    assert diff <= WEIGHT_ATOL, f"{label}: max weight difference {diff} > {WEIGHT_ATOL}"
+    if int(os.environ["RANK"]) == 0:
+        print(f"[parity] megatron_fsdp {label}: max weight diff {diff:.3e}, losses {result.losses}")
+
+
 class TestMegatronFSDP:
     """Megatron FSDP through pretrain(): GPU smoke and resume, CPU-harness parity and resume."""
 
@@ -184,17 +201,7 @@ class TestMegatronFSDP:
             launches.check(f"{CLASS}::test_cpu_harness_parity_with_ddp[{strategy}]")  # type: ignore[union-attr]
             return
         install_cpu_harness()
-        weights = MegatronFullWeights()
-        result = pretrain(mfsdp_config(strategy), forward_step, callbacks=[weights])
-        assert result.backend == "megatron_fsdp" and result.world_size == 2 and result.final_step == 8
-        assert_finite_decreasing(result.losses)
-        ref = load_reference()
-        for got, want in zip(result.losses, ref["losses"].tolist(), strict=True):
-            assert abs(got - want) <= LOSS_RTOL * abs(want), (result.losses, ref["losses"].tolist())
-        diff = max_weight_diff(weights.weights, ref["weights"])
-        assert diff <= WEIGHT_ATOL, f"max weight difference {diff} > {WEIGHT_ATOL}"
-        if int(os.environ["RANK"]) == 0:
-            print(f"[parity] megatron_fsdp {strategy}: max weight diff {diff:.3e}, losses {result.losses}")
+        _train_matches_reference(mfsdp_config(strategy), strategy)
 
     @needs_no_cuda
     def test_cpu_harness_tp2_parity_with_ddp(self, launches: LaunchGroups | None) -> None:
@@ -204,18 +211,9 @@ class TestMegatronFSDP:
             launches.check(f"{CLASS}::test_cpu_harness_tp2_parity_with_ddp")  # type: ignore[union-attr]
             return
         install_cpu_harness()
-        weights = MegatronFullWeights()
         cfg = mfsdp_config(tensor_model_parallel_size=2, sequence_parallel=True)
         cfg.model.make_vocab_size_divisible_by = 64  # × TP: the reference's padded vocabulary (128)
-        result = pretrain(cfg, forward_step, callbacks=[weights])
-        assert result.backend == "megatron_fsdp" and result.world_size == 2 and result.final_step == 8
-        ref = load_reference()
-        for got, want in zip(result.losses, ref["losses"].tolist(), strict=True):
-            assert abs(got - want) <= LOSS_RTOL * abs(want), (result.losses, ref["losses"].tolist())
-        diff = max_weight_diff(weights.weights, ref["weights"])
-        assert diff <= WEIGHT_ATOL, f"max weight difference {diff} > {WEIGHT_ATOL}"
-        if int(os.environ["RANK"]) == 0:
-            print(f"[parity] megatron_fsdp TP=2 (SP): max weight diff {diff:.3e}, losses {result.losses}")
+        _train_matches_reference(cfg, "TP=2 (SP)")
 
     @needs_no_cuda
     def test_cpu_harness_save_resume(self, launches: LaunchGroups | None) -> None:
