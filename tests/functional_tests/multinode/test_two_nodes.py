@@ -129,11 +129,11 @@ def test_nobody_at_the_rendezvous_endpoint_is_a_named_error(tmp_path: Path) -> N
 
 
 RENDEZVOUS = {"static": ["--node_rank={node}", "--master_addr=127.0.0.1", "--master_port={port}",
-                          "--rdzv_conf=timeout=40"],
+                          "--rdzv_conf=timeout=30"],
               "c10d": ["--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=job",
                         "--rdzv_conf=join_timeout=60"],
               "c10d-larger-last": ["--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=job",
-                                   "--rdzv_conf=join_timeout=40"]}
+                                   "--rdzv_conf=join_timeout=30"]}
 STARTS = {"static": ((0, 3), (1, 2)), "c10d": ((0, 3), (1, 2)), "c10d-larger-last": ((1, 2), (0, 3))}
 """(node, --nnodes) in start order: under c10d the rendezvous completes with two nodes when the node asking for 3
 joins first, and never when it joins last (torch completes it as the last node to join sees its own max_nodes)."""
