@@ -3,8 +3,8 @@ bias and a shared expert) trains on the parallel layouts the library has for it,
 (relative) of one process on the same global batch, and resumes bit-exact. One 2-rank torchrun launch runs every case
 (``pretrain()`` reuses the launch's process group); the launching process computes the one-process reference.
 
-Layouts, each on 2 gloo ranks: DDP, FSDP2 with full activation recompute, TP=2 with sequence parallelism (on FSDP2, as
-the backend rule asks; the MLA heads split, the latent projections replicated), PP=2, EP=2 and CP=2 (all-gather
+Layouts, each on 2 gloo ranks: DDP, FSDP2 with full activation recompute, TP=2 with sequence parallelism (on FSDP2;
+the MLA heads split, the latent projections replicated), PP=2, EP=2 and CP=2 (all-gather
 attention, the queries pre-scaled to MLA's softmax scale), and last Megatron FSDP with EP=2 through the CPU harness
 (the experts sharded over the expert-data-parallel group).
 """

@@ -5,7 +5,7 @@ each step's loss within 1e-5 (relative) of one process
 on the same global batch, and resume bit-exact. One 2-rank torchrun launch runs every case (``pretrain()`` reuses the
 launch's process group); the launching process computes one single-process reference per family.
 
-Layouts, each on 2 gloo ranks: DDP, FSDP2, TP=2 (with FSDP2, as the backend rule asks), PP=2, CP=2 (all-gather
+Layouts, each on 2 gloo ranks: DDP, FSDP2, TP=2 (with FSDP2), PP=2, CP=2 (all-gather
 attention with the window), and EP=2 for the mixtures of experts; Megatron FSDP for every family through the CPU
 harness (tests/functional_tests/megatron_fsdp_cpu_harness.py, installed last: it makes every collective synchronous),
 the experts of the mixtures of experts sharded over the expert-data-parallel group (Mixtral at EP=1: both ranks;
