@@ -310,16 +310,34 @@ def test_folded_tp2_ep2_match_ep1(launches: LaunchGroups | None) -> None:
         launches.check("test_folded_tp2_ep2_match_ep1")  # type: ignore[union-attr]
         return
     _join_job()
-    run = _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "TP=2 (SP) x EP=2 over TP, FSDP2")
-    _FOLDED_RUN.update(zip(("losses", "weights"), run, strict=True))
+    _FOLDED_RUN["fsdp2"] = _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "TP=2 (SP) x EP=2 over TP, FSDP2")
     no_sp = moe_config(ep=2, tp=2, use_torch_fsdp2=True, sequence_parallel=False)
     _run(no_sp, "TP=2 (no SP: slice and gather) x EP=2 over TP, FSDP2")
-    run = _run(moe_config(ep=2, tp=2), "TP=2 (SP) x EP=2 over TP, DDP (replicate)")
-    _FOLDED_RUN.update(zip(("ddp_losses", "ddp_weights"), run, strict=True))
+    _FOLDED_RUN["ddp"] = _run(moe_config(ep=2, tp=2), "TP=2 (SP) x EP=2 over TP, DDP (replicate)")
 
 
-_FOLDED_RUN: dict[str, Any] = {}
-"""The uninterrupted TP=2 × EP=2 (SP) run of test_folded_tp2_ep2_match_ep1 (same launch), for the bit-exact resume."""
+_FOLDED_RUN: dict[str, tuple[list[float], dict[str, torch.Tensor]]] = {}
+"""The uninterrupted TP=2 × EP=2 (SP) runs of test_folded_tp2_ep2_match_ep1 (same launch) by backend ("fsdp2",
+"ddp"): losses and final weights, for the bit-exact resumes."""
+
+
+def _resumes_bit_exact(folder: str, backend: str) -> None:
+    """Steps 1-4 at TP=2 × EP=2 (SP) on ``backend`` save a checkpoint into ``folder``; resumed at the same layout,
+    steps 5-8 have exactly the uninterrupted run's losses and final weights."""
+    fsdp2 = backend == "fsdp2"
+    if backend not in _FOLDED_RUN:
+        _FOLDED_RUN[backend] = _run(moe_config(ep=2, tp=2, use_torch_fsdp2=fsdp2), f"TP=2 x EP=2, {backend}")
+    losses, final_weights = _FOLDED_RUN[backend]
+    first = moe_config(ep=2, tp=2, use_torch_fsdp2=fsdp2)
+    first.checkpoint.save, first.checkpoint.save_interval, first.train.exit_interval = folder, 4, 4
+    assert pretrain(first).final_step == 4
+    same = moe_config(ep=2, tp=2, use_torch_fsdp2=fsdp2)
+    same.checkpoint.load = folder
+    weights = GlobalWeights()
+    resumed = pretrain(same, callbacks=[weights])
+    assert resumed.steps == [5, 6, 7, 8]
+    assert resumed.losses == losses[4:], (backend, resumed.losses, losses)
+    assert max_weight_diff(weights.weights, final_weights) == 0.0
 
 
 def test_checkpoint_folded_resume(launches: LaunchGroups | None) -> None:
@@ -328,32 +346,8 @@ def test_checkpoint_folded_resume(launches: LaunchGroups | None) -> None:
         return
     _join_job()
     folder = os.environ["MB_CKPT_DIR"] + "_folded"
-    if not _FOLDED_RUN:
-        run = _run(moe_config(ep=2, tp=2, use_torch_fsdp2=True), "TP=2 x EP=2")
-        _FOLDED_RUN.update(zip(("losses", "weights"), run, strict=True))
-    first = moe_config(ep=2, tp=2, use_torch_fsdp2=True)
-    first.checkpoint.save, first.checkpoint.save_interval, first.train.exit_interval = folder, 4, 4
-    assert pretrain(first).final_step == 4
-    same = moe_config(ep=2, tp=2, use_torch_fsdp2=True)
-    same.checkpoint.load = folder
-    weights = GlobalWeights()
-    resumed = pretrain(same, callbacks=[weights])
-    assert resumed.steps == [5, 6, 7, 8]
-    assert resumed.losses == _FOLDED_RUN["losses"][4:], (resumed.losses, _FOLDED_RUN["losses"])
-    assert max_weight_diff(weights.weights, _FOLDED_RUN["weights"]) == 0.0
-    if "ddp_losses" not in _FOLDED_RUN:
-        run = _run(moe_config(ep=2, tp=2), "TP=2 x EP=2, DDP")
-        _FOLDED_RUN.update(zip(("ddp_losses", "ddp_weights"), run, strict=True))
-    ddp_folder = folder + "_ddp"
-    ddp_first = moe_config(ep=2, tp=2)
-    ddp_first.checkpoint.save, ddp_first.checkpoint.save_interval, ddp_first.train.exit_interval = ddp_folder, 4, 4
-    assert pretrain(ddp_first).final_step == 4
-    ddp_same = moe_config(ep=2, tp=2)
-    ddp_same.checkpoint.load = ddp_folder
-    weights = GlobalWeights()
-    resumed = pretrain(ddp_same, callbacks=[weights])
-    assert resumed.losses == _FOLDED_RUN["ddp_losses"][4:], (resumed.losses, _FOLDED_RUN["ddp_losses"])
-    assert max_weight_diff(weights.weights, _FOLDED_RUN["ddp_weights"]) == 0.0
+    _resumes_bit_exact(folder, "fsdp2")
+    _resumes_bit_exact(folder + "_ddp", "ddp")
     other = moe_config(ep=2)  # TP=1, EP=2 over the data-parallel ranks, DDP
     other.checkpoint.load = folder
     weights = GlobalWeights()
