@@ -59,3 +59,10 @@ def interleaved(variants: dict[str, Callable[[], object]], rounds: int, steps: i
 def median_ratio(times: list[float], baseline: list[float]) -> float:
     """The median over the rounds of each round's ratio ``times / baseline``."""
     return statistics.median(a / b for a, b in zip(times, baseline, strict=True))
+
+
+def pair_cells(times: dict[str, list[float]], baseline: str, variant: str) -> str:
+    """``baseline ms | variant ms | ratio`` of a table row: each variant's median pass in milliseconds, then the
+    median ratio of ``variant`` to ``baseline`` (:func:`median_ratio`)."""
+    return (f"{statistics.median(times[baseline]) * 1e3:.1f} | {statistics.median(times[variant]) * 1e3:.1f} | "
+            f"{median_ratio(times[variant], times[baseline]):.2f}")

@@ -4,17 +4,16 @@
     python scripts/performance/softcap_attention.py [--batch 2] [--heads 8] [--kv-heads 4] [--head-dim 64] [--rounds 3]
 
 For each (sequence length, window) of the grid, times ``megatron_bridge.models.attention.causal_attention`` with
-``softcap=50`` (the explicit-score path of ``models/softcapping.py``) and without it (SDPA), interleaved in each round
+``softcap=50`` (the blockwise path of ``models/softcapping.py``) and without it (SDPA), interleaved in each round
 (this machine is shared and noisy), and prints the median times and their ratio. Also checks the capped output
 against transformers' Gemma 2 formula written out (scores ``cap · tanh(s / cap)``, masked, fp32 softmax) within 1e-5.
 """
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
-from _attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
+from _attention_bench import attention_parser, interleaved, pair_cells, qkv, setup
 
 
 GRID = ((1024, None), (1024, 128), (2048, None), (2048, 256))
@@ -48,9 +47,7 @@ def main() -> int:
         times = interleaved({"plain": lambda: causal_attention(q, k, v, w).sum().backward(),  # noqa: B023
                              "capped": lambda: causal_attention(q, k, v, w, softcap=CAP).sum().backward()},  # noqa: B023
                             args.rounds, args.steps)
-        plain, capped = statistics.median(times["plain"]), statistics.median(times["capped"])
-        print(f"| {s} | {w or 'full'} | {plain * 1e3:.1f} | {capped * 1e3:.1f} | "
-              f"{median_ratio(times['capped'], times['plain']):.2f} |")
+        print(f"| {s} | {w or 'full'} | {pair_cells(times, 'plain', 'capped')} |")
     return 0
 
 

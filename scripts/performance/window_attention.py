@@ -10,11 +10,10 @@ against ``s``). Also checks that the windowed output equals the band-masked refe
 """
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
-from _attention_bench import attention_parser, interleaved, median_ratio, qkv, setup
+from _attention_bench import attention_parser, interleaved, pair_cells, qkv, setup
 
 
 GRID = ((512, 64), (1024, 128), (2048, 128), (2048, 256), (2048, 512), (2048, 1024), (4096, 512))
@@ -43,9 +42,7 @@ def main() -> int:
         times = interleaved({"full": lambda: causal_attention(q, k, v, None).sum().backward(),  # noqa: B023
                              "window": lambda: causal_attention(q, k, v, w).sum().backward()},  # noqa: B023
                             args.rounds, args.steps)
-        full, windowed = statistics.median(times["full"]), statistics.median(times["window"])
-        print(f"| {s} | {w} | {full * 1e3:.1f} | {windowed * 1e3:.1f} | "
-              f"{median_ratio(times['window'], times['full']):.2f} | {min(w, s) / s:.2f} |")
+        print(f"| {s} | {w} | {pair_cells(times, 'full', 'window')} | {min(w, s) / s:.2f} |")
     return 0
 
 
