@@ -40,13 +40,24 @@ def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
 
 
-def _block_mask(mask: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, slice]:
-    """A query block's rows of ``mask`` and the span of key columns any of them sees (the rest is skipped: under a
-    causal mask the keys after the block's last query, under a window the keys before its first one's window)."""
+def _blocks(mask: torch.Tensor, sq: int, block: int) -> list[tuple[int, int, slice]]:
+    """``(start, stop, keys)`` of each query block: ``keys`` is the span of key columns any of its rows of ``mask``
+    sees (the rest is skipped: under a causal mask the keys after the block's last query, under a window the keys
+    before its first one's window). Found once per call (the forward), as it reads the mask on the host."""
+    spans = []
+    for start in range(0, sq, block):
+        stop = min(sq, start + block)
+        rows = _rows(mask, start, stop, slice(None))
+        seen = rows.reshape(-1, rows.shape[-1]).any(0).nonzero()
+        keys = slice(int(seen[0]), int(seen[-1]) + 1) if len(seen) else slice(0, rows.shape[-1])
+        spans.append((start, stop, keys))
+    return spans
+
+
+def _rows(mask: torch.Tensor, start: int, stop: int, keys: slice) -> torch.Tensor:
+    """A query block's rows of ``mask`` over the ``keys`` columns (a view)."""
     rows = mask if mask.shape[-2] == 1 else mask[..., start:stop, :]
-    seen = rows.reshape(-1, rows.shape[-1]).any(0).nonzero()
-    keys = slice(int(seen[0]), int(seen[-1]) + 1) if len(seen) else slice(0, rows.shape[-1])
-    return rows[..., keys], keys
+    return rows[..., keys]
 
 
 def _capped_scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, cap: float
@@ -73,11 +84,9 @@ class _SoftcappedAttention(torch.autograd.Function):
         kr, vr = _repeat_kv(k, heads), _repeat_kv(v, heads)
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         lse = torch.empty(q.shape[:-1], dtype=_accumulation(q), device=q.device)
-        block = _block_size(q, k.shape[2])
-        for start in range(0, sq, block):
-            stop = min(sq, start + block)
-            rows, keys = _block_mask(mask, start, stop)
-            scores, _ = _capped_scores(q[:, :, start:stop], kr[:, :, keys], rows, cap)
+        ctx.blocks = _blocks(mask, sq, _block_size(q, k.shape[2]))
+        for start, stop, keys in ctx.blocks:
+            scores, _ = _capped_scores(q[:, :, start:stop], kr[:, :, keys], _rows(mask, start, stop, keys), cap)
             logits = _with_sink(scores, sinks).to(lse.dtype)
             lse[:, :, start:stop] = torch.logsumexp(logits, dim=-1)
             probs = torch.exp(logits[..., : scores.shape[-1]] - lse[:, :, start:stop, None])
@@ -89,21 +98,19 @@ class _SoftcappedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # noqa: ANN001
         q, k, v, mask, out, lse, sinks = ctx.saved_tensors
-        heads, sq = q.shape[1], q.shape[2]
+        heads = q.shape[1]
         kr, vr = _repeat_kv(k, heads), _repeat_kv(v, heads)
         acc = lse.dtype
         dq = torch.empty_like(q)
         dk, dv = (torch.zeros(t.shape, dtype=acc, device=t.device) for t in (kr, vr))
         dsinks = torch.zeros(heads, dtype=acc, device=q.device) if sinks is not None else None
-        row = (grad_out.to(acc) * out.to(acc)).sum(-1)  # rowsum(dO · O), [n, heads, sq]
-        block = _block_size(q, k.shape[2])
+        grad_out = grad_out.to(acc)
+        row = (grad_out * out.to(acc)).sum(-1)  # rowsum(dO · O), [n, heads, sq]
         scale = q.shape[-1] ** -0.5
-        for start in range(0, sq, block):
-            stop = min(sq, start + block)
-            qb, go, lb, rb = (t[:, :, start:stop] for t in (q, grad_out.to(acc), lse, row))
-            rows, keys = _block_mask(mask, start, stop)
+        for start, stop, keys in ctx.blocks:
+            qb, go, lb, rb = (t[:, :, start:stop] for t in (q, grad_out, lse, row))
             kb, vb = kr[:, :, keys].to(acc), vr[:, :, keys].to(acc)
-            scores, t = _capped_scores(qb, kr[:, :, keys], rows, ctx.cap)
+            scores, t = _capped_scores(qb, kr[:, :, keys], _rows(mask, start, stop, keys), ctx.cap)
             probs = torch.exp(scores.to(acc) - lb[..., None])  # the softmax's probabilities (sink column dropped)
             dv[:, :, keys] += torch.matmul(probs.transpose(-1, -2), go)
             dprobs = torch.matmul(go, vb.transpose(-1, -2))
