@@ -234,7 +234,7 @@ class DDPBackend(DataParallelBackend):
         wrapped with ``replicate`` (tensor parallelism) all-reduce only in the last micro-batch's backward."""
         if self.pipelined:
             return nullcontext()
-        if getattr(self, "replicated", False):
+        if self.replicated:
             for chunk in self.chunks:
                 chunk.set_requires_gradient_sync(is_last_microbatch)  # type: ignore[operator]
             return nullcontext()

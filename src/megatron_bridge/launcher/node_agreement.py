@@ -121,6 +121,8 @@ class SettingsWatcher:
         self._mine = mine
         self._timeout_s = timeout_s
         self._stop = threading.Event()
+        self._store: Any = None
+        """The store client, connected by the watching thread (or before it starts: :class:`ArrivalWatcher`)."""
         self.problem: str | None = None
 
     JOIN_S = 5.0
@@ -138,7 +140,7 @@ class SettingsWatcher:
 
     def _watch(self) -> None:
         try:
-            store = self._connect()
+            store = self._store if self._store is not None else self._connect()
             while not self._stop.is_set() and self.problem is None:
                 self._compare(store)
                 self._stop.wait(self.POLL_S)
@@ -183,11 +185,6 @@ class ArrivalWatcher(SettingsWatcher):
                                                                           **json.loads(self._mine.to_json())}))
         super().start()
         return self
-
-    def _connect(self) -> Any:
-        if getattr(self, "_store", None) is not None:
-            return self._store
-        return super()._connect()
 
     def _compare(self, store: Any) -> None:
         for other in range(1, int(store.add(ARRIVALS_KEY, 0)) + 1):
